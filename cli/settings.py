@@ -1,0 +1,34 @@
+"""What the global options decide for every command: the cache directory and how chatty to be."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+
+if TYPE_CHECKING:
+    from snapcache import SnapshotStore
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """The global options; commands reach it as `ctx.obj`."""
+
+    cache_dir: Path | None = None
+    verbose: bool = False
+
+    def open_store(self) -> SnapshotStore:
+        """The snapshot store in --cache-dir, else in the library's default directory."""
+        from snapcache import SnapshotStore
+
+        if self.cache_dir is None:
+            return SnapshotStore()
+        return SnapshotStore(self.cache_dir)
+
+
+def settings_of(ctx: typer.Context) -> Settings:
+    """The Settings the global callback stored; defaults when a command runs on its own."""
+    obj = ctx.find_object(Settings)
+    return obj if obj is not None else Settings()

@@ -1,0 +1,62 @@
+"""snapcache: restore the llama.cpp state of prompts a local model has already read."""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+from snapcache.errors import (
+    CorruptSnapshot,
+    InsecureDirectory,
+    InvalidArgument,
+    KeyMismatch,
+    ModelError,
+    RestoreError,
+    SnapcacheError,
+    StoreUnavailable,
+)
+from snapcache.key import DEFAULT_SCOPE, SnapshotKey, prefix_hash
+from snapcache.snapshot import Snapshot
+from snapcache.tier import EntryInfo
+
+if TYPE_CHECKING:
+    from snapcache.llama.cached import CachedLlama
+    from snapcache.llama.fingerprint import model_fingerprint
+    from snapcache.store import SnapshotStore, StoreStats
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DEFAULT_SCOPE",
+    "CachedLlama",
+    "CorruptSnapshot",
+    "EntryInfo",
+    "InsecureDirectory",
+    "InvalidArgument",
+    "KeyMismatch",
+    "ModelError",
+    "RestoreError",
+    "SnapcacheError",
+    "Snapshot",
+    "SnapshotKey",
+    "SnapshotStore",
+    "StoreStats",
+    "StoreUnavailable",
+    "model_fingerprint",
+    "prefix_hash",
+]
+
+# Imported on first use, so that the store never pays for importing llama_cpp.
+_LAZY = {
+    "SnapshotStore": "snapcache.store",
+    "StoreStats": "snapcache.store",
+    "CachedLlama": "snapcache.llama.cached",
+    "model_fingerprint": "snapcache.llama.fingerprint",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'snapcache' has no attribute {name!r}")
+    return getattr(import_module(module), name)

@@ -1,0 +1,283 @@
+"""The snapshot file: a checked header, then tokens, logits and the compressed state.
+
+Layout (all integers little-endian)::
+
+    prelude   magic (8) | format version (u16) | flags (u16) | header length (u32)
+    header    UTF-8 JSON object, at most MAX_HEADER_BYTES
+    digest    SHA-256 of prelude + header
+    mac       HMAC-SHA256 of prelude + header under the secret (only with FLAG_MAC)
+    body      tokens (int32) | logits (float32) | payload (one zstd frame)
+
+The header holds what the rest of the file must hash to, so its digest (or MAC) covers the whole
+file: the SHA-256 of tokens and logits, and the zstd frame's own checksum of the state (XXH64,
+verified while decoding, at no extra pass over the data). With a secret the header also holds the
+SHA-256 of the payload, so that the MAC authenticates every byte. Every length is checked against
+hard caps and against the file size before anything is decompressed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import math
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from snapcache import codec
+from snapcache.errors import CorruptSnapshot
+from snapcache.key import SnapshotKey, as_token_array
+from snapcache.snapshot import MAX_PRIORITY, Buffer, Snapshot
+
+MAGIC = b"\x89SNAPC\r\n"
+FORMAT_VERSION = 1
+FLAG_MAC = 1
+_KNOWN_FLAGS = FLAG_MAC
+_PRELUDE = struct.Struct("<8sHHI")
+_DIGEST_BYTES = 32
+_FRAME_CHECKSUM_BYTES = 4  # the last bytes of a zstd frame written with a content checksum
+_CODEC_NAME = "zstd"
+
+MAX_HEADER_BYTES = 64 << 10
+MAX_TOKENS = 1 << 24
+MAX_LOGITS = 1 << 28
+MAX_STATE_BYTES = 1 << 38
+_MAX_LOGITS_NDIM = 2
+_MAC_PERSON = b"snapcache.mac1"
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedFile:
+    """A snapshot file ready to write: `parts` in order, `size` bytes in all."""
+
+    parts: tuple[Buffer, ...]
+    size: int
+    state_bytes: int
+
+
+def mac_key(secret: bytes) -> bytes:
+    """The HMAC key derived from a user secret of any length."""
+    return hashlib.blake2b(secret, digest_size=32, person=_MAC_PERSON).digest()
+
+
+def encode(
+    snapshot: Snapshot,
+    *,
+    store_id: str,
+    level: int,
+    shuffle: bool,
+    mac_secret: bytes | None,
+) -> EncodedFile:
+    """Compress `snapshot` and lay out its file; `mac_secret` comes from mac_key()."""
+    state = memoryview(snapshot.state).cast("B")
+    tokens = np.ascontiguousarray(snapshot.tokens, dtype="<i4").data.cast("B")
+    logits_shape: list[int] | None = None
+    logits: Buffer = b""
+    if snapshot.logits is not None:
+        array = np.ascontiguousarray(snapshot.logits, dtype="<f4")
+        logits_shape = [int(d) for d in array.shape]
+        logits = array.data.cast("B")
+    payload = codec.compress(state, level=level, shuffle=shuffle)
+    body_digest = hashlib.sha256(tokens)
+    body_digest.update(logits)
+    key = snapshot.key
+    header = {
+        "key": {
+            "model_fingerprint": key.model_fingerprint,
+            "scope": key.scope,
+            "token_count": key.token_count,
+            "prefix_hash": key.prefix_hash,
+        },
+        "store_id": store_id,
+        "priority": snapshot.priority,
+        "created_at": snapshot.created_at,
+        "state_bytes": state.nbytes,
+        "logits_shape": logits_shape,
+        "logits_dtype": "<f4",
+        "codec": {"name": _CODEC_NAME, "level": level, "shuffle": 2 if shuffle else 0},
+        "payload_bytes": len(payload),
+        "body_sha256": body_digest.hexdigest(),
+        "payload_checksum": payload[-_FRAME_CHECKSUM_BYTES:].hex(),
+    }
+    if mac_secret is not None:
+        # An unkeyed 32-bit frame checksum is no authentication: let the MAC reach the payload.
+        header["payload_sha256"] = hashlib.sha256(payload).hexdigest()
+    header_bytes = json.dumps(header, separators=(",", ":"), allow_nan=False).encode()
+    if len(header_bytes) > MAX_HEADER_BYTES:
+        raise CorruptSnapshot("snapshot header would exceed its size limit")
+    flags = FLAG_MAC if mac_secret is not None else 0
+    head = _PRELUDE.pack(MAGIC, FORMAT_VERSION, flags, len(header_bytes)) + header_bytes
+    checks = hashlib.sha256(head).digest()
+    if mac_secret is not None:
+        checks += hmac.digest(mac_secret, head, "sha256")
+    parts: tuple[Buffer, ...] = (head + checks, tokens, logits, payload)
+    size = sum(memoryview(p).nbytes for p in parts)
+    return EncodedFile(parts=parts, size=size, state_bytes=state.nbytes)
+
+
+def decode(
+    data: Buffer,
+    *,
+    key: SnapshotKey,
+    store_id: str,
+    mac_secret: bytes | None,
+    max_state_bytes: int = MAX_STATE_BYTES,
+) -> Snapshot:
+    """Verify a whole file read into memory and return its snapshot, or raise CorruptSnapshot."""
+    view = memoryview(data).cast("B")
+    if view.nbytes < _PRELUDE.size:
+        raise CorruptSnapshot("file is shorter than its prelude")
+    magic, version, flags, header_len = _PRELUDE.unpack_from(view)
+    if magic != MAGIC:
+        raise CorruptSnapshot("not a snapcache snapshot file (bad magic)")
+    if version != FORMAT_VERSION:
+        raise CorruptSnapshot(f"unsupported snapshot format version {version}")
+    if flags & ~_KNOWN_FLAGS:
+        raise CorruptSnapshot(f"unknown flags {flags:#x}")
+    if header_len > MAX_HEADER_BYTES:
+        raise CorruptSnapshot(f"header length {header_len} exceeds {MAX_HEADER_BYTES}")
+    head_end = _PRELUDE.size + header_len
+    has_mac = bool(flags & FLAG_MAC)
+    body_start = head_end + _DIGEST_BYTES * (2 if has_mac else 1)
+    if view.nbytes < body_start:
+        raise CorruptSnapshot("file is truncated inside its header")
+    head = view[:head_end]
+    if not hmac.compare_digest(hashlib.sha256(head).digest(), view[head_end : head_end + 32]):
+        raise CorruptSnapshot("header checksum mismatch")
+    if mac_secret is None and has_mac:
+        raise CorruptSnapshot("file is authenticated with a secret, and none is configured")
+    if mac_secret is not None:
+        if not has_mac:
+            raise CorruptSnapshot("file carries no MAC, and a secret is configured")
+        expected_mac = hmac.digest(mac_secret, head, "sha256")
+        if not hmac.compare_digest(expected_mac, view[head_end + 32 : body_start]):
+            raise CorruptSnapshot("MAC mismatch: written under another secret or tampered with")
+    header = _parse_header(view[_PRELUDE.size : head_end])
+
+    stored_key = _header_key(header)
+    if stored_key != key:
+        raise CorruptSnapshot("file belongs to another key")
+    if _field(header, "store_id", str) != store_id:
+        raise CorruptSnapshot("file belongs to another store")
+    codec_info = _field(header, "codec", dict)
+    if _field(codec_info, "name", str) != _CODEC_NAME:
+        raise CorruptSnapshot("unknown codec")
+    shuffle = _field(codec_info, "shuffle", int)
+    if shuffle not in (0, 2):
+        raise CorruptSnapshot(f"unknown shuffle {shuffle}")
+    state_bytes = _bounded(header, "state_bytes", min(max_state_bytes, MAX_STATE_BYTES))
+    payload_bytes = _bounded(header, "payload_bytes", MAX_STATE_BYTES)
+    logits_count = _logits_count(header)
+    priority = _field(header, "priority", int)
+    if abs(priority) > MAX_PRIORITY:
+        raise CorruptSnapshot("priority out of range")
+    created_at = _field(header, "created_at", float, int)
+    if not math.isfinite(created_at):
+        raise CorruptSnapshot("created_at is not finite")
+
+    tokens_end = body_start + 4 * key.token_count
+    logits_end = tokens_end + 4 * logits_count
+    if logits_end + payload_bytes != view.nbytes:
+        raise CorruptSnapshot(
+            f"file is {view.nbytes} bytes, its header describes {logits_end + payload_bytes}"
+        )
+    expected_body = _digest_field(header, "body_sha256")
+    if not hmac.compare_digest(hashlib.sha256(view[body_start:logits_end]).digest(), expected_body):
+        raise CorruptSnapshot("tokens or logits checksum mismatch")
+    payload = view[logits_end:]
+    if payload.nbytes < _FRAME_CHECKSUM_BYTES or payload[-_FRAME_CHECKSUM_BYTES:].hex() != _field(
+        header, "payload_checksum", str
+    ):
+        raise CorruptSnapshot("payload checksum differs from the header")
+    if has_mac and not hmac.compare_digest(
+        hashlib.sha256(payload).digest(), _digest_field(header, "payload_sha256")
+    ):
+        raise CorruptSnapshot("payload checksum mismatch")
+
+    tokens = as_token_array(np.frombuffer(view[body_start:tokens_end], dtype="<i4"))
+    if not key.matches(tokens):
+        raise CorruptSnapshot("tokens do not hash to the key")
+    logits = None
+    shape = header.get("logits_shape")
+    if isinstance(shape, list):
+        logits = np.frombuffer(bytes(view[tokens_end:logits_end]), dtype="<f4").reshape(shape)
+    # zstd checks the frame checksum (XXH64 of the state) while decoding.
+    state = codec.decompress(payload, expected_size=state_bytes, shuffle=shuffle == 2)
+    return Snapshot(
+        key=key,
+        tokens=tokens,
+        state=state,
+        logits=logits,
+        priority=priority,
+        created_at=float(created_at),
+    )
+
+
+def _parse_header(raw: memoryview) -> dict[str, Any]:
+    try:
+        header = json.loads(bytes(raw).decode("utf-8"))
+    except (ValueError, RecursionError) as exc:
+        raise CorruptSnapshot(f"header is not valid JSON: {exc}") from None
+    if not isinstance(header, dict):
+        raise CorruptSnapshot("header is not a JSON object")
+    return header
+
+
+def _field(mapping: dict[str, Any], name: str, *kinds: type) -> Any:
+    value = mapping.get(name)
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        raise CorruptSnapshot(f"header field {name!r} is missing or malformed")
+    return value
+
+
+def _digest_field(mapping: dict[str, Any], name: str) -> bytes:
+    text: str = _field(mapping, name, str)
+    try:
+        digest = bytes.fromhex(text)
+    except ValueError:
+        digest = b""
+    if len(digest) != _DIGEST_BYTES:
+        raise CorruptSnapshot(f"header field {name!r} is not a SHA-256 digest")
+    return digest
+
+
+def _bounded(mapping: dict[str, Any], name: str, limit: int) -> int:
+    value: int = _field(mapping, name, int)
+    if not 0 <= value <= limit:
+        raise CorruptSnapshot(f"header field {name!r} = {value} is outside 0..{limit}")
+    return value
+
+
+def _header_key(header: dict[str, Any]) -> SnapshotKey:
+    fields = _field(header, "key", dict)
+    token_count = _bounded(fields, "token_count", MAX_TOKENS)
+    try:
+        return SnapshotKey(
+            _field(fields, "model_fingerprint", str),
+            _field(fields, "scope", str),
+            token_count,
+            _field(fields, "prefix_hash", str),
+        )
+    except ValueError as exc:
+        raise CorruptSnapshot(f"header key is invalid: {exc}") from None
+
+
+def _logits_count(header: dict[str, Any]) -> int:
+    shape = header.get("logits_shape")
+    if shape is None:
+        return 0
+    if header.get("logits_dtype") != "<f4":
+        raise CorruptSnapshot("unsupported logits dtype")
+    if (
+        not isinstance(shape, list)
+        or not 1 <= len(shape) <= _MAX_LOGITS_NDIM
+        or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
+    ):
+        raise CorruptSnapshot("malformed logits shape")
+    count = math.prod(shape)
+    if count > MAX_LOGITS:
+        raise CorruptSnapshot(f"{count} logits exceed the limit of {MAX_LOGITS}")
+    return count

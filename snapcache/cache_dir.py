@@ -1,0 +1,79 @@
+"""Where snapshots live by default, and making sure nobody else can write there."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+from pathlib import Path
+
+import platformdirs
+
+from snapcache.errors import InsecureDirectory, StoreUnavailable
+
+ENV_DIR = "SNAPCACHE_DIR"
+ENV_ALLOW_SHARED = "SNAPCACHE_ALLOW_SHARED_DIR"
+_TRUE = frozenset({"1", "true", "yes", "on"})
+
+
+def default_cache_dir() -> Path:
+    """$SNAPCACHE_DIR if set, else the per-user cache directory of the platform."""
+    configured = os.environ.get(ENV_DIR)
+    if configured:
+        return Path(configured).expanduser()
+    return Path(platformdirs.user_cache_dir("snapcache"))
+
+
+def shared_dir_allowed_by_env() -> bool:
+    return os.environ.get(ENV_ALLOW_SHARED, "").strip().lower() in _TRUE
+
+
+def prepare_cache_dir(path: Path, allow_shared: bool = False) -> Path:
+    """Create `path` (and missing parents) with mode 0700 and check that it is ours alone.
+
+    Snapshots are fed to llama.cpp, which parses them in C++; a directory other users can write to
+    would let them plant files. Raises InsecureDirectory for such a directory unless `allow_shared`
+    (or SNAPCACHE_ALLOW_SHARED_DIR=1), and StoreUnavailable when the directory cannot be used.
+    """
+    path = Path(path).expanduser()
+    try:
+        _make_dirs(path)
+        info = path.stat()
+    except OSError as exc:
+        raise StoreUnavailable(f"cannot use cache directory {path}: {exc.strerror or exc}") from None
+    if not stat.S_ISDIR(info.st_mode):
+        raise StoreUnavailable(f"cannot use cache directory {path}: not a directory")
+    if not (allow_shared or shared_dir_allowed_by_env()):
+        _check_private(path, info)
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise StoreUnavailable(f"cannot use cache directory {path}: not writable")
+    return path
+
+
+def _make_dirs(path: Path) -> None:
+    missing = []
+    current = path
+    while not current.exists():
+        missing.append(current)
+        if current.parent == current:
+            break
+        current = current.parent
+    for directory in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # another process made it first
+            directory.mkdir(mode=0o700)
+
+
+def _check_private(path: Path, info: os.stat_result) -> None:
+    if os.name != "posix":  # Windows has no POSIX mode bits; the user profile is private there
+        return
+    if info.st_uid != os.getuid():
+        raise InsecureDirectory(
+            f"cache directory {path} belongs to another user (uid {info.st_uid}); use a directory "
+            "of your own, or pass allow_shared_dir=True (SNAPCACHE_ALLOW_SHARED_DIR=1) to trust it"
+        )
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise InsecureDirectory(
+            f"cache directory {path} is writable by other users (mode {stat.S_IMODE(info.st_mode):o}); "
+            f"run `chmod go-w {path}`, or pass allow_shared_dir=True "
+            "(SNAPCACHE_ALLOW_SHARED_DIR=1) to trust it"
+        )

@@ -1,0 +1,462 @@
+"""Snapshots as compressed files under a byte budget, indexed in SQLite, shared by processes.
+
+Directory layout::
+
+    index.sqlite3          one row per snapshot; a committed row is the commit point of a put
+    snapshots/<key id>-<random>.snap
+    snapshots/.tmp-<random>.partial    a write in flight (or left by a crash)
+
+A put writes a temporary file, fsyncs it, renames it to a fresh name, fsyncs the directory and only
+then commits the row; files it replaced or evicted are deleted after the commit. Readers tolerate a
+file vanishing under them (a miss). A file that fails verification is deleted, logged, and a miss.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import math
+import os
+import re
+import secrets
+import stat
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from snapcache import codec
+from snapcache._disk_format import EncodedFile, decode, encode, mac_key
+from snapcache._disk_index import DiskIndex, IndexRow
+from snapcache.cache_dir import prepare_cache_dir
+from snapcache.errors import CorruptSnapshot, InvalidArgument, KeyMismatch, StoreUnavailable
+from snapcache.key import SnapshotKey, rolling_hash
+from snapcache.snapshot import MAX_PRIORITY, Snapshot
+from snapcache.tier import EntryInfo, TierName
+
+logger = logging.getLogger("snapcache")
+
+INDEX_NAME = "index.sqlite3"
+FILES_DIR = "snapshots"
+TEMP_PREFIX = ".tmp-"
+TEMP_SUFFIX = ".partial"
+# check() leaves younger temp and orphan files alone: another process may be writing them.
+DEFAULT_GRACE_S = 600.0
+_FILE_NAME = re.compile(r"[0-9a-f]{64}-[0-9a-f]{12}\.snap")
+_O_BINARY = getattr(os, "O_BINARY", 0)
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+@dataclass(frozen=True, slots=True)
+class CheckReport:
+    """What check() found; with `repaired`, every listed problem was removed."""
+
+    entries: int
+    missing_files: tuple[str, ...]  # key ids whose row names a file that does not exist
+    orphan_files: tuple[str, ...]  # snapshot files no row names
+    temp_files: tuple[str, ...]  # temporary files left by interrupted writes
+    corrupt_files: tuple[str, ...]  # files failing verification (only with verify=True)
+    repaired: bool
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing was found."""
+        return not (self.missing_files or self.orphan_files or self.temp_files or self.corrupt_files)
+
+
+class DiskTier:
+    """The disk tier: see the module docstring."""
+
+    name: TierName = "disk"
+
+    def __init__(
+        self,
+        directory: Path,
+        budget_bytes: int,
+        *,
+        secret: bytes | None = None,
+        allow_shared_dir: bool = False,
+        compression_level: int = codec.DEFAULT_LEVEL,
+        shuffle: bool = codec.DEFAULT_SHUFFLE,
+    ) -> None:
+        if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes < 0:
+            raise InvalidArgument(f"budget_bytes must be a non-negative int, got {budget_bytes!r}")
+        if secret is not None and (not isinstance(secret, bytes) or not secret):
+            raise InvalidArgument("secret must be non-empty bytes or None")
+        self._level = codec.validate_level(compression_level)
+        self._shuffle = bool(shuffle)
+        self._budget = budget_bytes
+        self._mac_key = None if secret is None else mac_key(secret)
+        self.directory = prepare_cache_dir(Path(directory), allow_shared_dir)
+        self._files = self.directory / FILES_DIR
+        try:
+            self._files.mkdir(mode=0o700, exist_ok=True)
+        except OSError as exc:
+            raise StoreUnavailable(f"cannot create {self._files}: {exc.strerror or exc}") from None
+        index_path = self.directory / INDEX_NAME
+        _create_private(index_path)
+        self._index = DiskIndex(index_path)
+        self._store_id = self._index.store_id
+        self._lock = threading.Lock()
+        self._evictions = 0
+        self._closed = False
+
+    # -- the Tier protocol -------------------------------------------------------------------
+
+    @property
+    def budget_bytes(self) -> int:
+        return self._budget
+
+    @property
+    def used_bytes(self) -> int:
+        """Sum of the sizes of the committed snapshot files."""
+        return self._open_index().used_bytes()
+
+    @property
+    def evictions(self) -> int:
+        """Entries this object evicted to make room."""
+        return self._evictions
+
+    def __len__(self) -> int:
+        return self._open_index().count()
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, SnapshotKey) and self._open_index().get(key.id) is not None
+
+    def put(self, snapshot: Snapshot) -> bool:
+        """Write `snapshot` durably; False (nothing evicted) when its file exceeds the whole budget.
+
+        Raises StoreUnavailable when the file cannot be written (a full disk, say); then no partial
+        file and no row remain.
+        """
+        index = self._open_index()
+        key = snapshot.key
+        if not key.matches(snapshot.tokens):
+            raise KeyMismatch("the snapshot's tokens do not hash to its key")
+        priority = snapshot.priority
+        if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > MAX_PRIORITY:
+            raise InvalidArgument(f"priority must be an int within ±{MAX_PRIORITY}, got {priority!r}")
+        if not math.isfinite(snapshot.created_at):
+            raise InvalidArgument(f"created_at must be a finite time, got {snapshot.created_at!r}")
+        encoded = encode(
+            snapshot,
+            store_id=self._store_id,
+            level=self._level,
+            shuffle=self._shuffle,
+            mac_secret=self._mac_key,
+        )
+        if encoded.size > self._budget:
+            return False
+        file_name = f"{key.id}-{secrets.token_hex(6)}.snap"
+        path = self._files / file_name
+        self._write_file(path, encoded)
+        now = time.time()
+        row = IndexRow(
+            key_id=key.id,
+            fingerprint=key.model_fingerprint,
+            scope=key.scope,
+            token_count=key.token_count,
+            prefix_hash=key.prefix_hash,
+            rolling_hash=rolling_hash(snapshot.tokens),
+            priority=snapshot.priority,
+            file_name=file_name,
+            file_bytes=encoded.size,
+            state_bytes=encoded.state_bytes,
+            created_at=snapshot.created_at,
+            last_used_at=now,
+        )
+        try:
+            outcome = index.put(row, self._budget)
+        except BaseException:
+            _unlink(path)
+            raise
+        if outcome is None:
+            _unlink(path)
+            return False
+        for old in (outcome.replaced, *outcome.evicted):
+            if old is not None:
+                self._unlink_row_file(old)
+        if outcome.evicted:
+            with self._lock:
+                self._evictions += len(outcome.evicted)
+            logger.debug("disk tier evicted %d snapshot(s)", len(outcome.evicted))
+        return True
+
+    def get(self, key: SnapshotKey) -> Snapshot | None:
+        """The verified snapshot under `key`, or None; a file failing verification is deleted."""
+        index = self._open_index()
+        try:
+            row = index.get(key.id)
+            for _attempt in range(3):
+                if row is None:
+                    return None
+                if not _FILE_NAME.fullmatch(row.file_name):
+                    self._discard(row, "the index names an invalid file", unlink=False)
+                    return None
+                try:
+                    data = _read_file(self._files / row.file_name)
+                except FileNotFoundError:
+                    current = index.get(key.id)
+                    if current is not None and current.file_name != row.file_name:
+                        row = current  # a concurrent put replaced it
+                        continue
+                    if current is not None:
+                        logger.warning("snapshot file %s vanished; dropping its row", row.file_name)
+                        index.delete(row.key_id, row.file_name)
+                    return None
+                except OSError as exc:
+                    logger.warning("cannot read snapshot file %s: %s", row.file_name, exc)
+                    return None
+                try:
+                    snapshot = self._verify(row, data, key)
+                except CorruptSnapshot as exc:
+                    self._discard(row, str(exc))
+                    return None
+                try:
+                    index.touch(row.key_id, row.file_name, time.time())
+                except StoreUnavailable as exc:  # a full disk, say: the hit still stands
+                    logger.debug("could not record the use of %s: %s", row.file_name, exc)
+                return snapshot
+        except StoreUnavailable as exc:
+            logger.warning("disk tier index unavailable, treating the lookup as a miss: %s", exc)
+        return None
+
+    def remove(self, key: SnapshotKey) -> bool:
+        row = self._open_index().delete(key.id)
+        if row is None:
+            return False
+        self._unlink_row_file(row)
+        return True
+
+    def entries(self, model_fingerprint: str | None = None, scope: str | None = None) -> list[EntryInfo]:
+        """Committed entries, optionally only those of one fingerprint and/or scope."""
+        result = []
+        for row in self._open_index().rows(model_fingerprint, scope):
+            try:
+                key = row.key()
+            except InvalidArgument:
+                continue
+            result.append(
+                EntryInfo(
+                    key=key,
+                    tier="disk",
+                    priority=row.priority,
+                    nbytes=row.file_bytes,
+                    state_bytes=row.state_bytes,
+                    created_at=row.created_at,
+                    last_used_at=row.last_used_at,
+                    rolling_hash=row.rolling_hash,
+                )
+            )
+        return result
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._index.close()
+
+    # -- beyond the protocol -------------------------------------------------------------------
+
+    def data_version(self) -> int:
+        """A number that changes whenever the index changed, by this or any other process."""
+        return self._open_index().data_version()
+
+    def check(
+        self, repair: bool = True, *, verify: bool = False, grace_seconds: float = DEFAULT_GRACE_S
+    ) -> CheckReport:
+        """Compare the index with the files; with `repair`, delete what is broken or left over.
+
+        Temporary and orphan files younger than `grace_seconds` are left alone (another process may
+        be writing them). `verify` also reads and verifies every file.
+        """
+        index = self._open_index()
+        rows = index.rows()
+        try:
+            names = set(os.listdir(self._files))
+        except OSError as exc:
+            raise StoreUnavailable(f"cannot list {self._files}: {exc.strerror or exc}") from None
+        named = {row.file_name for row in rows}
+        cutoff = time.time() - grace_seconds
+
+        missing = []
+        for row in rows:
+            if row.file_name not in names:
+                current = index.get(row.key_id)  # a concurrent put may have replaced it
+                if current is not None and not (self._files / current.file_name).exists():
+                    missing.append(current)
+        temp = sorted(
+            name for name in names if name.startswith(TEMP_PREFIX) and self._older_than(name, cutoff)
+        )
+        orphans = sorted(
+            name
+            for name in names
+            if name.endswith(".snap") and name not in named and self._older_than(name, cutoff)
+        )
+        corrupt: list[IndexRow] = []
+        if verify:
+            for row in rows:
+                if row.file_name in names and not self._verifies(row):
+                    corrupt.append(row)
+
+        if repair:
+            for row in missing:
+                index.delete(row.key_id, row.file_name)
+            for name in (*temp, *orphans):
+                _unlink(self._files / name)
+            for row in corrupt:
+                self._discard(row, "failed verification during check")
+        report = CheckReport(
+            entries=len(rows) - (len(missing) + len(corrupt) if repair else 0),
+            missing_files=tuple(row.key_id for row in missing),
+            orphan_files=tuple(orphans),
+            temp_files=tuple(temp),
+            corrupt_files=tuple(row.file_name for row in corrupt),
+            repaired=repair,
+        )
+        if not report.ok:
+            logger.warning(
+                "disk tier check of %s: %d missing, %d orphan, %d temporary, %d corrupt file(s)%s",
+                self.directory,
+                len(missing),
+                len(orphans),
+                len(temp),
+                len(corrupt),
+                ", repaired" if repair else "",
+            )
+        return report
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _open_index(self) -> DiskIndex:
+        if self._closed:
+            raise StoreUnavailable(f"the disk tier on {self.directory} is closed")
+        return self._index
+
+    def _write_file(self, path: Path, encoded: EncodedFile) -> None:
+        temp = self._files / f"{TEMP_PREFIX}{secrets.token_hex(8)}{TEMP_SUFFIX}"
+        renamed = False
+        try:
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_BINARY | _O_CLOEXEC, 0o600)
+            try:
+                for part in encoded.parts:
+                    _write_all(fd, part)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(temp, path)
+            renamed = True
+            _fsync_dir(self._files)
+        except OSError as exc:
+            _unlink(temp)
+            if renamed:
+                _unlink(path)
+            reason = "the disk is full" if exc.errno == errno.ENOSPC else (exc.strerror or str(exc))
+            raise StoreUnavailable(
+                f"cannot write a snapshot of {encoded.size} bytes to {self._files}: {reason}"
+            ) from None
+
+    def _verify(self, row: IndexRow, data: memoryview, key: SnapshotKey) -> Snapshot:
+        if len(data) != row.file_bytes:
+            raise CorruptSnapshot(f"file is {len(data)} bytes, the index recorded {row.file_bytes}")
+        snapshot = decode(
+            data,
+            key=key,
+            store_id=self._store_id,
+            mac_secret=self._mac_key,
+            max_state_bytes=row.state_bytes,
+        )
+        if len(snapshot.state) != row.state_bytes:
+            raise CorruptSnapshot("state size differs from the index")
+        return snapshot
+
+    def _verifies(self, row: IndexRow) -> bool:
+        try:
+            key = row.key()
+            if not _FILE_NAME.fullmatch(row.file_name):
+                return False
+            self._verify(row, _read_file(self._files / row.file_name), key)
+        except FileNotFoundError:
+            return True  # replaced or removed meanwhile: nothing to verify
+        except (CorruptSnapshot, InvalidArgument, OSError):
+            return False
+        return True
+
+    def _discard(self, row: IndexRow, reason: str, *, unlink: bool = True) -> None:
+        logger.warning(
+            "snapshot file %s (key %s) is unusable and was removed: %s",
+            row.file_name,
+            row.key_id,
+            reason,
+        )
+        try:
+            self._index.delete(row.key_id, row.file_name)
+        except StoreUnavailable as exc:
+            logger.warning("could not drop the index row of %s: %s", row.file_name, exc)
+        if unlink:
+            _unlink(self._files / row.file_name)
+
+    def _unlink_row_file(self, row: IndexRow) -> None:
+        if _FILE_NAME.fullmatch(row.file_name):
+            _unlink(self._files / row.file_name)
+
+    def _older_than(self, name: str, cutoff: float) -> bool:
+        try:
+            return (self._files / name).stat().st_mtime < cutoff
+        except OSError:
+            return False
+
+
+def _read_file(path: Path) -> memoryview:
+    # numpy's empty buffer skips the zero-fill a bytearray would pay for.
+    with open(path, "rb", buffering=0) as file:
+        size = os.fstat(file.fileno()).st_size
+        data = np.empty(size, dtype=np.uint8).data
+        filled = 0
+        while filled < size:
+            count = file.readinto(data[filled:])
+            if not count:
+                break
+            filled += count
+    return data[:filled]  # shorter when the file shrank while read: verification rejects it
+
+
+def _write_all(fd: int, part: bytes | bytearray | memoryview) -> None:
+    view = memoryview(part).cast("B")
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def _fsync_dir(directory: Path) -> None:
+    if os.name != "posix":  # directories cannot be opened for fsync on Windows
+        return
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _unlink(path: Path) -> None:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        logger.warning("could not delete %s: %s", path, exc)
+
+
+def _create_private(index_path: Path) -> None:
+    """Create the index file with mode 0600 before SQLite does: its journal files copy that mode."""
+    try:
+        fd = os.open(index_path, os.O_RDWR | os.O_CREAT | _O_BINARY | _O_CLOEXEC, 0o600)
+        os.close(fd)
+        if os.name == "posix":
+            for suffix in ("", "-wal", "-shm"):
+                path = index_path.with_name(index_path.name + suffix)
+                if path.exists() and stat.S_IMODE(path.stat().st_mode) & 0o077:
+                    os.chmod(path, 0o600)
+    except OSError as exc:
+        raise StoreUnavailable(f"cannot create the index {index_path}: {exc.strerror or exc}") from None

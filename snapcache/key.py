@@ -1,0 +1,140 @@
+"""Snapshot keys: which model, which scope, how many tokens, and a strong hash of those tokens."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Union
+
+import numpy as np
+import numpy.typing as npt
+
+from snapcache.errors import InvalidArgument
+
+TokenArray = npt.NDArray[np.int32]
+Tokens = Union[Sequence[int], TokenArray]
+
+DEFAULT_SCOPE = "default"
+MAX_SCOPE_LENGTH = 200
+_PREFIX_HASH_PERSON = b"snapcache.tok1"
+_HEX32 = re.compile(r"[0-9a-f]{32}")
+_TOKEN_MAX = np.iinfo(np.int32).max
+
+# Odd multiplier of the rolling hash; odd makes it invertible modulo 2**64.
+_ROLLING_BASE = np.uint64(0x9E3779B97F4A7C15)
+_rolling_powers = np.ones(1, dtype=np.uint64)
+
+
+def as_token_array(tokens: Tokens | Iterable[int]) -> TokenArray:
+    """Return `tokens` as a read-only little-endian int32 array, or raise InvalidArgument."""
+    if isinstance(tokens, np.ndarray):
+        array = tokens
+    else:
+        try:
+            array = np.asarray(list(tokens))
+        except (TypeError, ValueError) as exc:
+            raise InvalidArgument(f"tokens must be a sequence of integers: {exc}") from None
+    if array.ndim != 1:
+        raise InvalidArgument(f"tokens must be one-dimensional, got shape {array.shape}")
+    if array.size and not np.issubdtype(array.dtype, np.integer):
+        raise InvalidArgument(f"tokens must be integers, got {array.dtype}")
+    if array.size and (int(array.min()) < 0 or int(array.max()) > _TOKEN_MAX):
+        raise InvalidArgument("token ids must lie between 0 and 2**31 - 1")
+    result = np.ascontiguousarray(array, dtype="<i4")
+    if result is array:
+        result = result.copy()
+    result.flags.writeable = False
+    return result
+
+
+def prefix_hash(tokens: Tokens) -> str:
+    """128-bit BLAKE2b of the token ids as little-endian int32, in hex."""
+    return hashlib.blake2b(
+        as_token_array(tokens).tobytes(), digest_size=16, person=_PREFIX_HASH_PERSON
+    ).hexdigest()
+
+
+def prefix_hash_of_array(tokens: TokenArray, length: int) -> str:
+    """prefix_hash(tokens[:length]) for an array already validated by as_token_array."""
+    view = tokens.data[:length]
+    return hashlib.blake2b(view.cast("B"), digest_size=16, person=_PREFIX_HASH_PERSON).hexdigest()
+
+
+def rolling_prefix_hashes(tokens: TokenArray) -> npt.NDArray[np.uint64]:
+    """Cheap 64-bit polynomial hashes of every prefix: result[n] covers tokens[:n], result[0] == 0.
+
+    Used only to find candidates for a longest-prefix lookup in one vectorized pass; a candidate is
+    confirmed with the strong prefix hash before it is served.
+    """
+    global _rolling_powers
+    n = len(tokens)
+    if len(_rolling_powers) < n:
+        size = max(n, 2 * len(_rolling_powers))
+        powers = np.full(size, _ROLLING_BASE, dtype=np.uint64)
+        powers[0] = 1
+        with np.errstate(over="ignore"):
+            _rolling_powers = np.cumprod(powers, dtype=np.uint64)
+    out = np.zeros(n + 1, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        terms = (tokens.astype(np.uint64) + np.uint64(1)) * _rolling_powers[:n]
+        np.cumsum(terms, dtype=np.uint64, out=out[1:])
+    return out
+
+
+def rolling_hash(tokens: TokenArray) -> int:
+    """rolling_prefix_hashes(tokens)[-1] as a Python int (0 for no tokens)."""
+    return int(rolling_prefix_hashes(tokens)[-1])
+
+
+def validate_scope(scope: object) -> str:
+    if not isinstance(scope, str) or not scope:
+        raise InvalidArgument(f"scope must be a non-empty string, got {scope!r}")
+    if len(scope) > MAX_SCOPE_LENGTH or any(ch in scope for ch in "\x00\n\r"):
+        raise InvalidArgument(
+            f"scope must be at most {MAX_SCOPE_LENGTH} characters without NUL or line breaks"
+        )
+    return scope
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotKey:
+    """Identifies one snapshot: (model fingerprint, scope, token count, prefix hash)."""
+
+    model_fingerprint: str
+    scope: str
+    token_count: int
+    prefix_hash: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model_fingerprint, str) or not self.model_fingerprint:
+            raise InvalidArgument("model_fingerprint must be a non-empty string")
+        if len(self.model_fingerprint) > 128 or not self.model_fingerprint.isascii():
+            raise InvalidArgument("model_fingerprint must be at most 128 ASCII characters")
+        validate_scope(self.scope)
+        if isinstance(self.token_count, bool) or not isinstance(self.token_count, int):
+            raise InvalidArgument(f"token_count must be an int, got {self.token_count!r}")
+        if self.token_count < 1:
+            raise InvalidArgument(f"token_count must be at least 1, got {self.token_count}")
+        if not isinstance(self.prefix_hash, str) or not _HEX32.fullmatch(self.prefix_hash):
+            raise InvalidArgument("prefix_hash must be 32 lowercase hex digits")
+
+    @classmethod
+    def for_tokens(cls, model_fingerprint: str, scope: str, tokens: Tokens) -> SnapshotKey:
+        array = as_token_array(tokens)
+        return cls(model_fingerprint, scope, len(array), prefix_hash_of_array(array, len(array)))
+
+    @property
+    def id(self) -> str:
+        """A stable 64-hex-digit name for this key: file names and the CLI use it."""
+        text = "\x00".join(
+            (self.model_fingerprint, self.scope, str(self.token_count), self.prefix_hash)
+        )
+        return hashlib.blake2b(text.encode(), digest_size=32, person=b"snapcache.key1").hexdigest()
+
+    def matches(self, tokens: TokenArray) -> bool:
+        """True when `tokens` (validated) are exactly the tokens this key was made from."""
+        return len(tokens) == self.token_count and (
+            prefix_hash_of_array(tokens, self.token_count) == self.prefix_hash
+        )

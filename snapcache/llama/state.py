@@ -1,0 +1,236 @@
+"""Capture and restore the llama.cpp state of one sequence on a `llama_cpp.Llama`.
+
+This is the only module that calls `llama_state_seq_*`. After a restore, the Llama's own bookkeeping
+(`n_tokens`, `input_ids`) says that the snapshot's tokens are in its context, so llama-cpp-python's
+`generate` evaluates only the tokens after them. A prompt exactly as long as the snapshot works too:
+`generate` then drops the last cell and evaluates that one token again to get fresh logits, which is
+valid even for sliding-window caches because a state always holds the whole window of its last token.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import llama_cpp
+import numpy as np
+import numpy.typing as npt
+
+from snapcache.errors import InvalidArgument, ModelError
+from snapcache.key import TokenArray, Tokens, as_token_array
+from snapcache.snapshot import Snapshot
+
+__all__ = [
+    "CapturedState",
+    "can_truncate",
+    "capture_sequence",
+    "restore_sequence",
+    "truncate_sequence",
+]
+
+_log = logging.getLogger("snapcache")
+
+_FLAGS = llama_cpp.LLAMA_STATE_SEQ_FLAGS_NONE
+# The blob starts with llama.cpp's magic, the source seq id, the stream count and the cell count of
+# the first (full-attention) cache; each cell's metadata is then its position, 1 and its seq id.
+_SEQ_STATE_MAGIC = 0xAF143CD8
+_HEADER = np.dtype([("magic", "<u4"), ("seq_id", "<i4"), ("n_stream", "<u4"), ("cell_count", "<u4")])
+_CELL_META_BYTES = (12, 24)  # without and with the per-cell extension (M-RoPE, n-gram hash models)
+
+
+@dataclass(frozen=True, slots=True)
+class CapturedState:
+    """One sequence's state: the tokens whose KV it holds, the raw bytes, and last-token logits if kept."""
+
+    tokens: TokenArray
+    state: bytes
+    logits: npt.NDArray[np.float32] | None
+
+
+def capture_sequence(llm: llama_cpp.Llama, seq_id: int = 0) -> CapturedState:
+    """Copy out the state of `seq_id`, keyed by the tokens the Llama evaluated (`input_ids[:n_tokens]`).
+
+    Raises InvalidArgument when nothing has been evaluated and ModelError when llama.cpp fails.
+    """
+    n_tokens = int(llm.n_tokens)
+    if n_tokens < 1:
+        raise InvalidArgument("nothing to capture: the Llama has not evaluated any tokens")
+    memory = llama_cpp.llama_get_memory(llm.ctx)
+    last_pos = int(llama_cpp.llama_memory_seq_pos_max(memory, seq_id))
+    if last_pos != n_tokens - 1:
+        raise ModelError(
+            f"sequence {seq_id} ends at position {last_pos}, but the Llama says it holds {n_tokens} tokens"
+        )
+    size = int(llama_cpp.llama_state_seq_get_size_ext(llm.ctx, seq_id, _FLAGS))
+    if size <= 0:
+        raise ModelError(f"llama.cpp reports no state for sequence {seq_id}")
+    buffer = (ctypes.c_uint8 * size)()
+    written = int(llama_cpp.llama_state_seq_get_data_ext(llm.ctx, buffer, size, seq_id, _FLAGS))
+    if written <= 0 or written > size:
+        raise ModelError(f"llama.cpp failed to copy the state of sequence {seq_id}")
+    tokens = as_token_array(llm.input_ids[:n_tokens])
+    return CapturedState(tokens=tokens, state=bytes(memoryview(buffer)[:written]), logits=_last_logits(llm))
+
+
+def restore_sequence(
+    llm: llama_cpp.Llama,
+    snapshot: Snapshot,
+    prompt_tokens: Tokens | None = None,
+    seq_id: int = 0,
+) -> bool:
+    """Load `snapshot` into `seq_id` so that the Llama continues after its tokens; False on a miss.
+
+    Checks before any byte reaches llama.cpp: the snapshot's tokens are a prefix of `prompt_tokens`
+    (when given), the context has room for them plus one token, and the blob's header matches this
+    context. When llama.cpp still refuses the state, the sequence is cleared and the Llama is left
+    empty and usable, so the caller can fall back to a cold prefill.
+    """
+    tokens = snapshot.tokens
+    n = len(tokens)
+    reason = _rejection(llm, snapshot, prompt_tokens)
+    if reason is not None:
+        _log.debug("snapshot %s not restored: %s", snapshot.key.id[:12], reason)
+        return False
+    try:
+        state = np.frombuffer(snapshot.state, dtype=np.uint8)
+    except (TypeError, ValueError):
+        _log.warning("snapshot %s not restored: its state is not a contiguous buffer", snapshot.key.id[:12])
+        return False
+    reason = _header_rejection(llm, state, n)
+    if reason is not None:
+        _log.warning("snapshot %s does not fit this context, not restored: %s", snapshot.key.id[:12], reason)
+        return False
+
+    memory = llama_cpp.llama_get_memory(llm.ctx)
+    _clear(llm, memory, seq_id)
+    pointer = state.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
+    loaded = int(llama_cpp.llama_state_seq_set_data_ext(llm.ctx, pointer, state.nbytes, seq_id, _FLAGS))
+    last_pos = int(llama_cpp.llama_memory_seq_pos_max(memory, seq_id))
+    if loaded <= 0 or last_pos != n - 1:
+        _clear(llm, memory, seq_id)
+        _log.warning(
+            "llama.cpp refused snapshot %s (%d tokens); the sequence was cleared",
+            snapshot.key.id[:12],
+            n,
+        )
+        return False
+
+    llm.input_ids[:n] = tokens
+    llm.n_tokens = n
+    # No logits come with a state: generate() must evaluate at least one token before sampling.
+    llm._requires_eval = True
+    _put_back_logits(llm, snapshot.logits, n)
+    return True
+
+
+def can_truncate(llm: llama_cpp.Llama) -> bool:
+    """Whether the Llama's memory can be cut back to any earlier length.
+
+    False for sliding-window models (their cache keeps only the window of the last token) and for
+    recurrent or hybrid models (their state has no positions to cut).
+    """
+    model = llm.model
+    return (
+        int(llama_cpp.llama_model_n_swa(model)) == 0
+        and not llama_cpp.llama_model_is_recurrent(model)
+        and not llama_cpp.llama_model_is_hybrid(model)
+    )
+
+
+def truncate_sequence(llm: llama_cpp.Llama, n_tokens: int, seq_id: int = 0) -> bool:
+    """Cut the sequence back to its first `n_tokens`; False (nothing changed) where the memory cannot.
+
+    Cutting to 0 (clearing) always works, and so does cutting back by one token, which a sliding
+    window still covers.
+    """
+    current = int(llm.n_tokens)
+    if isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or not 0 <= n_tokens <= current:
+        raise InvalidArgument(f"n_tokens must lie between 0 and {current}, got {n_tokens!r}")
+    if n_tokens == current:
+        return True
+    memory = llama_cpp.llama_get_memory(llm.ctx)
+    if n_tokens == 0:
+        _clear(llm, memory, seq_id)
+        return True
+    if n_tokens < current - 1 and not can_truncate(llm):
+        return False
+    if not llama_cpp.llama_memory_seq_rm(memory, seq_id, n_tokens, -1):
+        return False
+    llm.n_tokens = n_tokens
+    llm._requires_eval = True
+    return True
+
+
+def _rejection(llm: llama_cpp.Llama, snapshot: Snapshot, prompt_tokens: Tokens | None) -> str | None:
+    """Why `snapshot` cannot serve this Llama and prompt (a plain miss), or None."""
+    tokens = snapshot.tokens
+    n = len(tokens)
+    if n < 1 or n != snapshot.key.token_count:
+        return f"it holds {n} tokens but its key says {snapshot.key.token_count}"
+    if memoryview(snapshot.state).nbytes <= _HEADER.itemsize:
+        return "its state is empty"
+    # llama.cpp may round n_ctx up; llama-cpp-python's token buffer keeps the size that was asked for.
+    n_ctx = min(int(llm.n_ctx()), len(llm.input_ids))
+    if n >= n_ctx:
+        return f"{n} tokens leave no room in a context of {n_ctx}"
+    if prompt_tokens is not None:
+        prompt = as_token_array(prompt_tokens)
+        if len(prompt) < n or not np.array_equal(prompt[:n], tokens):
+            return "its tokens are not a prefix of the prompt"
+    if int(tokens.max()) >= int(llm.n_vocab()):
+        return "its tokens lie outside this model's vocabulary"
+    return None
+
+
+def _header_rejection(llm: llama_cpp.Llama, state: npt.NDArray[np.uint8], n: int) -> str | None:
+    """Check the blob's leading fields and cell list against this context, or say why they differ."""
+    header = state[: _HEADER.itemsize].view(_HEADER)[0]
+    if int(header["magic"]) != _SEQ_STATE_MAGIC:
+        return "its state does not start with llama.cpp's sequence-state magic"
+    expected_streams = 1 if bool(llm.context_params.kv_unified) else int(llama_cpp.llama_n_seq_max(llm.ctx))
+    if int(header["n_stream"]) != expected_streams:
+        return f"it has {int(header['n_stream'])} KV streams, this context {expected_streams}"
+    model = llm.model
+    if llama_cpp.llama_model_is_recurrent(model) or llama_cpp.llama_model_is_hybrid(model):
+        return None
+    # The full-attention cache comes first and holds a cell for every position 0..n-1.
+    if int(header["cell_count"]) != n:
+        return f"its first cache holds {int(header['cell_count'])} cells, expected {n}"
+    body = state[_HEADER.itemsize :]
+    if any(_cells_are_positions(body, n, stride) for stride in _CELL_META_BYTES):
+        return None
+    return "its cell list is not positions 0..n-1 of one sequence"
+
+
+def _cells_are_positions(body: npt.NDArray[np.uint8], n: int, stride: int) -> bool:
+    if body.nbytes < n * stride + 8:
+        return False
+    meta = body[: n * stride].view("<i4").reshape(n, stride // 4)
+    if not np.all(meta[:, 1] == 1):
+        return False
+    positions = np.sort(meta[:, 0])
+    return bool(np.array_equal(positions, np.arange(n, dtype=positions.dtype)))
+
+
+def _clear(llm: llama_cpp.Llama, memory: Any, seq_id: int) -> None:
+    llama_cpp.llama_memory_seq_rm(memory, seq_id, -1, -1)
+    llm.n_tokens = 0
+    llm._requires_eval = True
+
+
+def _last_logits(llm: llama_cpp.Llama) -> npt.NDArray[np.float32] | None:
+    """llama-cpp-python keeps per-token logits only with logits_all=True; otherwise there are none."""
+    if not getattr(llm, "_logits_all", False):
+        return None
+    row = np.array(llm.scores[int(llm.n_tokens) - 1], dtype=np.float32)
+    row.flags.writeable = False
+    return row
+
+
+def _put_back_logits(llm: llama_cpp.Llama, logits: npt.NDArray[np.float32] | None, n: int) -> None:
+    if logits is None or not getattr(llm, "_logits_all", False):
+        return
+    if logits.shape == (llm.scores.shape[1],) and n <= llm.scores.shape[0]:
+        llm.scores[n - 1, :] = logits

@@ -1,0 +1,154 @@
+"""Snapshots in memory under an exact byte budget; evicts lowest priority first, then least recently used."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from snapcache.errors import InvalidArgument
+from snapcache.key import SnapshotKey, rolling_hash
+from snapcache.snapshot import Snapshot
+from snapcache.tier import EntryInfo, TierName
+
+# Rebuild the heap once stale items outnumber live ones by this factor (plus a small floor).
+_COMPACT_FACTOR = 2
+_COMPACT_FLOOR = 32
+
+
+@dataclass(slots=True)
+class _Entry:
+    snapshot: Snapshot
+    nbytes: int
+    tick: int  # matches the one live heap item of this entry; older items are stale
+    last_used_at: float
+    rolling_hash: int
+
+
+class RamTier:
+    """A bounded in-memory map from key to snapshot.
+
+    Not thread-safe: the store serializes access. `on_evict` is called with every snapshot a `put`
+    pushes out to make room (not for replacements or removals), before `put` returns.
+    """
+
+    name: TierName = "ram"
+
+    def __init__(self, budget_bytes: int, *, on_evict: Callable[[Snapshot], None] | None = None) -> None:
+        if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes < 0:
+            raise InvalidArgument(f"budget_bytes must be a non-negative int, got {budget_bytes!r}")
+        self._budget = budget_bytes
+        self._on_evict = on_evict
+        self._entries: dict[SnapshotKey, _Entry] = {}
+        # (priority, tick, key): the smallest is the next to go. Items whose tick no longer matches
+        # their entry are stale and skipped (lazy deletion).
+        self._heap: list[tuple[int, int, SnapshotKey]] = []
+        self._ticks = itertools.count()
+        self._used = 0
+        self._evictions = 0
+
+    @property
+    def budget_bytes(self) -> int:
+        return self._budget
+
+    @property
+    def used_bytes(self) -> int:
+        return self._used
+
+    @property
+    def evictions(self) -> int:
+        return self._evictions
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
+
+    def put(self, snapshot: Snapshot) -> bool:
+        """Store `snapshot`, evicting others as needed; False (nothing evicted) if it can never fit."""
+        nbytes = snapshot.nbytes
+        if nbytes > self._budget:
+            return False
+        key = snapshot.key
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self._used -= old.nbytes
+        while self._used + nbytes > self._budget:
+            self._evict_one()
+        tick = next(self._ticks)
+        self._entries[key] = _Entry(snapshot, nbytes, tick, time.time(), rolling_hash(snapshot.tokens))
+        self._used += nbytes
+        self._push(snapshot.priority, tick, key)
+        return True
+
+    def get(self, key: SnapshotKey) -> Snapshot | None:
+        """The snapshot under `key`, marked as just used; None on a miss."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        entry.tick = next(self._ticks)
+        entry.last_used_at = time.time()
+        self._push(entry.snapshot.priority, entry.tick, key)
+        return entry.snapshot
+
+    def peek(self, key: SnapshotKey) -> Snapshot | None:
+        """The snapshot under `key` without marking it used."""
+        entry = self._entries.get(key)
+        return None if entry is None else entry.snapshot
+
+    def last_used_at(self, key: SnapshotKey) -> float | None:
+        entry = self._entries.get(key)
+        return None if entry is None else entry.last_used_at
+
+    def remove(self, key: SnapshotKey) -> bool:
+        entry = self._entries.pop(key, None)
+        if entry is None:
+            return False
+        self._used -= entry.nbytes
+        return True
+
+    def snapshots(self) -> list[Snapshot]:
+        """Every snapshot held, least valuable first (the order eviction would take them)."""
+        live = sorted((e.snapshot.priority, e.tick, k) for k, e in self._entries.items())
+        return [self._entries[k].snapshot for _, _, k in live]
+
+    def entries(self) -> list[EntryInfo]:
+        return [
+            EntryInfo(
+                key=key,
+                tier="ram",
+                priority=entry.snapshot.priority,
+                nbytes=entry.nbytes,
+                state_bytes=memoryview(entry.snapshot.state).nbytes,
+                created_at=entry.snapshot.created_at,
+                last_used_at=entry.last_used_at,
+                rolling_hash=entry.rolling_hash,
+            )
+            for key, entry in self._entries.items()
+        ]
+
+    def close(self) -> None:
+        self._entries.clear()
+        self._heap.clear()
+        self._used = 0
+
+    def _push(self, priority: int, tick: int, key: SnapshotKey) -> None:
+        heapq.heappush(self._heap, (priority, tick, key))
+        if len(self._heap) > _COMPACT_FACTOR * len(self._entries) + _COMPACT_FLOOR:
+            self._heap = [(e.snapshot.priority, e.tick, k) for k, e in self._entries.items()]
+            heapq.heapify(self._heap)
+
+    def _evict_one(self) -> None:
+        while True:
+            _, tick, key = heapq.heappop(self._heap)
+            entry = self._entries.get(key)
+            if entry is not None and entry.tick == tick:
+                break
+        del self._entries[key]
+        self._used -= entry.nbytes
+        self._evictions += 1
+        if self._on_evict is not None:
+            self._on_evict(entry.snapshot)

@@ -1,0 +1,761 @@
+"""SnapshotStore: the façade over the RAM and disk tiers — put, get, longest-prefix lookup, spill, promote."""
+
+from __future__ import annotations
+
+import atexit
+import enum
+import logging
+import os
+import queue
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from snapcache.errors import InvalidArgument, KeyMismatch, StoreUnavailable
+from snapcache.key import (
+    SnapshotKey,
+    Tokens,
+    as_token_array,
+    rolling_hash,
+    rolling_prefix_hashes,
+    validate_scope,
+)
+from snapcache.prefix_index import PrefixIndex, iter_prefix_matches
+from snapcache.ram_tier import RamTier
+from snapcache.snapshot import MAX_PRIORITY, Buffer, Snapshot
+from snapcache.tier import EntryInfo, Tier, TierName
+
+log = logging.getLogger("snapcache")
+
+# Snapshots waiting for the background writer may hold at most this many bytes before `put` waits.
+_MAX_PENDING_BYTES = 256 << 20
+
+
+class _Default(enum.Enum):
+    DIRECTORY = enum.auto()
+
+
+DEFAULT_DIRECTORY = _Default.DIRECTORY
+
+
+class _DiskTier(Tier, Protocol):
+    """What the store needs of the disk tier beyond the Tier contract."""
+
+    def entries(self, model_fingerprint: str | None = None, scope: str | None = None) -> list[EntryInfo]: ...
+
+    def data_version(self) -> int: ...
+
+    def check(self, repair: bool = True, *, verify: bool = False, grace_seconds: float = ...) -> Any: ...
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStats:
+    """Counters since the store opened, and what each tier holds now."""
+
+    hits: int
+    misses: int
+    ram_hits: int
+    disk_hits: int
+    ram_misses: int
+    disk_misses: int
+    ram_used_bytes: int
+    disk_used_bytes: int
+    ram_budget_bytes: int
+    disk_budget_bytes: int
+    ram_entries: int
+    disk_entries: int
+    evictions: int
+    ram_evictions: int
+    disk_evictions: int
+    spills: int
+    promotions: int
+    dropped: int
+    write_errors: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoreEntry(EntryInfo):
+    """One stored key; `tiers` names every tier holding it, `tier` the one a get would read first.
+
+    `nbytes` is what the entry costs that first tier. A snapshot still waiting for its disk write is
+    reported in RAM.
+    """
+
+    tiers: tuple[TierName, ...]
+
+
+@dataclass(slots=True)
+class _Counters:
+    hits: int = 0
+    misses: int = 0
+    ram_hits: int = 0
+    disk_hits: int = 0
+    ram_misses: int = 0
+    disk_misses: int = 0
+    spills: int = 0
+    promotions: int = 0
+    dropped: int = 0
+    write_errors: int = 0
+
+
+@dataclass(slots=True)
+class _PendingWrite:
+    snapshot: Snapshot
+    spill: bool  # evicted from RAM before reaching the disk: its write counts as a spill
+    only_if_missing: bool  # queued by an eviction: skip the write when the disk holds the key
+
+
+class SnapshotStore:
+    """Snapshots in RAM and on disk, found by exact key or by longest stored prefix of a prompt.
+
+    `directory` omitted: the user cache directory (or `SNAPCACHE_DIR`); `None`: RAM only.
+    `ram_bytes=0` keeps nothing in RAM (disk only). `secret` (default: `SNAPCACHE_SECRET`) signs the
+    files so that ones written without it are refused. Writes to disk happen on a background thread
+    unless `background_writes=False`; `flush()` waits for them and `close()` leaves every RAM entry
+    on disk. Thread-safe.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str] | _Default | None = DEFAULT_DIRECTORY,
+        *,
+        ram_bytes: int = 512 << 20,
+        disk_bytes: int = 8 << 30,
+        secret: bytes | str | None = None,
+        allow_shared_dir: bool = False,
+        background_writes: bool = True,
+    ) -> None:
+        _check_budget("ram_bytes", ram_bytes)
+        _check_budget("disk_bytes", disk_bytes)
+        if directory is DEFAULT_DIRECTORY:
+            from snapcache.cache_dir import default_cache_dir
+
+            path: Path | None = Path(default_cache_dir())
+        elif directory is None:
+            path = None
+        elif isinstance(directory, (str, os.PathLike)):
+            path = Path(directory)
+        else:
+            raise InvalidArgument(f"directory must be a path or None, got {directory!r}")
+        if path is not None and disk_bytes == 0:
+            path = None
+        if path is None and ram_bytes == 0:
+            raise InvalidArgument("ram_bytes=0 needs a disk tier: give a directory and disk_bytes > 0")
+
+        self._lock = threading.Lock()
+        self._writable = threading.Condition(self._lock)
+        self._counters = _Counters()
+        self._closed = False
+        self._evicted: list[Snapshot] = []
+        self._ram = RamTier(ram_bytes, on_evict=self._evicted.append) if ram_bytes else None
+        # Keys held in RAM or waiting for their disk write; the disk keeps its own catalog.
+        self._memory_index = PrefixIndex()
+        self._catalogs: dict[tuple[str, str], tuple[int, PrefixIndex]] = {}  # (data_version, catalog)
+        self._pending: dict[SnapshotKey, _PendingWrite] = {}
+        self._pending_bytes = 0
+        self._writing: SnapshotKey | None = None
+        self._removed_while_writing = False
+        self._remove_epoch = 0
+        self._directory = path
+        self._disk: _DiskTier | None = None
+        self._queue: queue.Queue[SnapshotKey | None] = queue.Queue()
+        self._writer: threading.Thread | None = None
+        if path is not None:
+            from snapcache.disk_tier import DiskTier
+
+            self._disk = DiskTier(
+                path, disk_bytes, secret=_resolve_secret(secret), allow_shared_dir=allow_shared_dir
+            )
+            if background_writes:
+                self._writer = threading.Thread(target=self._write_loop, name="snapcache-writer", daemon=True)
+                self._writer.start()
+        _open_stores.add(self)
+
+    # -- public API ---------------------------------------------------------------------------------
+
+    @property
+    def directory(self) -> Path | None:
+        """The disk tier's directory, or None for a RAM-only store."""
+        return self._directory
+
+    def put(
+        self,
+        key: SnapshotKey,
+        tokens: Tokens,
+        state_bytes: Buffer,
+        priority: int = 0,
+        logits: npt.ArrayLike | None = None,
+    ) -> Snapshot | None:
+        """Store a copy of `state_bytes` under `key`; None if it is too large for every tier.
+
+        With background writes, a snapshot too large for RAM is handed to the disk writer and
+        returned; should the disk refuse it too, it is dropped then with a logged warning.
+        Raises KeyMismatch when `tokens` do not hash to `key`.
+        """
+        if not isinstance(key, SnapshotKey):
+            raise InvalidArgument(f"key must be a SnapshotKey, got {type(key).__name__}")
+        _check_priority(priority)
+        priority = int(priority)
+        array = as_token_array(tokens)
+        if not key.matches(array):
+            raise KeyMismatch(f"the {len(array)} tokens given do not hash to the key")
+        snapshot = Snapshot(key, array, _copy_state(state_bytes), _copy_logits(logits), priority)
+        self._check_open()
+
+        ram, disk = self._ram, self._disk
+        if disk is None and ram is not None and snapshot.nbytes > ram.budget_bytes:
+            self._drop(snapshot, "larger than the RAM budget and there is no disk tier")
+            return None
+        with self._lock:
+            if disk is not None and self._writer is not None:
+                # Back-pressure: callers wait while the writer is far behind.
+                while self._pending_bytes >= _MAX_PENDING_BYTES and self._pending and not self._closed:
+                    self._writable.wait()
+            now = time.time()
+            in_ram = False
+            if ram is not None:
+                in_ram = ram.put(snapshot)
+                if not in_ram:
+                    ram.remove(key)  # an older state under the same key must not outlive this one
+            if in_ram or disk is not None:
+                self._memory_index.add(key, rolling_hash(array), priority, now)
+            if disk is not None:
+                self._queue_write(snapshot, spill=False)
+            self._handle_evictions()
+        if disk is not None and self._writer is None:
+            self._drain_sync()
+            with self._lock:
+                in_memory = self._ram is not None and key in self._ram
+            if not in_memory and not self._disk_call("contains", disk.__contains__, key, default=False):
+                return None
+        return snapshot
+
+    def get(self, key: SnapshotKey) -> Snapshot | None:
+        """The snapshot stored under exactly `key` (RAM first, then disk), or None."""
+        if not isinstance(key, SnapshotKey):
+            raise InvalidArgument(f"key must be a SnapshotKey, got {type(key).__name__}")
+        self._check_open()
+        with self._lock:
+            snapshot = self._get_memory(key)
+            if snapshot is not None:
+                return snapshot
+            epoch = self._remove_epoch
+        snapshot = self._get_disk(key, epoch)
+        if snapshot is None:
+            with self._lock:
+                self._counters.misses += 1
+        return snapshot
+
+    def lookup(self, model_fingerprint: str, scope: str, prompt_tokens: Tokens) -> Snapshot | None:
+        """The snapshot of the longest stored prefix of `prompt_tokens` in this fingerprint and scope.
+
+        Equally long prefixes go by higher priority, then more recent use. None when nothing matches.
+        """
+        _check_fingerprint(model_fingerprint)
+        validate_scope(scope)
+        query = as_token_array(prompt_tokens)
+        self._check_open()
+        indexes = [self._memory_index]
+        if self._disk is not None:
+            indexes.append(self._disk_catalog(model_fingerprint, scope))
+        hashes = rolling_prefix_hashes(query)
+        tried: set[SnapshotKey] = set()
+        while True:
+            with self._lock:
+                key = None
+                for candidate in iter_prefix_matches(indexes, model_fingerprint, scope, query, hashes):
+                    if candidate not in tried:
+                        key = candidate
+                        break
+                if key is None:
+                    self._count_miss()
+                    return None
+                snapshot = self._get_memory(key, count_miss=False)
+                if snapshot is not None:
+                    return snapshot
+                epoch = self._remove_epoch
+            snapshot = self._get_disk(key, epoch, count_miss=False)
+            if snapshot is not None:
+                if self._ram is not None:
+                    with self._lock:
+                        self._counters.ram_misses += 1
+                return snapshot
+            tried.add(key)  # vanished or corrupt on disk: try the next best
+
+    def remove(self, key: SnapshotKey) -> bool:
+        """Forget `key` in every tier; True if any tier held it."""
+        if not isinstance(key, SnapshotKey):
+            raise InvalidArgument(f"key must be a SnapshotKey, got {type(key).__name__}")
+        self._check_open()
+        with self._lock:
+            found = self._ram is not None and self._ram.remove(key)
+            job = self._pending.pop(key, None)
+            if job is not None:
+                self._pending_bytes -= job.snapshot.nbytes
+                self._writable.notify_all()
+                found = True
+            if self._writing == key:
+                self._removed_while_writing = True
+            self._memory_index.remove(key)
+            self._remove_epoch += 1
+        if self._disk is not None:
+            before = self._disk_version()
+            found = self._disk_call("remove", self._disk.remove, key, default=False) or found
+            self._carry_catalogs(before, key, gone=True)
+        return found
+
+    def entries(self, model_fingerprint: str | None = None, scope: str | None = None) -> list[EntryInfo]:
+        """One row per stored key (a StoreEntry), optionally only of one fingerprint and/or scope."""
+        self._check_open()
+
+        def wanted(key: SnapshotKey) -> bool:
+            return (model_fingerprint is None or key.model_fingerprint == model_fingerprint) and (
+                scope is None or key.scope == scope
+            )
+
+        rows: dict[SnapshotKey, EntryInfo] = {}
+        with self._lock:
+            if self._ram is not None:
+                rows.update((row.key, row) for row in self._ram.entries() if wanted(row.key))
+            for key, job in self._pending.items():
+                if key not in rows and wanted(key):
+                    rows[key] = _memory_row(job.snapshot)
+        disk_rows: list[EntryInfo] = []
+        if self._disk is not None:
+            disk_rows = self._disk_call("entries", self._disk.entries, model_fingerprint, scope, default=[])
+        on_disk = {row.key: row for row in disk_rows}
+        result: list[EntryInfo] = []
+        for key, row in rows.items():
+            tiers: tuple[TierName, ...] = ("ram", "disk") if key in on_disk else ("ram",)
+            result.append(_store_entry(row, tiers))
+        result.extend(_store_entry(row, ("disk",)) for key, row in on_disk.items() if key not in rows)
+        return result
+
+    def stats(self) -> StoreStats:
+        """Hit and miss counters and what each tier holds now."""
+        disk = self._disk
+        disk_used = disk_budget = disk_entries = disk_evictions = 0
+        if disk is not None and not self._closed:
+            disk_used, disk_budget = disk.used_bytes, disk.budget_bytes
+            disk_entries, disk_evictions = len(disk), disk.evictions
+        with self._lock:
+            c = self._counters
+            ram = self._ram
+            ram_evictions = 0 if ram is None else ram.evictions
+            return StoreStats(
+                hits=c.hits,
+                misses=c.misses,
+                ram_hits=c.ram_hits,
+                disk_hits=c.disk_hits,
+                ram_misses=c.ram_misses,
+                disk_misses=c.disk_misses,
+                ram_used_bytes=0 if ram is None else ram.used_bytes,
+                disk_used_bytes=disk_used,
+                ram_budget_bytes=0 if ram is None else ram.budget_bytes,
+                disk_budget_bytes=disk_budget,
+                ram_entries=0 if ram is None else len(ram),
+                disk_entries=disk_entries,
+                evictions=ram_evictions + disk_evictions,
+                ram_evictions=ram_evictions,
+                disk_evictions=disk_evictions,
+                spills=c.spills,
+                promotions=c.promotions,
+                dropped=c.dropped,
+                write_errors=c.write_errors,
+            )
+
+    def flush(self) -> None:
+        """Wait until every write queued so far has reached the disk (or failed with a warning)."""
+        if self._writer is not None and self._writer.is_alive():
+            self._queue.join()
+
+    def check(self, repair: bool = True, *, verify: bool = False, grace_seconds: float | None = None) -> Any:
+        """Compare the disk index with the files and, with `repair`, remove what is broken.
+
+        `verify` also reads and verifies every file; temporary files younger than `grace_seconds`
+        (default: the disk tier's) are left to the writers that may still own them. Waits for queued
+        writes first. Returns the disk tier's report; InvalidArgument for a store without a disk tier.
+        """
+        if self._disk is None:
+            raise InvalidArgument("this store has no disk tier to check")
+        self._check_open()
+        self.flush()
+        if grace_seconds is None:
+            return self._disk.check(repair, verify=verify)
+        return self._disk.check(repair, verify=verify, grace_seconds=grace_seconds)
+
+    def close(self) -> None:
+        """Flush, leave every RAM entry on disk (when the disk tier is on) and release the tiers."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._writable.notify_all()
+        _open_stores.discard(self)
+        self.flush()
+        if self._writer is not None:
+            self._queue.put(None)
+            self._writer.join()
+        disk, ram = self._disk, self._ram
+        if disk is not None:
+            self._drain_sync()
+            if ram is not None:
+                for snapshot in ram.snapshots():  # least valuable first: the most valuable stay
+                    if not self._disk_call("contains", disk.__contains__, snapshot.key, default=True):
+                        self._write_to_disk(snapshot)
+            disk.close()
+        if ram is not None:
+            ram.close()
+
+    def __enter__(self) -> SnapshotStore:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        where = "RAM only" if self._directory is None else str(self._directory)
+        return f"SnapshotStore({where})"
+
+    # -- reading ------------------------------------------------------------------------------------
+
+    def _get_memory(self, key: SnapshotKey, *, count_miss: bool = True) -> Snapshot | None:
+        """RAM, else a snapshot waiting for its disk write; counts a hit. Call with the lock held."""
+        snapshot = None if self._ram is None else self._ram.get(key)
+        if snapshot is None:
+            job = self._pending.get(key)
+            snapshot = None if job is None else job.snapshot
+        if snapshot is None:
+            if count_miss and self._ram is not None:
+                self._counters.ram_misses += 1
+            return None
+        self._counters.hits += 1
+        # Without a RAM tier, a snapshot still waiting for its write counts for the disk.
+        if self._ram is not None:
+            self._counters.ram_hits += 1
+        else:
+            self._counters.disk_hits += 1
+        self._memory_index.touch(key, time.time())
+        return snapshot
+
+    def _get_disk(self, key: SnapshotKey, epoch: int, *, count_miss: bool = True) -> Snapshot | None:
+        """Read `key` from disk and promote it into RAM; counts a disk hit or miss."""
+        disk = self._disk
+        if disk is None:
+            return None
+        before = self._disk_version()
+        snapshot: Snapshot | None = self._disk_call("get", disk.get, key, default=None)
+        self._carry_catalogs(before, key, gone=snapshot is None)
+        with self._lock:
+            if snapshot is None:
+                if count_miss:
+                    self._counters.disk_misses += 1
+                return None
+            self._counters.hits += 1
+            self._counters.disk_hits += 1
+            # A remove() since the read began must not be undone by the promotion.
+            if self._ram is not None and epoch == self._remove_epoch and key not in self._ram:
+                if self._ram.put(snapshot):
+                    self._counters.promotions += 1
+                    self._memory_index.add(key, rolling_hash(snapshot.tokens), snapshot.priority, time.time())
+                self._handle_evictions()
+        if self._writer is None:
+            self._drain_sync()  # spills of the promotion's evictions
+        return snapshot
+
+    def _count_miss(self) -> None:
+        """A lookup that found nothing anywhere. Call with the lock held."""
+        self._counters.misses += 1
+        if self._ram is not None:
+            self._counters.ram_misses += 1
+        if self._disk is not None:
+            self._counters.disk_misses += 1
+
+    def _disk_catalog(self, model_fingerprint: str, scope: str) -> PrefixIndex:
+        """The disk's entries of one fingerprint and scope, re-read when the disk data changed."""
+        disk = self._disk
+        assert disk is not None
+        group = (model_fingerprint, scope)
+        version = self._disk_version()
+        with self._lock:
+            cached = self._catalogs.get(group)
+        if cached is not None and version is not None and cached[0] == version:
+            return cached[1]
+        rows: list[EntryInfo] = self._disk_call("entries", disk.entries, model_fingerprint, scope, default=[])
+        catalog = PrefixIndex()
+        for row in rows:
+            catalog.add(row.key, row.rolling_hash, row.priority, row.last_used_at)
+        if version is not None:
+            with self._lock:
+                self._catalogs[group] = (version, catalog)
+        return catalog
+
+    # -- writing ------------------------------------------------------------------------------------
+
+    def _queue_write(self, snapshot: Snapshot, *, spill: bool) -> None:
+        """Hand `snapshot` to the disk writer. Call with the lock held."""
+        old = self._pending.get(snapshot.key)
+        if old is not None:
+            self._pending_bytes -= old.snapshot.nbytes
+        self._pending[snapshot.key] = _PendingWrite(snapshot, spill, only_if_missing=spill)
+        self._pending_bytes += snapshot.nbytes
+        # Always queue: a job for this key may be mid-write with the older snapshot.
+        self._queue.put(snapshot.key)
+
+    def _handle_evictions(self) -> None:
+        """Spill what the RAM tier just evicted. Call with the lock held."""
+        evicted = self._evicted[:]
+        self._evicted.clear()
+        for snapshot in evicted:
+            key = snapshot.key
+            job = self._pending.get(key)
+            if job is not None:
+                job.spill = True  # its write is still queued: that write is now the spill
+                continue
+            if self._ram is not None and key in self._ram:
+                continue  # it came back meanwhile
+            if self._disk is None:
+                self._memory_index.remove(key)
+            else:
+                # The writer checks whether the disk has it already and writes only if not.
+                self._queue_write(snapshot, spill=True)
+
+    def _write_loop(self) -> None:
+        while True:
+            key = self._queue.get()
+            try:
+                if key is None:
+                    return
+                self._write_pending(key)
+            except Exception:  # the writer must survive anything one snapshot does to it
+                log.exception("snapcache: background write failed")
+            finally:
+                self._queue.task_done()
+
+    def _drain_sync(self) -> None:
+        """Write everything queued, on this thread (no background writer)."""
+        while True:
+            try:
+                key = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if key is not None:
+                self._write_pending(key)
+            self._queue.task_done()
+
+    def _write_pending(self, key: SnapshotKey) -> None:
+        disk = self._disk
+        assert disk is not None
+        with self._lock:
+            job = self._pending.get(key)
+            if job is None:
+                return  # removed, or written by an earlier job
+            self._writing = key
+            self._removed_while_writing = False
+        stored = False
+        try:
+            if job.only_if_missing and self._disk_call("contains", disk.__contains__, key, default=False):
+                stored = True
+            else:
+                stored = self._write_to_disk(job.snapshot)
+                if stored and job.spill:
+                    with self._lock:
+                        self._counters.spills += 1
+        finally:
+            with self._lock:
+                self._writing = None
+                removed = self._removed_while_writing
+                if self._pending.get(key) is job:
+                    del self._pending[key]
+                    self._pending_bytes -= job.snapshot.nbytes
+                    self._writable.notify_all()
+                    in_ram = self._ram is not None and key in self._ram
+                    if not in_ram:
+                        self._memory_index.remove(key)
+                        if not stored:
+                            self._counters.dropped += 1
+        if removed:
+            before = self._disk_version()
+            self._disk_call("remove", disk.remove, key, default=False)
+            self._carry_catalogs(before, key, gone=True)
+
+    def _write_to_disk(self, snapshot: Snapshot) -> bool:
+        """disk.put with failures logged and counted; True if the disk kept it."""
+        disk = self._disk
+        assert disk is not None
+        before = self._disk_version()
+        try:
+            stored = disk.put(snapshot)
+        except (StoreUnavailable, OSError) as exc:
+            log.warning("snapcache: could not write snapshot %s to disk: %s", snapshot.key.id[:16], exc)
+            with self._lock:
+                self._counters.write_errors += 1
+            return False
+        if not stored:
+            log.warning(
+                "snapcache: snapshot %s (%d bytes) is larger than the disk budget; not kept on disk",
+                snapshot.key.id[:16],
+                snapshot.nbytes,
+            )
+        else:
+            self._carry_catalogs(before, snapshot.key, added=snapshot)
+        return stored
+
+    def _disk_version(self) -> int | None:
+        assert self._disk is not None
+        version = self._disk_call("data_version", self._disk.data_version, default=None)
+        return version if isinstance(version, int) else None
+
+    def _carry_catalogs(
+        self, before: int | None, key: SnapshotKey, *, added: Snapshot | None = None, gone: bool = False
+    ) -> None:
+        """Keep the cached disk catalogs current across one disk operation of ours, without re-reading.
+
+        The disk's data_version grows by one per transaction this process commits and by more when
+        another process commits too: a step of at most one across our own operation means the index
+        changed only by it (a touch, or `key` added or dropped), so a catalog current before stays
+        current once `key` is added or dropped. Catalogs may keep keys the disk evicted meanwhile; a
+        lookup that finds one gone drops it and tries the next.
+        """
+        after = None if before is None or not self._catalogs else self._disk_version()
+        with self._lock:
+            group = (key.model_fingerprint, key.scope)
+            if gone and group in self._catalogs:
+                self._catalogs[group][1].remove(key)
+            if before is None or after is None or after - before > 1:
+                return
+            for group_id, (version, catalog) in list(self._catalogs.items()):
+                if version != before:
+                    continue
+                if added is not None and group_id == group:
+                    catalog.add(key, rolling_hash(added.tokens), added.priority, time.time())
+                self._catalogs[group_id] = (after, catalog)
+
+    def _drop(self, snapshot: Snapshot, why: str) -> None:
+        log.warning(
+            "snapcache: dropped snapshot %s (%d bytes): %s", snapshot.key.id[:16], snapshot.nbytes, why
+        )
+        with self._lock:
+            self._counters.dropped += 1
+
+    def _disk_call(self, what: str, call: Callable[..., Any], *args: Any, default: Any) -> Any:
+        """A read of the disk tier: an unavailable disk is a logged miss, never an exception."""
+        try:
+            return call(*args)
+        except (StoreUnavailable, OSError) as exc:
+            log.warning("snapcache: disk %s failed: %s", what, exc)
+            return default
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreUnavailable("the store is closed")
+
+
+def _check_budget(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidArgument(f"{name} must be a non-negative int, got {value!r}")
+
+
+def _check_fingerprint(fingerprint: object) -> None:
+    # The rules of SnapshotKey: a fingerprint no key can have is a caller's mistake, not a miss.
+    if (
+        not isinstance(fingerprint, str)
+        or not fingerprint
+        or len(fingerprint) > 128
+        or not fingerprint.isascii()
+    ):
+        raise InvalidArgument(f"model_fingerprint must be 1 to 128 ASCII characters, got {fingerprint!r}")
+
+
+def _check_priority(priority: object) -> None:
+    if isinstance(priority, bool) or not isinstance(priority, (int, np.integer)):
+        raise InvalidArgument(f"priority must be an int, got {priority!r}")
+    if abs(int(priority)) > MAX_PRIORITY:
+        raise InvalidArgument(f"priority must lie within ±{MAX_PRIORITY}, got {priority}")
+
+
+def _resolve_secret(secret: bytes | str | None) -> bytes | None:
+    if secret is None:
+        secret = os.environ.get("SNAPCACHE_SECRET") or None
+    if isinstance(secret, str):
+        secret = secret.encode()
+    if secret is not None and not isinstance(secret, bytes):
+        raise InvalidArgument("secret must be bytes, str or None")
+    return secret or None
+
+
+def _copy_state(state: Buffer) -> bytes:
+    """One copy of the caller's buffer: callers reuse theirs."""
+    try:
+        view = memoryview(state)
+    except TypeError:
+        raise InvalidArgument(f"state_bytes must be bytes-like, got {type(state).__name__}") from None
+    if view.nbytes == 0:
+        raise InvalidArgument("state_bytes is empty")
+    return view.tobytes()
+
+
+def _copy_logits(logits: npt.ArrayLike | None) -> npt.NDArray[np.float32] | None:
+    if logits is None:
+        return None
+    try:
+        array = np.array(logits, dtype=np.float32)
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument(f"logits must be an array of floats: {exc}") from None
+    if array.ndim != 1 or array.size == 0:
+        raise InvalidArgument(f"logits must be a non-empty one-dimensional array, got shape {array.shape}")
+    array.flags.writeable = False
+    return array
+
+
+def _memory_row(snapshot: Snapshot) -> EntryInfo:
+    return EntryInfo(
+        key=snapshot.key,
+        tier="ram",
+        priority=snapshot.priority,
+        nbytes=snapshot.nbytes,
+        state_bytes=memoryview(snapshot.state).nbytes,
+        created_at=snapshot.created_at,
+        last_used_at=snapshot.created_at,
+        rolling_hash=rolling_hash(snapshot.tokens),
+    )
+
+
+def _store_entry(row: EntryInfo, tiers: tuple[TierName, ...]) -> StoreEntry:
+    return StoreEntry(
+        key=row.key,
+        tier=row.tier,
+        priority=row.priority,
+        nbytes=row.nbytes,
+        state_bytes=row.state_bytes,
+        created_at=row.created_at,
+        last_used_at=row.last_used_at,
+        rolling_hash=row.rolling_hash,
+        tiers=tiers,
+    )
+
+
+# Stores still open at interpreter exit are closed then, so that queued writes reach the disk.
+_open_stores: weakref.WeakSet[SnapshotStore] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_stores() -> None:
+    for store in list(_open_stores):
+        try:
+            store.close()
+        except Exception:
+            log.exception("snapcache: closing a store at exit failed")

@@ -1,0 +1,1 @@
+"""Scripts and deterministic data shared by the reliability tests (run as subprocesses)."""

@@ -1,0 +1,26 @@
+"""What a store directory holds on disk, seen from outside the library."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+# The SQLite index and its journal files: bookkeeping, not snapshot bytes.
+_INDEX_SUFFIXES = (".db", ".db-wal", ".db-shm", ".db-journal", ".sqlite", ".sqlite-wal", ".sqlite-shm")
+
+
+def is_index_file(path: Path) -> bool:
+    return path.name.endswith(_INDEX_SUFFIXES) or "index" in path.name
+
+
+def snapshot_files(directory: Path) -> list[Path]:
+    """Every regular file under `directory` except the index: snapshots, temp files, quarantine."""
+    return sorted(p for p in directory.rglob("*") if p.is_file() and not is_index_file(p))
+
+
+def snapshot_bytes(directory: Path) -> int:
+    return sum(p.stat().st_size for p in snapshot_files(directory))
+
+
+def files_of_key(directory: Path, key_id: str) -> list[Path]:
+    """The file(s) whose name carries `key_id` (outside any quarantine folder)."""
+    return [p for p in snapshot_files(directory) if key_id in p.name and "quarantine" not in p.parts]

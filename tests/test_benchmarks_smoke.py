@@ -1,0 +1,97 @@
+"""Smoke runs of the benchmark scripts: each exits 0, prints its table and writes valid JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "benchmarks"
+
+pytestmark = pytest.mark.slow
+
+
+def _run(script: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run(
+        [sys.executable, str(BENCH / script), *args],
+        capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env, check=False,
+    )
+
+
+def _load_json(path: Path, name: str) -> dict:
+    payload = json.loads(path.read_text(encoding="utf-8"))
+    assert payload["benchmark"] == name
+    assert payload["quick"] is True
+    assert payload["machine"]["cores"] >= 1
+    assert payload["machine"]["llama_cpp_python"]
+    assert payload["tables"], "no tables in the JSON"
+    for table in payload["tables"]:
+        assert table["rows"], f"table {table['title']!r} has no rows"
+        assert all(len(row) == len(table["columns"]) for row in table["rows"])
+    return payload
+
+
+def _assert_header(stdout: str, title: str, first_column: str) -> None:
+    assert stdout.startswith("machine: ")
+    lines = stdout.splitlines()
+    index = next(i for i, line in enumerate(lines) if line.startswith(title))
+    assert lines[index + 1].startswith(first_column)
+    assert set(lines[index + 2].replace(" ", "")) == {"-"}
+
+
+def test_lookup_scaling_quick(tmp_path: Path) -> None:
+    out = tmp_path / "lookup.json"
+    proc = _run("lookup_scaling.py", "--quick", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    _assert_header(proc.stdout, "Longest-prefix lookup latency", "prompt tokens")
+    payload = _load_json(out, "lookup_scaling")
+    rows = payload["rows"]
+    assert {row["snapshots"] for row in rows} == {100, 1_000}
+    # The script checks snapcache's answer against the longest exact prefix it planted.
+    assert all(row["longest_prefix_found"] > 0 for row in rows)
+    assert all(row["snapcache_lookup_s"] > 0 and row["llamaramcache_lookup_s"] > 0 for row in rows)
+
+
+def test_hot_path_quick(tmp_path: Path) -> None:
+    out = tmp_path / "hot.json"
+    proc = _run("hot_path.py", "--quick", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    _assert_header(proc.stdout, "Put latency seen by the caller", "cache")
+    _assert_header(proc.stdout, "Process memory (RSS) growth", "cache")
+    payload = _load_json(out, "hot_path")
+    assert len(payload["put_latency"]) == 5
+    memory = {row["case"]: row for row in payload["memory"]}
+    assert set(memory) == {"disk", "ram", "llamaramcache"}
+    # Every snapshot reached the store: more were put than the RAM budget holds, so some were evicted.
+    assert memory["ram"]["stats"]["evictions"] > 0
+    assert memory["disk"]["stats"]["disk_entries"] == memory["disk"]["count"]
+
+
+def test_agent_rotation_quick(tmp_path: Path) -> None:
+    out = tmp_path / "rotation.json"
+    proc = _run("agent_rotation.py", "--quick", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    _assert_header(proc.stdout, "Agent rotation: mean time to first token", "cache")
+    _assert_header(proc.stdout, "Agent rotation: time to first token per request", "#")
+    payload = _load_json(out, "agent_rotation")
+    requests = payload["requests"]
+    assert set(requests) == {"none", "ram", "disk", "snapcache"}
+    for mode_requests in requests.values():
+        assert [r["round"] for r in mode_requests] == [1, 1, 1, 2, 2, 2, 3, 3, 3]
+        assert all(r["ttft_s"] is not None and r["ttft_s"] <= r["turn_s"] for r in mode_requests)
+    # Greedy decoding: every cache must give the answers a cold model gives.
+    assert payload["outputs_identical"] is True
+
+
+def test_run_all_runs_the_chosen_scripts(tmp_path: Path) -> None:
+    proc = _run("run_all.py", "--quick", "--only", "lookup_scaling", "--results", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert "=== lookup_scaling.py ===" in proc.stdout
+    assert "Longest-prefix lookup latency" in proc.stdout
+    _load_json(tmp_path / "lookup_scaling.json", "lookup_scaling")

@@ -1,0 +1,424 @@
+"""The `snapcache` command without a model: store commands, doctor, and clean failures on bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from snapcache_cli.app import app
+from snapcache_cli.formatting import format_size, parse_age, parse_size
+from typer.testing import CliRunner
+
+from snapcache import SnapshotKey, SnapshotStore
+
+FINGERPRINT = "cafe" * 8
+runner = CliRunner()
+
+
+def invoke(*args: str, input: str | None = None):
+    return runner.invoke(app, list(args), input=input)
+
+
+def run_module(*args: str, stdin: bytes | None = None, env: dict[str, str] | None = None):
+    """The real command in a new process, as a user runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "snapcache", *args],
+        input=stdin,
+        capture_output=True,
+        env={**os.environ, **(env or {})},
+        timeout=120,
+        check=False,
+    )
+
+
+def put(directory: Path, scope: str, token_count: int, priority: int = 0, state_size: int = 4000) -> str:
+    """Store a snapshot of made-up state (the store works on any bytes) and return its key id."""
+    tokens = list(range(1, token_count + 1))
+    key = SnapshotKey.for_tokens(FINGERPRINT, scope, tokens)
+    with SnapshotStore(directory) as store:
+        store.put(key, tokens, os.urandom(state_size), priority=priority)
+    return key.id
+
+
+def listed(directory: Path | None = None) -> list[dict]:
+    args = ["ls", "--json"] if directory is None else ["--cache-dir", str(directory), "ls", "--json"]
+    result = invoke(*args)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def assert_clean_failure(result, *expected: str) -> str:
+    """One line on stderr, a non-zero exit status, no traceback."""
+    stderr = result.stderr if isinstance(result.stderr, str) else result.stderr.decode()
+    stdout = result.stdout if isinstance(result.stdout, str) else result.stdout.decode()
+    code = result.exit_code if hasattr(result, "exit_code") else result.returncode
+    assert code != 0
+    assert "Traceback" not in stderr + stdout
+    # A library warning (a corrupt file removed) may come first; the error itself is one line.
+    lines = [line for line in stderr.strip().splitlines() if not line.startswith("snapcache: warning: ")]
+    assert len(lines) == 1, stderr
+    assert lines[0].startswith("snapcache: error: ")
+    for text in expected:
+        assert text in lines[0]
+    return lines[0]
+
+
+@pytest.fixture
+def three(snapcache_dir: Path) -> dict[str, str]:
+    """Three snapshots in the default cache directory: two scopes, two priorities."""
+    return {
+        "low": put(snapcache_dir, "default", 40, priority=0, state_size=40_000),
+        "high": put(snapcache_dir, "agent-a", 20, priority=5, state_size=20_000),
+        "other": put(snapcache_dir, "agent-a", 10, priority=0, state_size=10_000),
+    }
+
+
+# -- ls / inspect / rm -------------------------------------------------------------------------------
+
+
+def test_ls_empty_cache_says_so():
+    result = invoke("ls")
+    assert result.exit_code == 0
+    assert result.stdout.strip() == "no snapshots"
+    assert listed() == []
+
+
+def test_ls_lists_every_snapshot_as_json_and_as_a_table(three):
+    rows = listed()
+    assert {r["id"] for r in rows} == set(three.values())
+    by_id = {r["id"]: r for r in rows}
+    assert by_id[three["high"]]["scope"] == "agent-a"
+    assert by_id[three["high"]]["priority"] == 5
+    assert by_id[three["low"]]["token_count"] == 40
+    assert by_id[three["low"]]["state_bytes"] == 40_000
+    assert all(r["stored_bytes"] > 0 and r["model_fingerprint"] == FINGERPRINT for r in rows)
+
+    table = invoke("ls").stdout.splitlines()
+    assert table[0].split()[:4] == ["KEY", "SCOPE", "TOKENS", "PRIORITY"]
+    assert {line.split()[0] for line in table[1:4]} == {i[:12] for i in three.values()}
+    assert table[-1].startswith("3 snapshots")
+
+
+def test_ls_scope_filters(three):
+    result = invoke("ls", "--scope", "agent-a", "--json")
+    assert {r["id"] for r in json.loads(result.stdout)} == {three["high"], three["other"]}
+    assert invoke("ls", "--scope", "nobody").stdout.strip() == "no snapshots in scope 'nobody'"
+
+
+def test_cache_dir_option_overrides_the_environment(tmp_path, snapcache_dir):
+    elsewhere = tmp_path / "elsewhere"
+    key_id = put(elsewhere, "default", 5)
+    assert [r["id"] for r in listed(elsewhere)] == [key_id]
+    assert listed() == []
+
+
+def test_inspect_by_unique_prefix_verifies_and_prints_metadata(three):
+    key_id = three["high"]
+    result = invoke("inspect", key_id[:10], "--json")
+    assert result.exit_code == 0, result.output
+    info = json.loads(result.stdout)
+    assert info["id"] == key_id
+    assert info["verified"] is True
+    assert info["token_count"] == 20
+    assert info["state_bytes"] == 20_000
+    assert info["first_tokens"] == list(range(1, 17))
+
+    text = invoke("inspect", key_id[:10]).stdout
+    assert f"key:          {key_id}" in text
+    assert "verified:     ok" in text
+
+
+def test_inspect_of_a_corrupted_file_fails_cleanly(three, snapcache_dir):
+    key_id = three["low"]
+    files = [p for p in snapcache_dir.rglob("*") if p.is_file() and key_id in p.name]
+    assert len(files) == 1
+    data = bytearray(files[0].read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    files[0].write_bytes(bytes(data))
+    result = invoke("inspect", key_id)
+    assert_clean_failure(result, key_id[:12], "failed verification")
+    assert "snapcache: warning: " in result.stderr
+    assert {r["id"] for r in listed()} == {three["high"], three["other"]}
+
+
+def test_ambiguous_prefix_is_a_clear_error(snapcache_dir):
+    ids = [put(snapcache_dir, "default", n) for n in range(1, 40)]
+    first = {i[0] for i in ids}
+    shared = next(c for c in first if sum(i.startswith(c) for i in ids) > 1)
+    line = assert_clean_failure(invoke("inspect", shared), "ambiguous")
+    assert f"'{shared}'" in line
+
+
+@pytest.mark.parametrize("args", [["inspect", "0000"], ["rm", "0000"], ["inspect", "not-hex"]])
+def test_unknown_key_is_a_clear_error(three, args):
+    assert_clean_failure(invoke(*args))
+
+
+def test_rm_removes_only_the_named_snapshots(three):
+    result = invoke("rm", three["low"][:12], three["other"], "--json")
+    assert result.exit_code == 0, result.output
+    assert set(json.loads(result.stdout)["removed"]) == {three["low"], three["other"]}
+    assert [r["id"] for r in listed()] == [three["high"]]
+    assert "removed" in invoke("rm", three["high"][:8]).stdout
+    assert listed() == []
+
+
+# -- prune / clear / stats ---------------------------------------------------------------------------
+
+
+def test_prune_to_a_size_drops_lowest_priority_then_least_recently_used(three):
+    rows = {r["id"]: r for r in listed()}
+    keep_only_high = rows[three["high"]]["stored_bytes"] + 100
+    dry = invoke("prune", "--max-bytes", str(keep_only_high), "--dry-run", "--json")
+    assert dry.exit_code == 0, dry.output
+    assert set(json.loads(dry.stdout)["removed"]) == {three["low"], three["other"]}
+    assert len(listed()) == 3
+
+    result = invoke("prune", "--max-bytes", str(keep_only_high), "--json")
+    report = json.loads(result.stdout)
+    assert set(report["removed"]) == {three["low"], three["other"]}
+    assert report["remaining"] == 1
+    assert [r["id"] for r in listed()] == [three["high"]]
+
+
+def test_prune_within_a_scope_leaves_other_scopes(three):
+    result = invoke("prune", "--scope", "agent-a", "--max-bytes", "0", "--json")
+    assert set(json.loads(result.stdout)["removed"]) == {three["high"], three["other"]}
+    assert [r["id"] for r in listed()] == [three["low"]]
+
+
+def test_prune_older_than(three, snapcache_dir):
+    time.sleep(1.1)
+    fresh = put(snapcache_dir, "default", 7)
+    result = invoke("prune", "--older-than", "1s")
+    assert result.exit_code == 0, result.output
+    assert "removed 3 snapshots" in result.stdout
+    assert [r["id"] for r in listed()] == [fresh]
+    assert "removed 0 snapshots" in invoke("prune", "--older-than", "7d").stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["prune"], "--max-bytes"),
+        (["prune", "--max-bytes", "lots"], "not a size"),
+        (["prune", "--older-than", "yesterday"], "not an age"),
+    ],
+)
+def test_prune_bad_arguments(args, expected):
+    assert_clean_failure(invoke(*args), expected)
+
+
+def test_clear_asks_first(three):
+    declined = invoke("clear", input="n\n")
+    assert declined.exit_code != 0
+    assert "Remove all 3 snapshots" in declined.output
+    assert len(listed()) == 3
+
+    accepted = invoke("clear", input="y\n")
+    assert accepted.exit_code == 0
+    assert "removed 3 snapshots" in accepted.stdout
+    assert listed() == []
+
+
+def test_clear_yes_with_scope(three):
+    result = invoke("clear", "--scope", "agent-a", "--yes")
+    assert result.exit_code == 0
+    assert "removed 2 snapshots" in result.stdout
+    assert [r["id"] for r in listed()] == [three["low"]]
+
+
+def test_stats_counts_scopes_and_bytes(three, snapcache_dir):
+    result = invoke("stats", "--json")
+    assert result.exit_code == 0, result.output
+    stats = json.loads(result.stdout)
+    assert stats["snapshots"] == 3
+    assert stats["scopes"] == {"default": 1, "agent-a": 2}
+    assert stats["models"] == {FINGERPRINT: 3}
+    assert stats["state_bytes"] == 70_000
+    assert stats["tokens"] == 70
+    assert stats["stored_bytes"] == sum(r["stored_bytes"] for r in listed())
+    assert stats["store"]["disk_entries"] == 3
+    assert Path(stats["cache_dir"]) == snapcache_dir
+
+    text = invoke("stats").stdout
+    assert "snapshots:       3" in text
+    assert "agent-a (2), default (1)" in text
+
+
+# -- doctor ------------------------------------------------------------------------------------------
+
+
+def test_doctor_reports_llama_cpp_versions_and_the_cache_directory(snapcache_dir):
+    import llama_cpp
+
+    result = invoke("doctor", "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["ok"] is True
+    assert report["versions"]["llama-cpp-python"] == llama_cpp.__version__
+    assert report["llama_cpp"]["state_seq_version"] == llama_cpp.LLAMA_STATE_SEQ_VERSION
+    assert report["llama_cpp"]["gpu_offload"] == bool(llama_cpp.llama_supports_gpu_offload())
+    assert "CPU" in report["llama_cpp"]["backends"]
+    assert Path(report["cache_dir"]) == snapcache_dir
+    checks = {c["name"]: c for c in report["checks"]}
+    assert checks["permissions"]["status"] == "ok"
+    assert checks["free disk"]["detail"].endswith(("B", "KiB", "MiB", "GiB", "TiB"))
+    assert checks["store"]["status"] == "ok"
+    assert checks["default model"]["status"] in {"ok", "warn"}
+
+    text = invoke("doctor").stdout
+    assert "llama.cpp system info:" in text
+    assert f"cache directory:        {snapcache_dir}" in text
+
+
+def test_doctor_fails_on_a_directory_others_can_write(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    result = invoke("--cache-dir", str(shared), "doctor", "--json")
+    assert result.exit_code == 1
+    checks = {c["name"]: c for c in json.loads(result.stdout)["checks"]}
+    assert checks["permissions"]["status"] == "warn"
+    assert checks["store"]["status"] == "fail"
+    assert "writable by other users" in checks["store"]["detail"]
+
+
+# -- bad input, as a user sees it --------------------------------------------------------------------
+
+
+def test_unusable_cache_directory_is_one_line(tmp_path):
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    result = run_module("--cache-dir", str(not_a_dir / "cache"), "ls")
+    assert_clean_failure(result, "cache directory")
+
+
+def test_insecure_cache_directory_is_one_line(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    assert_clean_failure(invoke("--cache-dir", str(shared), "ls"), "writable by other users")
+
+
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root may write anywhere")
+def test_read_only_cache_directory_is_one_line(tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    assert_clean_failure(run_module("--cache-dir", str(locked / "cache"), "ls"))
+
+
+def test_missing_prompt_file(tmp_path):
+    result = run_module("warm", str(tmp_path / "nope.txt"))
+    assert_clean_failure(result, "prompt file not found")
+
+
+def test_empty_prompt_file(tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("  \n\n")
+    assert_clean_failure(run_module("warm", str(empty)), "is empty")
+    assert_clean_failure(run_module("warm", "-", stdin=b""), "standard input is empty")
+
+
+def test_binary_prompt_file(tmp_path):
+    binary = tmp_path / "blob.bin"
+    binary.write_bytes(b"GGUF\x03\x00\x00\x00" + bytes(range(256)))
+    assert_clean_failure(run_module("warm", str(binary)), "binary")
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes("caf\xe9 cr\xe8me".encode("latin-1"))
+    assert_clean_failure(run_module("warm", str(latin1)), "not UTF-8")
+
+
+def test_model_path_that_does_not_exist(tmp_path):
+    prompt = tmp_path / "p.txt"
+    prompt.write_text("hello")
+    result = run_module("warm", str(prompt), "--model", str(tmp_path / "missing.gguf"))
+    assert_clean_failure(result, "model file not found", "--model")
+
+
+def test_model_that_is_not_gguf(tmp_path):
+    prompt = tmp_path / "p.txt"
+    prompt.write_text("hello")
+    fake = tmp_path / "fake.gguf"
+    fake.write_bytes(b"PK\x03\x04 this is a zip, not a model" * 10)
+    assert_clean_failure(run_module("warm", str(prompt), "--model", str(fake)), "not a GGUF")
+    result = run_module("warm", str(prompt), env={"SNAPCACHE_MODEL": str(fake)})
+    assert_clean_failure(result, "not a GGUF", "SNAPCACHE_MODEL")
+
+
+def test_model_path_that_is_a_directory(tmp_path):
+    prompt = tmp_path / "p.txt"
+    prompt.write_text("hello")
+    assert_clean_failure(invoke("warm", str(prompt), "--model", str(tmp_path)), "not a file")
+
+
+def test_unwritable_cache_directory_for_warm(tmp_path):
+    prompt = tmp_path / "p.txt"
+    prompt.write_text("hello")
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF" + bytes(64))  # never loaded: the store is opened first
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    result = run_module("--cache-dir", str(not_a_dir), "warm", str(prompt), "--model", str(model))
+    assert_clean_failure(result, "cache directory", str(not_a_dir))
+
+
+def test_no_model_anywhere_names_the_three_ways(tmp_path, monkeypatch):
+    from snapcache import demo_model
+
+    monkeypatch.delenv("SNAPCACHE_MODEL", raising=False)
+    monkeypatch.setattr(demo_model, "default_model_path", lambda: None)  # the optional package is absent
+    prompt = tmp_path / "p.txt"
+    prompt.write_text("hello")
+    line = assert_clean_failure(invoke("warm", str(prompt)), "--model", "SNAPCACHE_MODEL", "snapcache[demo]")
+    assert line.startswith("snapcache: error: no model")
+
+
+def test_usage_errors_exit_2_without_traceback():
+    result = run_module("prune", "--max-bytes")
+    assert result.returncode == 2
+    assert b"Traceback" not in result.stderr
+
+
+def test_python_dash_m_and_version():
+    result = run_module("--version")
+    assert result.returncode == 0
+    assert result.stdout.decode().startswith("snapcache ")
+    listing = run_module("ls", "--json")
+    assert listing.returncode == 0
+    assert json.loads(listing.stdout) == []
+
+
+# -- the parsers and formatters the commands share ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("500M", 500 << 20), ("2G", 2 << 30), ("1.5GiB", int(1.5 * (1 << 30))), ("1024", 1024), ("8k", 8192)],
+)
+def test_parse_size(text, expected):
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"), [("7d", 7 * 86400), ("12h", 43200), ("30m", 1800), ("2w", 1209600)]
+)
+def test_parse_age(text, expected):
+    assert parse_age(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "G", "-1M", "12 parsecs"])
+def test_parse_size_rejects(text):
+    with pytest.raises(ValueError, match="not a size"):
+        parse_size(text)
+
+
+def test_format_size():
+    assert format_size(512) == "512 B"
+    assert format_size(1536) == "1.5 KiB"
+    assert format_size(11_600_000) == "11.1 MiB"

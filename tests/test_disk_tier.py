@@ -1,0 +1,762 @@
+"""The disk tier: durable files under an exact budget, shared by processes, never serving bad bytes."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import stat
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from snapcache import _disk_format
+from snapcache.cache_dir import default_cache_dir, prepare_cache_dir
+from snapcache.disk_tier import FILES_DIR, INDEX_NAME, TEMP_PREFIX, DiskTier
+from snapcache.errors import (
+    InsecureDirectory,
+    InvalidArgument,
+    KeyMismatch,
+    SnapcacheError,
+    StoreUnavailable,
+)
+from snapcache.key import SnapshotKey, rolling_hash
+from snapcache.snapshot import Snapshot
+
+STATE_BYTES = 40_000
+MB = 1 << 20
+
+
+def make_snapshot(
+    seed: int,
+    *,
+    n_tokens: int = 50,
+    state_bytes: int = STATE_BYTES,
+    priority: int = 0,
+    fingerprint: str = "fp-a",
+    scope: str = "default",
+    logits: bool = False,
+) -> Snapshot:
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, 32_000, n_tokens, dtype=np.int32)
+    tokens.flags.writeable = False
+    state = rng.integers(0, 256, state_bytes, dtype=np.uint8).tobytes()  # incompressible: sizes stay put
+    return Snapshot(
+        key=SnapshotKey.for_tokens(fingerprint, scope, tokens),
+        tokens=tokens,
+        state=state,
+        logits=rng.standard_normal(300).astype(np.float32) if logits else None,
+        priority=priority,
+        created_at=1_700_000_000.0 + seed,
+    )
+
+
+def assert_same(got: Snapshot | None, want: Snapshot) -> None:
+    assert got is not None
+    assert got.key == want.key
+    assert bytes(got.state) == bytes(want.state)
+    assert np.array_equal(got.tokens, want.tokens)
+    assert not got.tokens.flags.writeable
+    assert got.priority == want.priority
+    assert got.created_at == want.created_at
+    if want.logits is None:
+        assert got.logits is None
+    else:
+        assert got.logits is not None
+        assert np.array_equal(got.logits, want.logits)
+
+
+def snapshot_files(directory: Path) -> list[Path]:
+    return sorted((directory / FILES_DIR).iterdir())
+
+
+def file_of(tier: DiskTier, snapshot: Snapshot) -> Path:
+    (path,) = [p for p in snapshot_files(tier.directory) if p.name.startswith(snapshot.key.id)]
+    return path
+
+
+def age(path: Path, seconds: float) -> None:
+    then = time.time() - seconds
+    os.utime(path, (then, then))
+
+
+@pytest.fixture
+def tier(tmp_path: Path):
+    with_tier = DiskTier(tmp_path / "cache", 64 * MB)
+    yield with_tier
+    with_tier.close()
+
+
+# -- round trips and persistence ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("logits", [False, True])
+def test_put_get_round_trip(tier: DiskTier, logits: bool) -> None:
+    snap = make_snapshot(1, logits=logits, priority=7)
+    assert tier.put(snap)
+    assert snap.key in tier
+    assert len(tier) == 1
+    assert_same(tier.get(snap.key), snap)
+    assert tier.get(make_snapshot(2).key) is None
+
+
+def test_round_trip_of_odd_sized_compressible_state(tier: DiskTier) -> None:
+    snap = make_snapshot(3)
+    snap = Snapshot(snap.key, snap.tokens, bytes(12_345) + b"\x01", priority=-5)
+    assert tier.put(snap)
+    got = tier.get(snap.key)
+    assert got is not None
+    assert bytes(got.state) == bytes(snap.state)
+    assert tier.used_bytes < 2_000  # compressed
+
+
+def test_entries_describe_what_is_stored(tier: DiskTier) -> None:
+    a = make_snapshot(1, priority=3)
+    b = make_snapshot(2, scope="other")
+    c = make_snapshot(3, fingerprint="fp-b")
+    for snap in (a, b, c):
+        assert tier.put(snap)
+    rows = {row.key: row for row in tier.entries()}
+    assert set(rows) == {a.key, b.key, c.key}
+    row = rows[a.key]
+    assert row.tier == "disk"
+    assert row.priority == 3
+    assert row.state_bytes == STATE_BYTES
+    assert row.nbytes == file_of(tier, a).stat().st_size
+    assert row.created_at == a.created_at
+    assert row.rolling_hash == rolling_hash(a.tokens)
+    assert {r.key for r in tier.entries("fp-a")} == {a.key, b.key}
+    assert [r.key for r in tier.entries("fp-a", "default")] == [a.key]
+    assert [r.key for r in tier.entries(scope="other")] == [b.key]
+    assert tier.entries("nope") == []
+
+
+def test_replace_keeps_one_file_and_exact_accounting(tier: DiskTier) -> None:
+    first = make_snapshot(1)
+    second = Snapshot(first.key, first.tokens, b"\x05" * 999, priority=4)
+    assert tier.put(first)
+    assert tier.put(second)
+    assert len(tier) == 1
+    assert len(snapshot_files(tier.directory)) == 1
+    assert tier.used_bytes == sum(p.stat().st_size for p in snapshot_files(tier.directory))
+    assert_same(tier.get(first.key), second)
+
+
+def test_remove(tier: DiskTier) -> None:
+    snap = make_snapshot(1)
+    tier.put(snap)
+    assert tier.remove(snap.key)
+    assert not tier.remove(snap.key)
+    assert snap.key not in tier
+    assert tier.get(snap.key) is None
+    assert snapshot_files(tier.directory) == []
+    assert tier.used_bytes == 0
+
+
+def test_reopened_directory_serves_everything_committed(tmp_path: Path) -> None:
+    snaps = [make_snapshot(i, priority=i) for i in range(5)]
+    first = DiskTier(tmp_path / "c", 64 * MB)
+    for snap in snaps:
+        assert first.put(snap)
+    first.close()
+    second = DiskTier(tmp_path / "c", 64 * MB)
+    assert len(second) == 5
+    for snap in snaps:
+        assert_same(second.get(snap.key), snap)
+    second.close()
+
+
+def test_two_tiers_on_one_directory_see_each_others_writes(tmp_path: Path) -> None:
+    one = DiskTier(tmp_path / "c", 64 * MB)
+    two = DiskTier(tmp_path / "c", 64 * MB)
+    before = two.data_version()
+    assert two.data_version() == before  # stable while nothing changes
+    snap = make_snapshot(1)
+    assert one.put(snap)
+    after_put = two.data_version()
+    assert after_put != before
+    assert_same(two.get(snap.key), snap)
+    own = one.data_version()
+    assert two.remove(snap.key)
+    assert one.data_version() != own
+    assert one.get(snap.key) is None
+    one.close()
+    two.close()
+
+
+def test_data_version_counts_own_changes(tier: DiskTier) -> None:
+    version = tier.data_version()
+    snap = make_snapshot(1)
+    tier.put(snap)
+    assert tier.data_version() != version
+    version = tier.data_version()
+    tier.remove(snap.key)
+    assert tier.data_version() != version
+
+
+def test_put_validates_tokens_against_key(tier: DiskTier) -> None:
+    snap = make_snapshot(1)
+    other = make_snapshot(2)
+    with pytest.raises(KeyMismatch):
+        tier.put(Snapshot(snap.key, other.tokens, snap.state))
+    assert len(tier) == 0
+
+
+@pytest.mark.parametrize(("priority", "created_at"), [(10**7, 1.0), (1, float("nan")), (1, float("inf"))])
+def test_put_refuses_values_it_could_not_read_back(tier: DiskTier, priority: int, created_at: float) -> None:
+    snap = make_snapshot(1)
+    with pytest.raises(InvalidArgument):
+        tier.put(Snapshot(snap.key, snap.tokens, snap.state, priority=priority, created_at=created_at))
+    assert len(tier) == 0
+    assert snapshot_files(tier.directory) == []
+
+
+def test_closed_tier_refuses_work(tmp_path: Path) -> None:
+    tier = DiskTier(tmp_path / "c", MB)
+    tier.close()
+    tier.close()  # idempotent
+    with pytest.raises(StoreUnavailable):
+        tier.put(make_snapshot(1))
+
+
+@pytest.mark.parametrize("budget", [-1, 1.5, True, "10"])
+def test_invalid_budget(tmp_path: Path, budget: object) -> None:
+    with pytest.raises(InvalidArgument):
+        DiskTier(tmp_path / "c", budget)  # type: ignore[arg-type]
+
+
+# -- budget and eviction -------------------------------------------------------------------------
+
+
+def file_size(tmp_path: Path) -> int:
+    probe = DiskTier(tmp_path / "probe", 64 * MB)
+    probe.put(make_snapshot(99))
+    size = probe.used_bytes
+    probe.close()
+    return size
+
+
+def test_budget_holds_exactly(tmp_path: Path) -> None:
+    size = file_size(tmp_path)
+    budget = int(size * 3.5)
+    tier = DiskTier(tmp_path / "c", budget)
+    for i in range(12):
+        assert tier.put(make_snapshot(i, priority=i % 3))
+        on_disk = sum(p.stat().st_size for p in snapshot_files(tier.directory))
+        assert on_disk == tier.used_bytes <= budget
+    assert len(tier) == 3
+    assert tier.evictions == 9
+    tier.close()
+
+
+def test_eviction_drops_lowest_priority_then_least_recently_used(tmp_path: Path) -> None:
+    size = file_size(tmp_path)
+    tier = DiskTier(tmp_path / "c", int(size * 3.5))
+    a, b, c = make_snapshot(1), make_snapshot(2, priority=5), make_snapshot(3)
+    for snap in (a, b, c):
+        assert tier.put(snap)
+        time.sleep(0.002)
+    assert tier.get(a.key) is not None  # a is now more recent than c
+    time.sleep(0.002)
+    d = make_snapshot(4)
+    assert tier.put(d)
+    assert {row.key for row in tier.entries()} == {a.key, b.key, d.key}  # c: priority 0, least recent
+    time.sleep(0.002)
+    e = make_snapshot(5)
+    assert tier.put(e)
+    assert {row.key for row in tier.entries()} == {b.key, d.key, e.key}  # then a
+    assert tier.evictions == 2
+    assert tier.get(c.key) is None
+    tier.close()
+
+
+def test_entry_larger_than_budget_is_refused_without_evicting(tmp_path: Path) -> None:
+    size = file_size(tmp_path)
+    tier = DiskTier(tmp_path / "c", int(size * 2.5))
+    small = [make_snapshot(1), make_snapshot(2)]
+    for snap in small:
+        assert tier.put(snap)
+    huge = make_snapshot(3, state_bytes=STATE_BYTES * 3)
+    assert not tier.put(huge)
+    assert huge.key not in tier
+    assert {row.key for row in tier.entries()} == {s.key for s in small}
+    assert tier.evictions == 0
+    assert len(snapshot_files(tier.directory)) == 2
+    tier.close()
+
+
+def test_zero_budget_stores_nothing(tmp_path: Path) -> None:
+    tier = DiskTier(tmp_path / "c", 0)
+    assert not tier.put(make_snapshot(1))
+    assert len(tier) == 0
+    assert snapshot_files(tier.directory) == []
+    tier.close()
+
+
+# -- check() -------------------------------------------------------------------------------------
+
+
+def test_check_finds_and_repairs_debris(tier: DiskTier) -> None:
+    kept, lost = make_snapshot(1), make_snapshot(2)
+    for snap in (kept, lost):
+        tier.put(snap)
+    files = tier.directory / FILES_DIR
+    file_of(tier, lost).unlink()  # row without file
+    orphan = files / f"{'ab' * 32}-{'0' * 12}.snap"  # file without row
+    shutil.copyfile(file_of(tier, kept), orphan)
+    stale = files / f"{TEMP_PREFIX}crashed.partial"
+    stale.write_bytes(b"half a snapshot")
+    fresh = files / f"{TEMP_PREFIX}in-flight.partial"  # a writer that is still running
+    fresh.write_bytes(b"being written")
+    for path in (orphan, stale):
+        age(path, 3600)
+
+    report = tier.check(repair=False)
+    assert not report.ok
+    assert report.missing_files == (lost.key.id,)
+    assert report.orphan_files == (orphan.name,)
+    assert report.temp_files == (stale.name,)
+    assert report.corrupt_files == ()
+    assert orphan.exists()
+    assert stale.exists()
+    assert len(tier) == 2
+
+    repaired = tier.check(repair=True)
+    assert repaired.repaired
+    assert repaired.missing_files == report.missing_files
+    assert not orphan.exists()
+    assert not stale.exists()
+    assert fresh.exists()
+    assert len(tier) == 1
+    assert tier.check().ok
+    assert_same(tier.get(kept.key), kept)
+
+
+def test_check_with_zero_grace_removes_fresh_temp_files(tier: DiskTier) -> None:
+    fresh = tier.directory / FILES_DIR / f"{TEMP_PREFIX}x.partial"
+    fresh.write_bytes(b"x")
+    assert tier.check(grace_seconds=3600).ok
+    assert tier.check(grace_seconds=0).temp_files == (fresh.name,)
+    assert not fresh.exists()
+
+
+def test_check_verify_finds_corrupt_files(tier: DiskTier, caplog: pytest.LogCaptureFixture) -> None:
+    good, bad = make_snapshot(1), make_snapshot(2)
+    tier.put(good)
+    tier.put(bad)
+    path = file_of(tier, bad)
+    data = bytearray(path.read_bytes())
+    data[-10] ^= 0xFF
+    path.write_bytes(bytes(data))
+    assert tier.check(repair=False).ok  # structure only
+    report = tier.check(repair=True, verify=True)
+    assert report.corrupt_files == (path.name,)
+    assert not path.exists()
+    assert bad.key not in tier
+    assert_same(tier.get(good.key), good)
+    assert "failed verification" in caplog.text
+
+
+# -- permissions and the directory -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o000])
+def test_files_and_directories_are_private(tmp_path: Path, umask: int) -> None:
+    old = os.umask(umask)
+    try:
+        tier = DiskTier(tmp_path / "cache", 64 * MB)
+        tier.put(make_snapshot(1))
+        tier.get(make_snapshot(1).key)
+        paths = [tier.directory, *tier.directory.rglob("*")]  # SQLite's -wal and -shm exist now
+    finally:
+        os.umask(old)
+    names = {p.name for p in paths}
+    assert {INDEX_NAME, f"{INDEX_NAME}-wal", f"{INDEX_NAME}-shm", FILES_DIR} <= names
+    for path in paths:
+        expected = 0o700 if path.is_dir() else 0o600
+        assert stat.S_IMODE(path.stat().st_mode) == expected, path
+    tier.close()
+
+
+def test_missing_parents_are_created_private(tmp_path: Path) -> None:
+    path = tmp_path / "a" / "b" / "c"
+    DiskTier(path, MB).close()
+    for directory in (tmp_path / "a", tmp_path / "a" / "b", path):
+        assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+
+
+def test_world_writable_directory_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SNAPCACHE_ALLOW_SHARED_DIR", raising=False)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(InsecureDirectory) as info:
+        DiskTier(shared, MB)
+    assert isinstance(info.value, StoreUnavailable)
+    assert isinstance(info.value, PermissionError)
+    assert isinstance(info.value, SnapcacheError)
+    message = str(info.value)
+    assert str(shared) in message
+    assert "chmod" in message
+    assert "allow_shared_dir=True" in message
+    DiskTier(shared, MB, allow_shared_dir=True).close()
+    monkeypatch.setenv("SNAPCACHE_ALLOW_SHARED_DIR", "1")
+    DiskTier(shared, MB).close()
+
+
+def test_group_writable_directory_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SNAPCACHE_ALLOW_SHARED_DIR", raising=False)
+    path = tmp_path / "group"
+    path.mkdir()
+    path.chmod(0o770)
+    with pytest.raises(InsecureDirectory):
+        prepare_cache_dir(path, allow_shared=False)
+    path.chmod(0o700)
+    assert prepare_cache_dir(path, allow_shared=False) == path
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="needs root to chown")
+def test_directory_owned_by_another_user_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "theirs"
+    path.mkdir(mode=0o700)
+    os.chown(path, 65534, 65534)
+    with pytest.raises(InsecureDirectory, match="another user"):
+        prepare_cache_dir(path, allow_shared=False)
+
+
+def test_unusable_directory_is_store_unavailable(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(StoreUnavailable) as info:
+        DiskTier(blocker / "cache", MB)
+    assert not isinstance(info.value, InsecureDirectory)
+    assert str(blocker / "cache") in str(info.value)
+    assert "\n" not in str(info.value)
+    with pytest.raises(StoreUnavailable, match="not a directory"):
+        prepare_cache_dir(blocker, allow_shared=False)
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root may write anywhere")
+def test_read_only_directory_is_store_unavailable(tmp_path: Path) -> None:
+    path = tmp_path / "ro"
+    path.mkdir(mode=0o500)
+    with pytest.raises(StoreUnavailable, match="not writable"):
+        DiskTier(path, MB)
+
+
+def test_default_cache_dir_follows_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SNAPCACHE_DIR", str(tmp_path / "here"))
+    assert default_cache_dir() == tmp_path / "here"
+    monkeypatch.delenv("SNAPCACHE_DIR")
+    assert default_cache_dir().name == "snapcache"
+
+
+# -- secrets and bad files -------------------------------------------------------------------------
+
+
+def test_secret_files_carry_a_mac_and_other_secrets_miss(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    directory = tmp_path / "c"
+    snap = make_snapshot(1)
+    with_secret = DiskTier(directory, 64 * MB, secret=b"s3cret")
+    assert with_secret.put(snap)
+    raw = file_of(with_secret, snap).read_bytes()
+    assert int.from_bytes(raw[10:12], "little") & _disk_format.FLAG_MAC
+    assert_same(with_secret.get(snap.key), snap)
+    with_secret.close()
+
+    other = DiskTier(directory, 64 * MB, secret=b"another")
+    assert other.get(snap.key) is None
+    assert "MAC mismatch" in caplog.text
+    assert snap.key not in other
+    other.close()
+
+    # A file without MAC is refused by a tier with a secret, and the other way round.
+    plain = DiskTier(directory, 64 * MB)
+    plain.put(snap)
+    assert DiskTier(directory, 64 * MB, secret=b"s3cret").get(snap.key) is None
+    assert "carries no MAC" in caplog.text
+    keyed = DiskTier(directory, 64 * MB, secret=b"s3cret")
+    keyed.put(snap)
+    assert plain.get(snap.key) is None
+    assert "authenticated with a secret" in caplog.text
+
+
+def damage_flip(data: bytearray, at: int) -> bytearray:
+    data[at] ^= 0x04
+    return data
+
+
+DAMAGES = {
+    "flip magic": lambda d: damage_flip(d, 0),
+    "flip version": lambda d: damage_flip(d, 8),
+    "flip header length": lambda d: damage_flip(d, 13),
+    "flip header": lambda d: damage_flip(d, 40),
+    "flip header digest": lambda d: damage_flip(d, _header_end(d) + 3),
+    "flip tokens": lambda d: damage_flip(d, _header_end(d) + 40),
+    "flip logits": lambda d: damage_flip(d, _header_end(d) + 32 + 4 * 50 + 8),
+    "flip payload": lambda d: damage_flip(d, len(d) // 2 + 300),
+    "flip last byte": lambda d: damage_flip(d, len(d) - 1),
+    "truncate": lambda d: d[:-1],
+    "truncate to header": lambda d: d[:100],
+    "empty": lambda d: bytearray(),
+    "append": lambda d: d + b"\x00",
+    "append frame": lambda d: d + d[-200:],
+}
+
+
+def _header_end(data: bytearray) -> int:
+    return 16 + int.from_bytes(data[12:16], "little")
+
+
+@pytest.mark.parametrize("damage", list(DAMAGES))
+def test_damaged_file_is_a_logged_miss_and_removed(
+    tier: DiskTier, damage: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    snap = make_snapshot(1, logits=True)
+    tier.put(snap)
+    path = file_of(tier, snap)
+    path.write_bytes(bytes(DAMAGES[damage](bytearray(path.read_bytes()))))
+    with caplog.at_level(logging.WARNING, logger="snapcache"):
+        assert tier.get(snap.key) is None
+    assert not path.exists()
+    assert snap.key not in tier
+    assert len(tier) == 0
+    assert any(r.levelno == logging.WARNING and r.name == "snapcache" for r in caplog.records)
+    assert path.name in caplog.text
+    assert tier.put(snap)  # the key can be stored again
+    assert_same(tier.get(snap.key), snap)
+
+
+def test_file_copied_under_another_keys_name_is_a_miss(
+    tier: DiskTier, caplog: pytest.LogCaptureFixture
+) -> None:
+    a, b = make_snapshot(1), make_snapshot(2)
+    tier.put(a)
+    tier.put(b)
+    shutil.copyfile(file_of(tier, a), file_of(tier, b))
+    assert tier.get(b.key) is None
+    assert "another key" in caplog.text
+    assert b.key not in tier
+    assert_same(tier.get(a.key), a)
+
+
+def test_file_from_another_store_is_a_miss(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    snap = make_snapshot(1)
+    ours = DiskTier(tmp_path / "ours", 64 * MB)
+    theirs = DiskTier(tmp_path / "theirs", 64 * MB)
+    ours.put(snap)
+    theirs.put(snap)
+    # Same key, same size and a valid checksum: only the store id tells them apart.
+    assert file_of(ours, snap).stat().st_size == file_of(theirs, snap).stat().st_size
+    shutil.copyfile(file_of(theirs, snap), file_of(ours, snap))
+    assert ours.get(snap.key) is None
+    assert "another store" in caplog.text
+    assert snap.key not in ours
+    ours.close()
+    theirs.close()
+
+
+def test_planted_file_without_row_is_never_served(tier: DiskTier) -> None:
+    snap = make_snapshot(1)
+    other_dir = tier.directory.parent / "other"
+    other = DiskTier(other_dir, 64 * MB)
+    other.put(snap)
+    shutil.copy(file_of(other, snap), tier.directory / FILES_DIR)
+    assert tier.get(snap.key) is None
+    other.close()
+
+
+def test_index_row_naming_a_path_outside_is_ignored(tier: DiskTier, caplog: pytest.LogCaptureFixture) -> None:
+    import sqlite3
+
+    snap = make_snapshot(1)
+    tier.put(snap)
+    victim = tier.directory / "precious.txt"
+    victim.write_text("keep me")
+    with sqlite3.connect(tier.directory / INDEX_NAME) as conn:
+        conn.execute("UPDATE entries SET file_name = '../precious.txt'")
+    assert tier.get(snap.key) is None
+    assert victim.read_text() == "keep me"
+    assert "invalid file" in caplog.text
+
+
+# -- several writers -------------------------------------------------------------------------------
+
+_WRITER = """
+import sys
+from pathlib import Path
+sys.path[:0] = [sys.argv[4], sys.argv[5]]
+from test_disk_tier import make_snapshot
+from snapcache.disk_tier import DiskTier
+tier = DiskTier(Path(sys.argv[1]), int(sys.argv[2]))
+first = int(sys.argv[3])
+for seed in range(first, first + 15):
+    assert tier.put(make_snapshot(seed, priority=seed % 2))
+    tier.get(make_snapshot(seed - 1).key)
+tier.close()
+"""
+
+
+def test_processes_sharing_a_directory_never_overshoot_the_budget(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    size = file_size(tmp_path)
+    budget = int(size * 5.5)
+    directory = tmp_path / "shared"
+    DiskTier(directory, budget).close()
+    repo = Path(__file__).resolve().parents[1]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                _WRITER,
+                str(directory),
+                str(budget),
+                str(100 * i + 1),
+                str(repo),
+                str(Path(__file__).parent),
+            ],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(3)
+    ]
+    outcomes = [(proc.communicate(timeout=120)[1], proc.returncode) for proc in procs]
+    assert [code for _, code in outcomes] == [0, 0, 0], outcomes
+    tier = DiskTier(directory, budget)
+    on_disk = sum(p.stat().st_size for p in snapshot_files(directory))
+    assert on_disk == tier.used_bytes <= budget
+    assert len(tier) == 5
+    assert tier.check(repair=False, verify=True, grace_seconds=0).ok
+    for row in tier.entries():
+        assert tier.get(row.key) is not None
+    tier.close()
+
+
+def test_threads_sharing_one_tier(tier: DiskTier) -> None:
+    import threading
+
+    errors: list[BaseException] = []
+
+    def work(offset: int) -> None:
+        try:
+            for seed in range(offset, offset + 10):
+                snap = make_snapshot(seed)
+                assert tier.put(snap)
+                assert_same(tier.get(snap.key), snap)
+                if seed % 3 == 0:
+                    assert tier.remove(snap.key)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(100 * i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert len(tier) == sum(1 for i in range(4) for seed in range(100 * i, 100 * i + 10) if seed % 3)
+    assert tier.check(repair=False, grace_seconds=0).ok
+
+
+# -- forged headers: valid checksums, hostile contents ----------------------------------------------
+
+
+def rewrite_header(path: Path, change) -> None:
+    """Edit the JSON header of a file and recompute its header digest, as a forger without a secret could."""
+    import hashlib
+    import json
+    import struct
+
+    data = path.read_bytes()
+    magic, version, flags, length = struct.unpack_from("<8sHHI", data)
+    header = json.loads(data[16 : 16 + length])
+    raw = change(header)
+    new_header = raw if isinstance(raw, bytes) else json.dumps(header).encode()
+    head = struct.pack("<8sHHI", magic, version, flags, len(new_header)) + new_header
+    path.write_bytes(head + hashlib.sha256(head).digest() + data[16 + length + 32 :])
+
+
+def _set(field: str, value: object):
+    def change(header: dict) -> None:
+        header[field] = value
+
+    return change
+
+
+FORGERIES = {
+    "huge state": _set("state_bytes", 1 << 40),
+    "negative state": _set("state_bytes", -1),
+    "state size off by one": lambda h: h.__setitem__("state_bytes", h["state_bytes"] + 1),
+    "huge payload": _set("payload_bytes", 1 << 45),
+    "logits shape too big": _set("logits_shape", [1 << 20, 1 << 20]),
+    "logits shape nested": _set("logits_shape", [[3]]),
+    "logits shape bool": _set("logits_shape", [True]),
+    "non-ascii digest": _set("body_sha256", "é" * 64),
+    "short digest": _set("body_sha256", "ab"),
+    "unknown codec": _set("codec", {"name": "lz4", "level": 1, "shuffle": 0}),
+    "unknown shuffle": _set("codec", {"name": "zstd", "level": 1, "shuffle": 4}),
+    "priority too big": _set("priority", 10**9),
+    "created_at infinite": lambda h: b'{"created_at": 1e999}',
+    "not an object": lambda h: b"[1, 2, 3]",
+    "not json": lambda h: b"\xff\xfe{",
+    "deeply nested": lambda h: b"[" * 30_000 + b"]" * 30_000,
+    "other key": lambda h: h["key"].__setitem__("scope", "elsewhere"),
+    "bad key": lambda h: h["key"].__setitem__("prefix_hash", "zz"),
+    "token count mismatch": lambda h: h["key"].__setitem__("token_count", 10**9),
+}
+
+
+@pytest.mark.parametrize("forgery", list(FORGERIES))
+def test_forged_header_is_a_miss(tier: DiskTier, forgery: str, caplog: pytest.LogCaptureFixture) -> None:
+    snap = make_snapshot(1, logits=True)
+    tier.put(snap)
+    path = file_of(tier, snap)
+    rewrite_header(path, FORGERIES[forgery])
+    assert tier.get(snap.key) is None
+    assert not path.exists()
+    assert "unusable" in caplog.text
+
+
+def test_decode_checks_sizes_before_decompressing(tier: DiskTier, monkeypatch: pytest.MonkeyPatch) -> None:
+    from snapcache import codec
+
+    snap = make_snapshot(1)
+    tier.put(snap)
+    rewrite_header(file_of(tier, snap), _set("state_bytes", 1 << 40))
+    calls = []
+    monkeypatch.setattr(codec, "decompress", lambda *a, **k: calls.append(1))
+    assert tier.get(snap.key) is None
+    assert calls == []
+
+
+def test_with_a_secret_the_mac_reaches_the_payload(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    tier = DiskTier(tmp_path / "c", 64 * MB, secret=b"k")
+    snap = make_snapshot(1)
+    tier.put(snap)
+    path = file_of(tier, snap)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01  # inside the zstd frame: the SHA-256 in the header catches it first
+    path.write_bytes(bytes(data))
+    assert tier.get(snap.key) is None
+    assert "payload checksum mismatch" in caplog.text
+    tier.close()
+
+
+def test_payload_of_another_snapshot_is_refused(tier: DiskTier, caplog: pytest.LogCaptureFixture) -> None:
+    a, b = make_snapshot(1), make_snapshot(2)  # same sizes, different states
+    tier.put(a)
+    tier.put(b)
+    path_a, path_b = file_of(tier, a), file_of(tier, b)
+    data_a, data_b = path_a.read_bytes(), path_b.read_bytes()
+    assert len(data_a) == len(data_b)
+    tail = STATE_BYTES  # the incompressible state is stored in raw zstd blocks of its own size
+    path_a.write_bytes(data_a[:-tail] + data_b[-tail:])
+    assert tier.get(a.key) is None
+    assert "payload checksum differs" in caplog.text

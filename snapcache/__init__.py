@@ -15,6 +15,7 @@ from snapcache.errors import (
     SnapcacheError,
     StoreUnavailable,
 )
+from snapcache._disk_format import FORMAT_VERSION as SNAPSHOT_FILE_FORMAT_VERSION
 from snapcache.key import DEFAULT_SCOPE, SnapshotKey, prefix_hash
 from snapcache.snapshot import Snapshot
 from snapcache.tier import EntryInfo
@@ -28,6 +29,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_SCOPE",
+    "SNAPSHOT_FILE_FORMAT_VERSION",
     "CachedLlama",
     "CorruptSnapshot",
     "EntryInfo",

@@ -23,13 +23,13 @@ import json
 import math
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
 from snapcache import codec
 from snapcache.errors import CorruptSnapshot
-from snapcache.key import SnapshotKey, as_token_array
+from snapcache.key import SnapshotKey, TokenArray, as_token_array
 from snapcache.snapshot import MAX_PRIORITY, Buffer, Snapshot
 
 MAGIC = b"\x89SNAPC\r\n"
@@ -47,6 +47,40 @@ MAX_LOGITS = 1 << 28
 MAX_STATE_BYTES = 1 << 38
 _MAX_LOGITS_NDIM = 2
 _MAC_PERSON = b"snapcache.mac1"
+
+
+class MacMismatch(CorruptSnapshot):
+    """An intact file authenticated under another secret (or none, or without one when one is set).
+
+    Not damage: another process, configured otherwise, may share the directory and read it.
+    """
+
+
+@dataclass(frozen=True, slots=True)
+class FileHeader:
+    """What the head of a file says about it, checked (see read_header)."""
+
+    key: SnapshotKey
+    store_id: str
+    priority: int
+    created_at: float
+    state_bytes: int
+    file_bytes: int
+    tokens: TokenArray
+    authenticated: bool  # False: intact, but its MAC does not verify under the secret given (or none)
+
+
+@dataclass(frozen=True, slots=True)
+class _Head:
+    header: dict[str, Any]
+    has_mac: bool
+    body_start: int
+    file_bytes: int  # what the header says the whole file measures
+    logits_count: int
+    state_bytes: int
+    priority: int
+    created_at: float
+    mac_problem: str | None  # why the MAC does not verify, when _read_head was told to go on
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,8 +160,96 @@ def decode(
     mac_secret: bytes | None,
     max_state_bytes: int = MAX_STATE_BYTES,
 ) -> Snapshot:
-    """Verify a whole file read into memory and return its snapshot, or raise CorruptSnapshot."""
+    """Verify a whole file read into memory and return its snapshot.
+
+    Raises MacMismatch for an intact file authenticated otherwise, CorruptSnapshot for the rest.
+    """
     view = memoryview(data).cast("B")
+    head = _read_head(view, mac_secret, max_state_bytes)
+    header = head.header
+    if _header_key(header) != key:
+        raise CorruptSnapshot("file belongs to another key")
+    if _field(header, "store_id", str) != store_id:
+        raise CorruptSnapshot("file belongs to another store")
+    if head.file_bytes != view.nbytes:
+        raise CorruptSnapshot(f"file is {view.nbytes} bytes, its header describes {head.file_bytes}")
+    body_start = head.body_start
+    tokens_end = body_start + 4 * key.token_count
+    logits_end = tokens_end + 4 * head.logits_count
+    expected_body = _digest_field(header, "body_sha256")
+    if not hmac.compare_digest(hashlib.sha256(view[body_start:logits_end]).digest(), expected_body):
+        raise CorruptSnapshot("tokens or logits checksum mismatch")
+    payload = view[logits_end:]
+    if payload.nbytes < _FRAME_CHECKSUM_BYTES or payload[-_FRAME_CHECKSUM_BYTES:].hex() != _field(
+        header, "payload_checksum", str
+    ):
+        raise CorruptSnapshot("payload checksum differs from the header")
+    if head.has_mac and not hmac.compare_digest(
+        hashlib.sha256(payload).digest(), _digest_field(header, "payload_sha256")
+    ):
+        raise CorruptSnapshot("payload checksum mismatch")
+
+    tokens = as_token_array(np.frombuffer(view[body_start:tokens_end], dtype="<i4"))
+    if not key.matches(tokens):
+        raise CorruptSnapshot("tokens do not hash to the key")
+    logits = None
+    shape = header.get("logits_shape")
+    if isinstance(shape, list):
+        logits = np.frombuffer(bytes(view[tokens_end:logits_end]), dtype="<f4").reshape(shape)
+    # zstd checks the frame checksum (XXH64 of the state) while decoding.
+    codec_info = _field(header, "codec", dict)
+    state = codec.decompress(payload, expected_size=head.state_bytes, shuffle=codec_info["shuffle"] == 2)
+    return Snapshot(
+        key=key,
+        tokens=tokens,
+        state=state,
+        logits=logits,
+        priority=head.priority,
+        created_at=head.created_at,
+    )
+
+
+def read_header(file: BinaryIO, file_bytes: int, *, mac_secret: bytes | None) -> FileHeader:
+    """Check the head and the tokens of an open file without reading its payload.
+
+    What rebuilding a lost index needs: the header's digest (and MAC), its fields, the size it
+    describes against `file_bytes`, and tokens that hash to its key. The payload is verified when the
+    snapshot is read. A MAC that does not verify is reported in `authenticated`, not raised;
+    everything else raises CorruptSnapshot.
+    """
+    prefix = file.read(_PRELUDE.size)
+    if len(prefix) == _PRELUDE.size:
+        header_len = _PRELUDE.unpack(prefix)[3]
+        if header_len <= MAX_HEADER_BYTES:
+            prefix += file.read(header_len + 2 * _DIGEST_BYTES)
+    view = memoryview(prefix)
+    head = _read_head(view, mac_secret, MAX_STATE_BYTES, raise_mac=False)
+    if head.file_bytes != file_bytes:
+        raise CorruptSnapshot(f"file is {file_bytes} bytes, its header describes {head.file_bytes}")
+    key = _header_key(head.header)
+    file.seek(head.body_start)
+    raw = file.read(4 * key.token_count)
+    if len(raw) != 4 * key.token_count:
+        raise CorruptSnapshot("file is truncated inside its tokens")
+    tokens = as_token_array(np.frombuffer(raw, dtype="<i4"))
+    if not key.matches(tokens):
+        raise CorruptSnapshot("tokens do not hash to the key")
+    return FileHeader(
+        key=key,
+        store_id=_field(head.header, "store_id", str),
+        priority=head.priority,
+        created_at=head.created_at,
+        state_bytes=head.state_bytes,
+        file_bytes=file_bytes,
+        tokens=tokens,
+        authenticated=head.mac_problem is None,
+    )
+
+
+def _read_head(
+    view: memoryview, mac_secret: bytes | None, max_state_bytes: int, *, raise_mac: bool = True
+) -> _Head:
+    """Check the prelude, the header digest, the MAC (MacMismatch unless not `raise_mac`), the fields."""
     if view.nbytes < _PRELUDE.size:
         raise CorruptSnapshot("file is shorter than its prelude")
     magic, version, flags, header_len = _PRELUDE.unpack_from(view)
@@ -147,27 +269,25 @@ def decode(
     head = view[:head_end]
     if not hmac.compare_digest(hashlib.sha256(head).digest(), view[head_end : head_end + 32]):
         raise CorruptSnapshot("header checksum mismatch")
+    # The head is intact from here on: a failing MAC means another configuration, not damage.
+    mac_problem = None
     if mac_secret is None and has_mac:
-        raise CorruptSnapshot("file is authenticated with a secret, and none is configured")
-    if mac_secret is not None:
-        if not has_mac:
-            raise CorruptSnapshot("file carries no MAC, and a secret is configured")
-        expected_mac = hmac.digest(mac_secret, head, "sha256")
-        if not hmac.compare_digest(expected_mac, view[head_end + 32 : body_start]):
-            raise CorruptSnapshot("MAC mismatch: written under another secret or tampered with")
+        mac_problem = "file is authenticated with a secret, and none is configured"
+    elif mac_secret is not None and not has_mac:
+        mac_problem = "file carries no MAC, and a secret is configured"
+    elif mac_secret is not None and not hmac.compare_digest(
+        hmac.digest(mac_secret, head, "sha256"), view[head_end + 32 : body_start]
+    ):
+        mac_problem = "MAC mismatch: written under another secret or tampered with"
+    if mac_problem is not None and raise_mac:
+        raise MacMismatch(mac_problem)
     header = _parse_header(view[_PRELUDE.size : head_end])
-
-    stored_key = _header_key(header)
-    if stored_key != key:
-        raise CorruptSnapshot("file belongs to another key")
-    if _field(header, "store_id", str) != store_id:
-        raise CorruptSnapshot("file belongs to another store")
+    token_count = _header_key(header).token_count
     codec_info = _field(header, "codec", dict)
     if _field(codec_info, "name", str) != _CODEC_NAME:
         raise CorruptSnapshot("unknown codec")
-    shuffle = _field(codec_info, "shuffle", int)
-    if shuffle not in (0, 2):
-        raise CorruptSnapshot(f"unknown shuffle {shuffle}")
+    if _field(codec_info, "shuffle", int) not in (0, 2):
+        raise CorruptSnapshot(f"unknown shuffle {codec_info['shuffle']}")
     state_bytes = _bounded(header, "state_bytes", min(max_state_bytes, MAX_STATE_BYTES))
     payload_bytes = _bounded(header, "payload_bytes", MAX_STATE_BYTES)
     logits_count = _logits_count(header)
@@ -177,42 +297,17 @@ def decode(
     created_at = _field(header, "created_at", float, int)
     if not math.isfinite(created_at):
         raise CorruptSnapshot("created_at is not finite")
-
-    tokens_end = body_start + 4 * key.token_count
-    logits_end = tokens_end + 4 * logits_count
-    if logits_end + payload_bytes != view.nbytes:
-        raise CorruptSnapshot(
-            f"file is {view.nbytes} bytes, its header describes {logits_end + payload_bytes}"
-        )
-    expected_body = _digest_field(header, "body_sha256")
-    if not hmac.compare_digest(hashlib.sha256(view[body_start:logits_end]).digest(), expected_body):
-        raise CorruptSnapshot("tokens or logits checksum mismatch")
-    payload = view[logits_end:]
-    if payload.nbytes < _FRAME_CHECKSUM_BYTES or payload[-_FRAME_CHECKSUM_BYTES:].hex() != _field(
-        header, "payload_checksum", str
-    ):
-        raise CorruptSnapshot("payload checksum differs from the header")
-    if has_mac and not hmac.compare_digest(
-        hashlib.sha256(payload).digest(), _digest_field(header, "payload_sha256")
-    ):
-        raise CorruptSnapshot("payload checksum mismatch")
-
-    tokens = as_token_array(np.frombuffer(view[body_start:tokens_end], dtype="<i4"))
-    if not key.matches(tokens):
-        raise CorruptSnapshot("tokens do not hash to the key")
-    logits = None
-    shape = header.get("logits_shape")
-    if isinstance(shape, list):
-        logits = np.frombuffer(bytes(view[tokens_end:logits_end]), dtype="<f4").reshape(shape)
-    # zstd checks the frame checksum (XXH64 of the state) while decoding.
-    state = codec.decompress(payload, expected_size=state_bytes, shuffle=shuffle == 2)
-    return Snapshot(
-        key=key,
-        tokens=tokens,
-        state=state,
-        logits=logits,
+    _field(header, "store_id", str)
+    return _Head(
+        header=header,
+        has_mac=has_mac,
+        body_start=body_start,
+        file_bytes=body_start + 4 * token_count + 4 * logits_count + payload_bytes,
+        logits_count=logits_count,
+        state_bytes=state_bytes,
         priority=priority,
         created_at=float(created_at),
+        mac_problem=mac_problem,
     )
 
 

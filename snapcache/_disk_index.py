@@ -3,6 +3,11 @@
 One connection per DiskIndex, shared by threads under a lock; WAL mode lets several processes read
 while one writes. Budget accounting and the choice of victims happen inside one BEGIN IMMEDIATE
 transaction, so processes sharing a directory cannot overshoot the budget together.
+
+The catalog generation (a one-row table) grows whenever rows are added, replaced or removed, by any
+process: triggers bump it inside the writing transaction, so even a writer that does not know of it
+keeps it true. Recording a use (last_used_at) leaves it alone, so readers of the catalog re-read it
+only when it really changed.
 """
 
 from __future__ import annotations
@@ -11,17 +16,25 @@ import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from snapcache.errors import StoreUnavailable
 from snapcache.key import SnapshotKey
 
+_T = TypeVar("_T")
+
 SCHEMA_VERSION = 1
 _BUSY_TIMEOUT_S = 30.0
+# Recording a use is best effort: it gives up quickly rather than make a hit wait for a writer.
+_TOUCH_BUSY_TIMEOUT_MS = 50
+# SQLite's primary result codes for a file that is not, or no longer, a sound database.
+_WAL_CHECKPOINT_PAGES = 64
+_SQLITE_CORRUPT = 11
+_SQLITE_NOTADB = 26
 _UINT64 = 1 << 64
 _INT64_MAX = (1 << 63) - 1
 _COLUMNS = (
@@ -29,25 +42,43 @@ _COLUMNS = (
     " file_name, file_bytes, state_bytes, created_at, last_used_at"
 )
 _INSERT = f"INSERT OR REPLACE INTO entries ({_COLUMNS}) VALUES ({', '.join('?' * 12)})"
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS entries (
-    key_id TEXT PRIMARY KEY,
-    fingerprint TEXT NOT NULL,
-    scope TEXT NOT NULL,
-    token_count INTEGER NOT NULL,
-    prefix_hash TEXT NOT NULL,
-    rolling_hash INTEGER NOT NULL,
-    priority INTEGER NOT NULL,
-    file_name TEXT NOT NULL UNIQUE,
-    file_bytes INTEGER NOT NULL,
-    state_bytes INTEGER NOT NULL,
-    created_at REAL NOT NULL,
-    last_used_at REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS entries_by_eviction ON entries (priority, last_used_at);
-CREATE INDEX IF NOT EXISTS entries_by_scope ON entries (fingerprint, scope);
-"""
+_CHANGED_COLUMNS = (
+    "key_id, fingerprint, scope, token_count, prefix_hash, rolling_hash, priority,"
+    " file_name, file_bytes, state_bytes, created_at"
+)
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    """CREATE TABLE IF NOT EXISTS entries (
+        key_id TEXT PRIMARY KEY,
+        fingerprint TEXT NOT NULL,
+        scope TEXT NOT NULL,
+        token_count INTEGER NOT NULL,
+        prefix_hash TEXT NOT NULL,
+        rolling_hash INTEGER NOT NULL,
+        priority INTEGER NOT NULL,
+        file_name TEXT NOT NULL UNIQUE,
+        file_bytes INTEGER NOT NULL,
+        state_bytes INTEGER NOT NULL,
+        created_at REAL NOT NULL,
+        last_used_at REAL NOT NULL
+    )""",
+    "CREATE INDEX IF NOT EXISTS entries_by_eviction ON entries (priority, last_used_at)",
+    "CREATE INDEX IF NOT EXISTS entries_by_scope ON entries (fingerprint, scope)",
+    "CREATE TABLE IF NOT EXISTS generation (id INTEGER PRIMARY KEY CHECK (id = 0), value INTEGER NOT NULL)",
+    "INSERT OR IGNORE INTO generation VALUES (0, 0)",
+    # Per row: INSERT OR REPLACE fires the insert trigger; evicting five rows bumps it five times.
+    """CREATE TRIGGER IF NOT EXISTS entries_inserted AFTER INSERT ON entries
+        BEGIN UPDATE generation SET value = value + 1; END""",
+    """CREATE TRIGGER IF NOT EXISTS entries_deleted AFTER DELETE ON entries
+        BEGIN UPDATE generation SET value = value + 1; END""",
+    f"""CREATE TRIGGER IF NOT EXISTS entries_changed AFTER UPDATE OF {_CHANGED_COLUMNS} ON entries
+        BEGIN UPDATE generation SET value = value + 1; END""",
+)
+_GENERATION = "SELECT value FROM generation"
+_CATALOG = (
+    "SELECT token_count, prefix_hash, rolling_hash, priority, last_used_at FROM entries"
+    " WHERE fingerprint = ? AND scope = ?"
+)
 
 
 def to_signed64(value: int) -> int:
@@ -92,12 +123,22 @@ class IndexRow:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class PutOutcome:
-    """What committing a row displaced: the key's previous row and the evicted rows."""
+# token_count, prefix_hash, rolling_hash (unsigned), priority, last_used_at: what a lookup needs
+CatalogRow = tuple[int, str, int, int, float]
 
-    replaced: IndexRow | None
-    evicted: tuple[IndexRow, ...]
+
+class IndexDamaged(StoreUnavailable):
+    """The index file is not a sound SQLite database (garbage, truncation)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One committed transaction of ours: the catalog generation before and after it, and its rows."""
+
+    before: int
+    after: int
+    added: IndexRow | None
+    removed: tuple[IndexRow, ...]  # deleted or evicted rows, and the row `added` replaced
 
 
 def _row(values: Any) -> IndexRow:
@@ -106,12 +147,21 @@ def _row(values: Any) -> IndexRow:
     return IndexRow(*fields)
 
 
+def _is_damage(exc: sqlite3.Error) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    return isinstance(code, int) and code & 0xFF in (_SQLITE_CORRUPT, _SQLITE_NOTADB)
+
+
 class DiskIndex:
-    """The SQLite file beside the snapshots."""
+    """The SQLite file beside the snapshots.
+
+    Raises IndexDamaged when the file is not a sound database, StoreUnavailable for other failures.
+    `created` tells whether this open created the tables (a new or emptied index).
+    """
 
     def __init__(self, path: Path) -> None:
         self._lock = threading.RLock()
-        self._local_changes = 0
+        self.created = False
         try:
             self._conn = sqlite3.connect(
                 path, timeout=_BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
@@ -138,10 +188,18 @@ class DiskIndex:
             # NORMAL in WAL mode survives a process crash; a power cut may drop the last commits,
             # which leaves orphan files for check(), never a row without its file.
             self._conn.execute("PRAGMA synchronous=NORMAL")
+            # A small log: checkpoints come while there is room, and later writes reuse the log's
+            # space instead of growing it, so deletes still work on a disk that filled up.
+            self._conn.execute(f"PRAGMA wal_autocheckpoint={_WAL_CHECKPOINT_PAGES}")
             with self._transaction():
-                for statement in _SCHEMA.split(";"):
-                    if statement.strip():
-                        self._conn.execute(statement)
+                self.created = (
+                    self._conn.execute(
+                        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'entries'"
+                    ).fetchone()
+                    is None
+                )
+                for statement in _SCHEMA:
+                    self._conn.execute(statement)
                 self._conn.execute(
                     "INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
                 )
@@ -151,6 +209,10 @@ class DiskIndex:
             version = self._meta("schema_version")
             if version != str(SCHEMA_VERSION):
                 raise StoreUnavailable(f"index schema version {version} is not supported")
+            # Damage in pages the statements above did not read shows here, not in the middle of a get.
+            verdict = self._conn.execute("PRAGMA quick_check(1)").fetchone()
+            if verdict is None or verdict[0] != "ok":
+                raise IndexDamaged(f"snapshot index failed its integrity check: {verdict}")
             self.store_id = self._meta("store_id")
 
     def _meta(self, name: str) -> str:
@@ -162,18 +224,22 @@ class DiskIndex:
         try:
             yield
         except sqlite3.Error as exc:
-            raise StoreUnavailable(f"snapshot index: cannot {action}: {exc}") from None
+            kind = IndexDamaged if _is_damage(exc) else StoreUnavailable
+            raise kind(f"snapshot index: cannot {action}: {exc}") from None
 
     @contextmanager
     def _transaction(self) -> Iterator[None]:
         self._conn.execute("BEGIN IMMEDIATE")
         try:
             yield
+            self._conn.execute("COMMIT")
         except BaseException:
-            self._conn.execute("ROLLBACK")
+            if self._conn.in_transaction:  # a failed COMMIT (a full disk) leaves it open
+                self._conn.execute("ROLLBACK")
             raise
-        self._conn.execute("COMMIT")
-        self._local_changes += 1
+
+    def _generation(self) -> int:
+        return int(self._conn.execute(_GENERATION).fetchone()[0])
 
     def get(self, key_id: str) -> IndexRow | None:
         with self._lock, self._errors("read"):
@@ -195,6 +261,20 @@ class DiskIndex:
             cursor = self._conn.execute(f"SELECT {_COLUMNS} FROM entries{where}", params)
             return [_row(values) for values in cursor.fetchall()]
 
+    def catalog(self, fingerprint: str, scope: str) -> tuple[int, list[CatalogRow]]:
+        """The generation and the lookup fields of one fingerprint and scope, read as one snapshot."""
+        with self._lock, self._errors("read"):
+            self._conn.execute("BEGIN")  # one read snapshot: the generation matches the rows
+            try:
+                generation = self._generation()
+                rows = self._conn.execute(_CATALOG, (fingerprint, scope)).fetchall()
+            finally:
+                self._conn.execute("COMMIT")
+        return generation, [
+            (count, prefix, rolling % _UINT64, priority, used)
+            for count, prefix, rolling, priority, used in rows
+        ]
+
     def count(self) -> int:
         with self._lock, self._errors("read"):
             return int(self._conn.execute("SELECT COUNT(*) FROM entries").fetchone()[0])
@@ -204,58 +284,69 @@ class DiskIndex:
             row = self._conn.execute("SELECT COALESCE(SUM(file_bytes), 0) FROM entries").fetchone()
             return int(row[0])
 
-    def data_version(self) -> int:
-        """Changes whenever the index changed: by this object, or by any other connection."""
+    def generation(self) -> int:
+        """Grows whenever rows were added, replaced or removed, by this or any other process."""
         with self._lock, self._errors("read"):
-            external = int(self._conn.execute("PRAGMA data_version").fetchone()[0])
-            return external + self._local_changes
+            return self._generation()
 
-    def put(self, row: IndexRow, budget_bytes: int) -> PutOutcome | None:
+    def put(self, row: IndexRow, budget_bytes: int) -> Change | None:
         """Commit `row`, evicting lowest priority then least recently used rows until it fits.
 
         None (nothing changed) when the file alone exceeds the budget.
         """
         if row.file_bytes > budget_bytes:
             return None
-        with self._lock, self._errors("write"), self._transaction():
-            execute = self._conn.execute
-            previous = execute(f"SELECT {_COLUMNS} FROM entries WHERE key_id = ?", (row.key_id,)).fetchone()
-            others = int(
-                execute(
-                    "SELECT COALESCE(SUM(file_bytes), 0) FROM entries WHERE key_id != ?",
-                    (row.key_id,),
-                ).fetchone()[0]
+        return self._write("write", lambda: self._put(row, budget_bytes))
+
+    def _put(self, row: IndexRow, budget_bytes: int) -> Change:
+        execute = self._conn.execute
+        before = self._generation()
+        previous = execute(f"SELECT {_COLUMNS} FROM entries WHERE key_id = ?", (row.key_id,)).fetchone()
+        others = int(
+            execute(
+                "SELECT COALESCE(SUM(file_bytes), 0) FROM entries WHERE key_id != ?",
+                (row.key_id,),
+            ).fetchone()[0]
+        )
+        excess = others + row.file_bytes - budget_bytes
+        removed: list[IndexRow] = [] if previous is None else [_row(previous)]
+        if excess > 0:
+            cursor = execute(
+                f"SELECT {_COLUMNS} FROM entries WHERE key_id != ?"
+                " ORDER BY priority ASC, last_used_at ASC, created_at ASC",
+                (row.key_id,),
             )
-            excess = others + row.file_bytes - budget_bytes
             evicted: list[IndexRow] = []
-            if excess > 0:
-                cursor = execute(
-                    f"SELECT {_COLUMNS} FROM entries WHERE key_id != ?"
-                    " ORDER BY priority ASC, last_used_at ASC, created_at ASC",
-                    (row.key_id,),
-                )
-                while excess > 0:
-                    values = cursor.fetchone()
-                    if values is None:  # cannot happen: row.file_bytes <= budget_bytes
-                        break
-                    victim = _row(values)
-                    evicted.append(victim)
-                    excess -= victim.file_bytes
-                cursor.close()
-                self._conn.executemany("DELETE FROM entries WHERE key_id = ?", [(v.key_id,) for v in evicted])
-            execute(_INSERT, row.params())
-        return PutOutcome(replaced=None if previous is None else _row(previous), evicted=tuple(evicted))
+            while excess > 0:
+                values = cursor.fetchone()
+                if values is None:  # cannot happen: row.file_bytes <= budget_bytes
+                    break
+                victim = _row(values)
+                evicted.append(victim)
+                excess -= victim.file_bytes
+            cursor.close()
+            self._conn.executemany("DELETE FROM entries WHERE key_id = ?", [(v.key_id,) for v in evicted])
+            removed.extend(evicted)
+        execute(_INSERT, row.params())
+        return Change(before, self._generation(), row, tuple(removed))
 
     def touch(self, key_id: str, file_name: str, when: float) -> None:
-        with self._lock, self._errors("write"), self._transaction():
-            self._conn.execute(
-                "UPDATE entries SET last_used_at = ? WHERE key_id = ? AND file_name = ?",
-                (when, key_id, file_name),
-            )
+        """Record a use; gives up after a short wait for another writer (StoreUnavailable)."""
+        with self._lock, self._errors("record a use"):
+            self._conn.execute(f"PRAGMA busy_timeout = {_TOUCH_BUSY_TIMEOUT_MS}")
+            try:
+                # One statement in autocommit mode: a failure leaves no transaction open.
+                self._conn.execute(
+                    "UPDATE entries SET last_used_at = ? WHERE key_id = ? AND file_name = ?",
+                    (when, key_id, file_name),
+                )
+            finally:
+                self._conn.execute(f"PRAGMA busy_timeout = {int(_BUSY_TIMEOUT_S * 1000)}")
 
-    def delete(self, key_id: str, file_name: str | None = None) -> IndexRow | None:
+    def delete(self, key_id: str, file_name: str | None = None) -> Change | None:
         """Remove the row of `key_id` (only if it still names `file_name`, when given)."""
-        with self._lock, self._errors("write"), self._transaction():
+
+        def body() -> Change | None:
             values = self._conn.execute(
                 f"SELECT {_COLUMNS} FROM entries WHERE key_id = ?", (key_id,)
             ).fetchone()
@@ -264,8 +355,26 @@ class DiskIndex:
             row = _row(values)
             if file_name is not None and row.file_name != file_name:
                 return None
+            before = self._generation()
             self._conn.execute("DELETE FROM entries WHERE key_id = ?", (key_id,))
-            return row
+            return Change(before, self._generation(), None, (row,))
+
+        return self._write("write", body)
+
+    def rebuild(self, rows: list[IndexRow], store_id: str) -> None:
+        """Fill an empty index with `rows` (recovered from the files) written by store `store_id`."""
+
+        def body() -> None:
+            self._conn.execute("UPDATE meta SET value = ? WHERE name = 'store_id'", (store_id,))
+            self._conn.executemany(_INSERT, [row.params() for row in rows])
+
+        self._write("rebuild", body)
+        self.store_id = store_id
+
+    def _write(self, action: str, body: Callable[[], _T]) -> _T:
+        """Run `body` in one write transaction, under the lock, with SQLite errors translated."""
+        with self._lock, self._errors(action), self._transaction():
+            return body()
 
     def close(self) -> None:
         with self._lock:

@@ -3,16 +3,22 @@
 Directory layout::
 
     index.sqlite3          one row per snapshot; a committed row is the commit point of a put
+    index.sqlite3.lock     held while a process opens (and, if need be, rebuilds) the index
     snapshots/<key id>-<random>.snap
     snapshots/.tmp-<random>.partial    a write in flight (or left by a crash)
+    quarantine/index.sqlite3.<time>    a damaged index, moved aside
 
 A put writes a temporary file, fsyncs it, renames it to a fresh name, fsyncs the directory and only
 then commits the row; files it replaced or evicted are deleted after the commit. Readers tolerate a
-file vanishing under them (a miss). A file that fails verification is deleted, logged, and a miss.
+file vanishing under them (a miss). A file that fails verification is deleted, logged, and a miss;
+an intact file authenticated under another secret (or none) is a miss that stays, since processes
+configured otherwise may share the directory. A damaged index is moved to quarantine/ and rebuilt
+from the headers of the snapshot files, as is a missing one when files exist.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import math
@@ -22,14 +28,16 @@ import secrets
 import stat
 import threading
 import time
+from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from snapcache import codec
-from snapcache._disk_format import EncodedFile, decode, encode, mac_key
-from snapcache._disk_index import DiskIndex, IndexRow
+from snapcache._disk_format import EncodedFile, FileHeader, MacMismatch, decode, encode, mac_key, read_header
+from snapcache._disk_index import CatalogRow, Change, DiskIndex, IndexDamaged, IndexRow
 from snapcache.cache_dir import prepare_cache_dir
 from snapcache.errors import CorruptSnapshot, InvalidArgument, KeyMismatch, StoreUnavailable
 from snapcache.key import SnapshotKey, rolling_hash
@@ -39,7 +47,10 @@ from snapcache.tier import EntryInfo, TierName
 logger = logging.getLogger("snapcache")
 
 INDEX_NAME = "index.sqlite3"
+LOCK_NAME = INDEX_NAME + ".lock"
 FILES_DIR = "snapshots"
+QUARANTINE_DIR = "quarantine"
+_INDEX_SUFFIXES = ("", "-wal", "-shm", "-journal")
 TEMP_PREFIX = ".tmp-"
 TEMP_SUFFIX = ".partial"
 # check() leaves younger temp and orphan files alone: another process may be writing them.
@@ -47,6 +58,12 @@ DEFAULT_GRACE_S = 600.0
 _FILE_NAME = re.compile(r"[0-9a-f]{64}-[0-9a-f]{12}\.snap")
 _O_BINARY = getattr(os, "O_BINARY", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+# Files this process found authenticated otherwise: warned about once, not on every lookup.
+_MAX_WARNED = 10_000
+_warned_unauthenticated: set[str] = set()
+_warned_lock = threading.Lock()
+
+__all__ = ["Catalog", "CatalogRow", "Change", "CheckReport", "DiskTier"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,15 +76,31 @@ class CheckReport:
     temp_files: tuple[str, ...]  # temporary files left by interrupted writes
     corrupt_files: tuple[str, ...]  # files failing verification (only with verify=True)
     repaired: bool
+    # Intact files failing only their MAC under this tier's secret (only with verify=True): another
+    # configuration may own them, so repair keeps them and `ok` does not count them.
+    unauthenticated_files: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
-        """True when nothing was found."""
+        """True when nothing needing repair was found."""
         return not (self.missing_files or self.orphan_files or self.temp_files or self.corrupt_files)
 
 
+@dataclass(frozen=True, slots=True)
+class Catalog:
+    """The lookup fields of one fingerprint and scope, and the generation they were read at."""
+
+    generation: int
+    rows: list[CatalogRow]  # (token_count, prefix_hash, rolling_hash, priority, last_used_at)
+
+
 class DiskTier:
-    """The disk tier: see the module docstring."""
+    """The disk tier: see the module docstring.
+
+    `on_change` is called after each transaction of this object that added or removed rows (outside
+    any lock of the tier), with the catalog generation just before and after it: a reader holding a
+    catalog of the `before` generation can apply the change and know it current at `after`.
+    """
 
     name: TierName = "disk"
 
@@ -80,6 +113,7 @@ class DiskTier:
         allow_shared_dir: bool = False,
         compression_level: int = codec.DEFAULT_LEVEL,
         shuffle: bool = codec.DEFAULT_SHUFFLE,
+        on_change: Callable[[Change], None] | None = None,
     ) -> None:
         if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes < 0:
             raise InvalidArgument(f"budget_bytes must be a non-negative int, got {budget_bytes!r}")
@@ -95,9 +129,9 @@ class DiskTier:
             self._files.mkdir(mode=0o700, exist_ok=True)
         except OSError as exc:
             raise StoreUnavailable(f"cannot create {self._files}: {exc.strerror or exc}") from None
-        index_path = self.directory / INDEX_NAME
-        _create_private(index_path)
-        self._index = DiskIndex(index_path)
+        self._on_change = on_change
+        with _open_lock(self.directory / LOCK_NAME):
+            self._index = self._open_or_rebuild(self.directory / INDEX_NAME)
         self._store_id = self._index.store_id
         self._lock = threading.Lock()
         self._evictions = 0
@@ -168,20 +202,21 @@ class DiskTier:
             last_used_at=now,
         )
         try:
-            outcome = index.put(row, self._budget)
+            change = index.put(row, self._budget)
         except BaseException:
             _unlink(path)
             raise
-        if outcome is None:
+        if change is None:
             _unlink(path)
             return False
-        for old in (outcome.replaced, *outcome.evicted):
-            if old is not None:
-                self._unlink_row_file(old)
-        if outcome.evicted:
+        for old in change.removed:
+            self._unlink_row_file(old)
+        evicted = sum(1 for old in change.removed if old.key_id != key.id)
+        if evicted:
             with self._lock:
-                self._evictions += len(outcome.evicted)
-            logger.debug("disk tier evicted %d snapshot(s)", len(outcome.evicted))
+                self._evictions += evicted
+            logger.debug("disk tier evicted %d snapshot(s)", evicted)
+        self._announce(change)
         return True
 
     def get(self, key: SnapshotKey) -> Snapshot | None:
@@ -204,19 +239,22 @@ class DiskTier:
                         continue
                     if current is not None:
                         logger.warning("snapshot file %s vanished; dropping its row", row.file_name)
-                        index.delete(row.key_id, row.file_name)
+                        self._announce(index.delete(row.key_id, row.file_name))
                     return None
                 except OSError as exc:
                     logger.warning("cannot read snapshot file %s: %s", row.file_name, exc)
                     return None
                 try:
                     snapshot = self._verify(row, data, key)
+                except MacMismatch as exc:
+                    _warn_unauthenticated(self._files / row.file_name, str(exc))
+                    return None
                 except CorruptSnapshot as exc:
                     self._discard(row, str(exc))
                     return None
                 try:
                     index.touch(row.key_id, row.file_name, time.time())
-                except StoreUnavailable as exc:  # a full disk, say: the hit still stands
+                except StoreUnavailable as exc:  # a full disk, a busy writer: the hit still stands
                     logger.debug("could not record the use of %s: %s", row.file_name, exc)
                 return snapshot
         except StoreUnavailable as exc:
@@ -224,10 +262,12 @@ class DiskTier:
         return None
 
     def remove(self, key: SnapshotKey) -> bool:
-        row = self._open_index().delete(key.id)
-        if row is None:
+        change = self._open_index().delete(key.id)
+        if change is None:
             return False
-        self._unlink_row_file(row)
+        for row in change.removed:
+            self._unlink_row_file(row)
+        self._announce(change)
         return True
 
     def entries(self, model_fingerprint: str | None = None, scope: str | None = None) -> list[EntryInfo]:
@@ -260,8 +300,14 @@ class DiskTier:
     # -- beyond the protocol -------------------------------------------------------------------
 
     def data_version(self) -> int:
-        """A number that changes whenever the index changed, by this or any other process."""
-        return self._open_index().data_version()
+        """The catalog generation: it grows whenever rows are added, replaced or removed, by this or
+        any other process, and only then (recording a use leaves it alone)."""
+        return self._open_index().generation()
+
+    def catalog(self, model_fingerprint: str, scope: str) -> Catalog:
+        """The lookup fields of every entry of one fingerprint and scope, as raw rows (no keys built)."""
+        generation, rows = self._open_index().catalog(model_fingerprint, scope)
+        return Catalog(generation, rows)
 
     def check(
         self, repair: bool = True, *, verify: bool = False, grace_seconds: float = DEFAULT_GRACE_S
@@ -295,14 +341,19 @@ class DiskTier:
             if name.endswith(".snap") and name not in named and self._older_than(name, cutoff)
         )
         corrupt: list[IndexRow] = []
+        unauthenticated: list[IndexRow] = []
         if verify:
             for row in rows:
-                if row.file_name in names and not self._verifies(row):
-                    corrupt.append(row)
+                if row.file_name in names:
+                    verdict = self._verdict(row)
+                    if verdict == "corrupt":
+                        corrupt.append(row)
+                    elif verdict == "unauthenticated":
+                        unauthenticated.append(row)
 
         if repair:
             for row in missing:
-                index.delete(row.key_id, row.file_name)
+                self._announce(index.delete(row.key_id, row.file_name))
             for name in (*temp, *orphans):
                 _unlink(self._files / name)
             for row in corrupt:
@@ -314,7 +365,14 @@ class DiskTier:
             temp_files=tuple(temp),
             corrupt_files=tuple(row.file_name for row in corrupt),
             repaired=repair,
+            unauthenticated_files=tuple(row.file_name for row in unauthenticated),
         )
+        if unauthenticated:
+            logger.warning(
+                "disk tier check of %s: %d file(s) authenticated under another secret (or none) kept",
+                self.directory,
+                len(unauthenticated),
+            )
         if not report.ok:
             logger.warning(
                 "disk tier check of %s: %d missing, %d orphan, %d temporary, %d corrupt file(s)%s",
@@ -371,17 +429,20 @@ class DiskTier:
             raise CorruptSnapshot("state size differs from the index")
         return snapshot
 
-    def _verifies(self, row: IndexRow) -> bool:
+    def _verdict(self, row: IndexRow) -> str:
+        """One of ok, corrupt, or unauthenticated (intact, but under another secret or none)."""
         try:
             key = row.key()
             if not _FILE_NAME.fullmatch(row.file_name):
-                return False
+                return "corrupt"
             self._verify(row, _read_file(self._files / row.file_name), key)
         except FileNotFoundError:
-            return True  # replaced or removed meanwhile: nothing to verify
+            return "ok"  # replaced or removed meanwhile: nothing to verify
+        except MacMismatch:
+            return "unauthenticated"
         except (CorruptSnapshot, InvalidArgument, OSError):
-            return False
-        return True
+            return "corrupt"
+        return "ok"
 
     def _discard(self, row: IndexRow, reason: str, *, unlink: bool = True) -> None:
         logger.warning(
@@ -391,11 +452,132 @@ class DiskTier:
             reason,
         )
         try:
-            self._index.delete(row.key_id, row.file_name)
+            change = self._index.delete(row.key_id, row.file_name)
         except StoreUnavailable as exc:
             logger.warning("could not drop the index row of %s: %s", row.file_name, exc)
+        else:
+            self._announce(change)
         if unlink:
             _unlink(self._files / row.file_name)
+
+    def _announce(self, change: Change | None) -> None:
+        if change is not None and self._on_change is not None:
+            self._on_change(change)
+
+    # -- opening, and rebuilding a lost index --------------------------------------------------------
+
+    def _open_or_rebuild(self, index_path: Path) -> DiskIndex:
+        """Open the index; move a damaged one to quarantine/; rebuild a new one from the files."""
+        try:
+            if index_path.exists() and not index_path.is_file():
+                raise IndexDamaged(f"{index_path} is not a file")
+            _create_private(index_path)
+            index = DiskIndex(index_path)
+        except IndexDamaged as exc:
+            moved = self._quarantine(index_path)
+            logger.warning(
+                "the snapshot index of %s is damaged (%s); moved it to %s and rebuilding it from the "
+                "snapshot files",
+                self.directory,
+                exc,
+                moved,
+            )
+            _create_private(index_path)
+            index = DiskIndex(index_path)
+            rebuild = True
+        else:
+            rebuild = index.created
+        if rebuild:
+            try:
+                self._rebuild(index)
+            except BaseException:
+                index.close()
+                raise
+        return index
+
+    def _quarantine(self, index_path: Path) -> Path:
+        """Move the index and its journal files into quarantine/ under a time-stamped name."""
+        folder = self.directory / QUARANTINE_DIR
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
+        target = folder / f"{index_path.name}.{stamp}"
+        try:
+            folder.mkdir(mode=0o700, exist_ok=True)
+            for suffix in _INDEX_SUFFIXES:
+                source = index_path.with_name(index_path.name + suffix)
+                if source.exists() or source.is_symlink():
+                    os.replace(source, target.with_name(target.name + suffix))
+        except OSError as exc:
+            raise StoreUnavailable(
+                f"the snapshot index {index_path} is damaged and cannot be moved aside: {exc.strerror or exc}"
+            ) from None
+        return target
+
+    def _rebuild(self, index: DiskIndex) -> None:
+        """Re-insert a row for every snapshot file whose head and tokens check out.
+
+        Files intact but authenticated under another secret (or none) get their rows too: processes
+        configured otherwise may share the directory, and get() checks the MAC before serving. Only
+        files that verify here decide which store the index now belongs to.
+        """
+        found: dict[str, tuple[str, FileHeader, float]] = {}  # key id -> newest file
+        unusable = 0
+        for name, header, mtime in self._scan_files():
+            if header is None or not name.startswith(header.key.id + "-"):  # moved to another key's name
+                unusable += 1
+                continue
+            newest = found.get(header.key.id)
+            if newest is None or mtime > newest[2]:
+                found[header.key.id] = (name, header, mtime)
+        if not (found or unusable):
+            return  # a new directory
+        # The files name the store that wrote them; planted files of another store stay orphans.
+        voters = [h for _, h, _ in found.values() if h.authenticated] or [h for _, h, _ in found.values()]
+        votes = Counter(header.store_id for header in voters)
+        store_id = max(votes, key=lambda sid: (votes[sid], sid)) if votes else index.store_id
+        rows = [
+            IndexRow(
+                key_id=header.key.id,
+                fingerprint=header.key.model_fingerprint,
+                scope=header.key.scope,
+                token_count=header.key.token_count,
+                prefix_hash=header.key.prefix_hash,
+                rolling_hash=rolling_hash(header.tokens),
+                priority=header.priority,
+                file_name=name,
+                file_bytes=header.file_bytes,
+                state_bytes=header.state_bytes,
+                created_at=header.created_at,
+                last_used_at=mtime,
+            )
+            for name, header, mtime in found.values()
+            if header.store_id == store_id
+        ]
+        index.rebuild(rows, store_id)
+        logger.warning(
+            "rebuilt the snapshot index of %s from its files: %d snapshot(s) recovered, %d file(s) "
+            "left out (damaged, foreign or superseded)",
+            self.directory,
+            len(rows),
+            unusable + len(found) - len(rows),
+        )
+
+    def _scan_files(self) -> Iterator[tuple[str, FileHeader | None, float]]:
+        """Each snapshot file's name, checked head (None if unusable) and modification time."""
+        try:
+            names = sorted(os.listdir(self._files))
+        except OSError as exc:
+            raise StoreUnavailable(f"cannot list {self._files}: {exc.strerror or exc}") from None
+        for name in names:
+            if not _FILE_NAME.fullmatch(name):
+                continue
+            try:
+                with open(self._files / name, "rb") as file:
+                    info = os.fstat(file.fileno())
+                    header = read_header(file, info.st_size, mac_secret=self._mac_key)
+            except (ValueError, OSError):  # CorruptSnapshot, InvalidArgument: both ValueErrors
+                yield name, None, 0.0
+                continue
+            yield name, header, info.st_mtime
 
     def _unlink_row_file(self, row: IndexRow) -> None:
         if _FILE_NAME.fullmatch(row.file_name):
@@ -406,6 +588,41 @@ class DiskTier:
             return (self._files / name).stat().st_mtime < cutoff
         except OSError:
             return False
+
+
+@contextlib.contextmanager
+def _open_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on `path` (POSIX): one process at a time opens or rebuilds the index."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: SQLite's own locking still keeps the index consistent
+        yield
+        return
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise StoreUnavailable(f"cannot create the lock file {path}: {exc.strerror or exc}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _warn_unauthenticated(path: Path, reason: str) -> None:
+    """Log once per file per process: a misconfigured reader must not flood the log."""
+    name = str(path)
+    with _warned_lock:
+        if name in _warned_unauthenticated:
+            return
+        if len(_warned_unauthenticated) >= _MAX_WARNED:
+            _warned_unauthenticated.clear()
+        _warned_unauthenticated.add(name)
+    logger.warning(
+        "snapshot file %s is a miss and was kept: %s (check the secret: SNAPCACHE_SECRET or secret=)",
+        path.name,
+        reason,
+    )
 
 
 def _read_file(path: Path) -> memoryview:

@@ -10,16 +10,20 @@ distinct stored lengths, not with the number of entries.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
+from snapcache.errors import InvalidArgument
 from snapcache.key import SnapshotKey, TokenArray, prefix_hash_of_array, rolling_prefix_hashes
 
 GroupId = tuple[str, str]  # (model fingerprint, scope)
 PrefixHashes = npt.NDArray[np.uint64]
+# token_count, prefix_hash, rolling_hash, priority, last_used_at: a row of the disk tier's catalog
+CatalogRow = tuple[int, str, int, int, float]
+_NO_BUCKETS: dict[int, list[SnapshotKey]] = {}
 
 
 @dataclass(slots=True)
@@ -79,6 +83,53 @@ class PrefixIndex:
 
     def __contains__(self, key: object) -> bool:
         return key in self._records
+
+    @classmethod
+    def of_group(
+        cls,
+        model_fingerprint: str,
+        scope: str,
+        rows: Iterable[CatalogRow],
+        previous: PrefixIndex | None = None,
+    ) -> PrefixIndex:
+        """An index of one (fingerprint, scope) built from raw rows in one pass.
+
+        Keys `previous` already holds are reused rather than built and validated again, which makes
+        re-reading a catalog after a few changes cheap. Rows that make no valid key are left out.
+        """
+        index = cls()
+        group_id = (model_fingerprint, scope)
+        old = None if previous is None else previous._groups.get(group_id)
+        old_lengths = {} if old is None else old.by_length
+        records = index._records
+        group = _Group()
+        by_length = group.by_length
+        for token_count, prefix_hash, rolling, priority, last_used_at in rows:
+            key = None
+            for known in old_lengths.get(token_count, _NO_BUCKETS).get(rolling, ()):
+                if known.prefix_hash == prefix_hash:
+                    key = known
+                    break
+            if key is None:
+                try:
+                    key = SnapshotKey(model_fingerprint, scope, token_count, prefix_hash)
+                except InvalidArgument:
+                    continue  # a row no put could have written
+            record = _Record(rolling, priority, last_used_at)
+            if records.setdefault(key, record) is not record:
+                continue
+            buckets = by_length.get(token_count)
+            if buckets is None:
+                buckets = by_length[token_count] = {}
+            keys = buckets.get(rolling)
+            if keys is None:
+                buckets[rolling] = [key]
+            else:
+                keys.append(key)
+        if by_length:
+            group.lengths = sorted(by_length)
+            index._groups[group_id] = group
+        return index
 
     def add(self, key: SnapshotKey, rolling_hash: int, priority: int, last_used_at: float) -> None:
         """Index `key` (replacing any earlier record of it)."""

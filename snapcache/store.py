@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import enum
 import logging
 import os
@@ -14,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -32,6 +33,9 @@ from snapcache.prefix_index import PrefixIndex, iter_prefix_matches
 from snapcache.ram_tier import RamTier
 from snapcache.snapshot import MAX_PRIORITY, Buffer, Snapshot
 from snapcache.tier import EntryInfo, Tier, TierName
+
+if TYPE_CHECKING:
+    from snapcache.disk_tier import Catalog, Change
 
 log = logging.getLogger("snapcache")
 
@@ -52,6 +56,8 @@ class _DiskTier(Tier, Protocol):
     def entries(self, model_fingerprint: str | None = None, scope: str | None = None) -> list[EntryInfo]: ...
 
     def data_version(self) -> int: ...
+
+    def catalog(self, model_fingerprint: str, scope: str) -> Catalog: ...
 
     def check(self, repair: bool = True, *, verify: bool = False, grace_seconds: float = ...) -> Any: ...
 
@@ -158,7 +164,8 @@ class SnapshotStore:
         self._ram = RamTier(ram_bytes, on_evict=self._evicted.append) if ram_bytes else None
         # Keys held in RAM or waiting for their disk write; the disk keeps its own catalog.
         self._memory_index = PrefixIndex()
-        self._catalogs: dict[tuple[str, str], tuple[int, PrefixIndex]] = {}  # (data_version, catalog)
+        # Per (fingerprint, scope): the disk's entries and the catalog generation they are current at.
+        self._catalogs: dict[tuple[str, str], tuple[int, PrefixIndex]] = {}
         self._pending: dict[SnapshotKey, _PendingWrite] = {}
         self._pending_bytes = 0
         self._writing: SnapshotKey | None = None
@@ -172,7 +179,11 @@ class SnapshotStore:
             from snapcache.disk_tier import DiskTier
 
             self._disk = DiskTier(
-                path, disk_bytes, secret=_resolve_secret(secret), allow_shared_dir=allow_shared_dir
+                path,
+                disk_bytes,
+                secret=_resolve_secret(secret),
+                allow_shared_dir=allow_shared_dir,
+                on_change=self._on_disk_change,
             )
             if background_writes:
                 self._writer = threading.Thread(target=self._write_loop, name="snapcache-writer", daemon=True)
@@ -307,9 +318,8 @@ class SnapshotStore:
             self._memory_index.remove(key)
             self._remove_epoch += 1
         if self._disk is not None:
-            before = self._disk_version()
             found = self._disk_call("remove", self._disk.remove, key, default=False) or found
-            self._carry_catalogs(before, key, gone=True)
+            self._forget_in_catalogs(key)
         return found
 
     def entries(self, model_fingerprint: str | None = None, scope: str | None = None) -> list[EntryInfo]:
@@ -456,9 +466,9 @@ class SnapshotStore:
         disk = self._disk
         if disk is None:
             return None
-        before = self._disk_version()
         snapshot: Snapshot | None = self._disk_call("get", disk.get, key, default=None)
-        self._carry_catalogs(before, key, gone=snapshot is None)
+        if snapshot is None:
+            self._forget_in_catalogs(key)  # gone, damaged or unreadable here: try the next best
         with self._lock:
             if snapshot is None:
                 if count_miss:
@@ -485,23 +495,62 @@ class SnapshotStore:
             self._counters.disk_misses += 1
 
     def _disk_catalog(self, model_fingerprint: str, scope: str) -> PrefixIndex:
-        """The disk's entries of one fingerprint and scope, re-read when the disk data changed."""
+        """The disk's entries of one fingerprint and scope, re-read when the disk's catalog changed.
+
+        Changes of this store's own making are applied in place (_on_disk_change); a re-read reuses
+        the keys of the catalog it replaces.
+        """
         disk = self._disk
         assert disk is not None
         group = (model_fingerprint, scope)
-        version = self._disk_version()
+        version = self._disk_call("data_version", disk.data_version, default=None)
         with self._lock:
             cached = self._catalogs.get(group)
-        if cached is not None and version is not None and cached[0] == version:
+        if cached is not None and cached[0] == version:
             return cached[1]
-        rows: list[EntryInfo] = self._disk_call("entries", disk.entries, model_fingerprint, scope, default=[])
-        catalog = PrefixIndex()
-        for row in rows:
-            catalog.add(row.key, row.rolling_hash, row.priority, row.last_used_at)
-        if version is not None:
-            with self._lock:
-                self._catalogs[group] = (version, catalog)
+        fresh: Catalog | None = self._disk_call(
+            "catalog", disk.catalog, model_fingerprint, scope, default=None
+        )
+        if fresh is None:
+            return PrefixIndex() if cached is None else cached[1]
+        # Built outside the lock: of_group only looks keys up in the old catalog, never iterates its
+        # maps, so a concurrent _on_disk_change to it is harmless.
+        catalog = PrefixIndex.of_group(
+            model_fingerprint, scope, fresh.rows, None if cached is None else cached[1]
+        )
+        with self._lock:
+            current = self._catalogs.get(group)
+            if current is None or current[0] <= fresh.generation:
+                self._catalogs[group] = (fresh.generation, catalog)
         return catalog
+
+    def _on_disk_change(self, change: Change) -> None:
+        """Apply one committed disk transaction of ours to the catalogs current just before it.
+
+        The disk tier reports the catalog generation read inside the transaction, before and after
+        its writes, so a catalog at `before` is exactly current at `after` once the change is applied,
+        whatever the step between them. A catalog at any other generation is left stale: the next
+        lookup re-reads it.
+        """
+        with self._lock:
+            for group, (version, catalog) in list(self._catalogs.items()):
+                if version != change.before:
+                    continue
+                for row in change.removed:
+                    if (row.fingerprint, row.scope) == group:
+                        with contextlib.suppress(InvalidArgument):  # a row no put could have written
+                            catalog.remove(row.key())
+                added = change.added
+                if added is not None and (added.fingerprint, added.scope) == group:
+                    catalog.add(added.key(), added.rolling_hash, added.priority, added.last_used_at)
+                self._catalogs[group] = (change.after, catalog)
+
+    def _forget_in_catalogs(self, key: SnapshotKey) -> None:
+        """Drop `key` from the cached disk catalogs: the disk no longer serves it to this store."""
+        with self._lock:
+            cached = self._catalogs.get((key.model_fingerprint, key.scope))
+            if cached is not None:
+                cached[1].remove(key)
 
     # -- writing ------------------------------------------------------------------------------------
 
@@ -588,15 +637,13 @@ class SnapshotStore:
                         if not stored:
                             self._counters.dropped += 1
         if removed:
-            before = self._disk_version()
             self._disk_call("remove", disk.remove, key, default=False)
-            self._carry_catalogs(before, key, gone=True)
+            self._forget_in_catalogs(key)
 
     def _write_to_disk(self, snapshot: Snapshot) -> bool:
         """disk.put with failures logged and counted; True if the disk kept it."""
         disk = self._disk
         assert disk is not None
-        before = self._disk_version()
         try:
             stored = disk.put(snapshot)
         except (StoreUnavailable, OSError) as exc:
@@ -610,39 +657,7 @@ class SnapshotStore:
                 snapshot.key.id[:16],
                 snapshot.nbytes,
             )
-        else:
-            self._carry_catalogs(before, snapshot.key, added=snapshot)
         return stored
-
-    def _disk_version(self) -> int | None:
-        assert self._disk is not None
-        version = self._disk_call("data_version", self._disk.data_version, default=None)
-        return version if isinstance(version, int) else None
-
-    def _carry_catalogs(
-        self, before: int | None, key: SnapshotKey, *, added: Snapshot | None = None, gone: bool = False
-    ) -> None:
-        """Keep the cached disk catalogs current across one disk operation of ours, without re-reading.
-
-        The disk's data_version grows by one per transaction this process commits and by more when
-        another process commits too: a step of at most one across our own operation means the index
-        changed only by it (a touch, or `key` added or dropped), so a catalog current before stays
-        current once `key` is added or dropped. Catalogs may keep keys the disk evicted meanwhile; a
-        lookup that finds one gone drops it and tries the next.
-        """
-        after = None if before is None or not self._catalogs else self._disk_version()
-        with self._lock:
-            group = (key.model_fingerprint, key.scope)
-            if gone and group in self._catalogs:
-                self._catalogs[group][1].remove(key)
-            if before is None or after is None or after - before > 1:
-                return
-            for group_id, (version, catalog) in list(self._catalogs.items()):
-                if version != before:
-                    continue
-                if added is not None and group_id == group:
-                    catalog.add(key, rolling_hash(added.tokens), added.priority, time.time())
-                self._catalogs[group_id] = (after, catalog)
 
     def _drop(self, snapshot: Snapshot, why: str) -> None:
         log.warning(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import shutil
@@ -194,6 +195,66 @@ def test_data_version_counts_own_changes(tier: DiskTier) -> None:
     version = tier.data_version()
     tier.remove(snap.key)
     assert tier.data_version() != version
+
+
+def test_data_version_ignores_reads_and_their_last_use(tmp_path: Path) -> None:
+    one = DiskTier(tmp_path / "c", 64 * MB)
+    two = DiskTier(tmp_path / "c", 64 * MB)
+    snap = make_snapshot(1)
+    one.put(snap)
+    version = one.data_version()
+    assert two.data_version() == version
+    used = one.entries()[0].last_used_at
+    time.sleep(0.002)
+    assert_same(two.get(snap.key), snap)
+    assert one.entries()[0].last_used_at > used  # the use was recorded in the index...
+    assert_same(one.get(snap.key), snap)
+    assert one.data_version() == two.data_version() == version  # ...and is no catalog change
+    assert not two.remove(make_snapshot(2).key)  # nothing removed: no change
+    assert one.data_version() == version
+    one.close()
+    two.close()
+
+
+def test_on_change_reports_each_transaction_exactly(tmp_path: Path) -> None:
+    from snapcache.disk_tier import Change
+
+    changes: list[Change] = []
+    size = file_size(tmp_path)
+    tier = DiskTier(tmp_path / "c", int(size * 2.5), on_change=changes.append)
+    a, b, c = make_snapshot(1), make_snapshot(2), make_snapshot(3)
+    for snap in (a, b):
+        assert tier.put(snap)
+    assert tier.put(c)  # evicts a
+    assert tier.remove(b.key)
+    assert tier.get(a.key) is None
+    assert [(ch.added and ch.added.key(), [r.key() for r in ch.removed]) for ch in changes] == [
+        (a.key, []),
+        (b.key, []),
+        (c.key, [a.key]),
+        (None, [b.key]),
+    ]
+    for earlier, later in itertools.pairwise(changes):
+        assert earlier.after == later.before  # nothing else wrote in between
+    assert changes[-1].after == tier.data_version()
+    tier.close()
+
+
+def test_catalog_gives_the_lookup_fields_of_one_group(tier: DiskTier) -> None:
+    a = make_snapshot(1, priority=3)
+    b = make_snapshot(2, n_tokens=70)
+    other = make_snapshot(3, scope="other")
+    for snap in (a, b, other):
+        assert tier.put(snap)
+    catalog = tier.catalog("fp-a", "default")
+    assert catalog.generation == tier.data_version()
+    rows = {(row[0], row[1]): row for row in catalog.rows}
+    assert set(rows) == {(s.key.token_count, s.key.prefix_hash) for s in (a, b)}
+    row = rows[(a.key.token_count, a.key.prefix_hash)]
+    assert row[2] == rolling_hash(a.tokens)  # unsigned, as the lookup computes it
+    assert row[3] == 3
+    assert row[4] == {e.key: e.last_used_at for e in tier.entries()}[a.key]
+    assert tier.catalog("fp-b", "default").rows == []
 
 
 def test_put_validates_tokens_against_key(tier: DiskTier) -> None:
@@ -463,26 +524,70 @@ def test_secret_files_carry_a_mac_and_other_secrets_miss(
     snap = make_snapshot(1)
     with_secret = DiskTier(directory, 64 * MB, secret=b"s3cret")
     assert with_secret.put(snap)
-    raw = file_of(with_secret, snap).read_bytes()
+    path = file_of(with_secret, snap)
+    raw = path.read_bytes()
     assert int.from_bytes(raw[10:12], "little") & _disk_format.FLAG_MAC
     assert_same(with_secret.get(snap.key), snap)
     with_secret.close()
 
+    # A misconfigured reader misses, and leaves the file and its row to the readers it belongs to.
     other = DiskTier(directory, 64 * MB, secret=b"another")
     assert other.get(snap.key) is None
     assert "MAC mismatch" in caplog.text
-    assert snap.key not in other
+    assert snap.key in other
+    assert path.read_bytes() == raw
     other.close()
+    assert_same(DiskTier(directory, 64 * MB, secret=b"s3cret").get(snap.key), snap)
 
     # A file without MAC is refused by a tier with a secret, and the other way round.
     plain = DiskTier(directory, 64 * MB)
     plain.put(snap)
     assert DiskTier(directory, 64 * MB, secret=b"s3cret").get(snap.key) is None
     assert "carries no MAC" in caplog.text
+    assert_same(plain.get(snap.key), snap)  # still there for the tier without a secret
     keyed = DiskTier(directory, 64 * MB, secret=b"s3cret")
     keyed.put(snap)
     assert plain.get(snap.key) is None
     assert "authenticated with a secret" in caplog.text
+    assert_same(keyed.get(snap.key), snap)
+
+
+def test_an_unauthenticated_file_is_warned_about_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    directory = tmp_path / "c"
+    snap = make_snapshot(1)
+    DiskTier(directory, 64 * MB, secret=b"s3cret").put(snap)
+    reader = DiskTier(directory, 64 * MB, secret=b"another")
+    with caplog.at_level(logging.WARNING, logger="snapcache"):
+        for _ in range(5):
+            assert reader.get(snap.key) is None
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING and "MAC" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "kept" in warnings[0].getMessage()
+    reader.close()
+
+
+def test_check_keeps_files_authenticated_under_another_secret(tmp_path: Path) -> None:
+    directory = tmp_path / "c"
+    signed, damaged = make_snapshot(1), make_snapshot(2)
+    owner = DiskTier(directory, 64 * MB, secret=b"s3cret")
+    owner.put(signed)
+    owner.put(damaged)
+    path = file_of(owner, damaged)
+    data = bytearray(path.read_bytes())
+    data[16] ^= 0x01  # the header: its digest fails before any MAC is looked at
+    path.write_bytes(bytes(data))
+    stranger = DiskTier(directory, 64 * MB, secret=b"another")
+    report = stranger.check(repair=True, verify=True)
+    assert report.unauthenticated_files == (file_of(owner, signed).name,)
+    assert report.corrupt_files == (path.name,)
+    assert not path.exists()
+    assert signed.key in stranger
+    assert_same(owner.get(signed.key), signed)
+    assert owner.check(repair=False, verify=True).ok
+    owner.close()
+    stranger.close()
 
 
 def damage_flip(data: bytearray, at: int) -> bytearray:
@@ -760,3 +865,222 @@ def test_payload_of_another_snapshot_is_refused(tier: DiskTier, caplog: pytest.L
     path_a.write_bytes(data_a[:-tail] + data_b[-tail:])
     assert tier.get(a.key) is None
     assert "payload checksum differs" in caplog.text
+
+
+# -- a damaged or lost index -------------------------------------------------------------------------
+
+
+def _garbage_over(path: Path) -> None:
+    path.write_bytes(os.urandom(max(path.stat().st_size, 4096)))
+
+
+def _garbage_inside(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[100:4096] = os.urandom(len(data[100:4096]))
+    path.write_bytes(bytes(data))
+
+
+INDEX_DAMAGE = {
+    "garbage over": _garbage_over,
+    "garbage inside": _garbage_inside,
+    "truncated to half": lambda path: path.write_bytes(path.read_bytes()[: path.stat().st_size // 2]),
+    "replaced by a directory": lambda path: (path.unlink(), path.mkdir()),
+}
+INDEX_LOSS = {
+    "emptied": lambda path: path.write_bytes(b""),
+    "deleted": lambda path: path.unlink(),
+}
+
+
+def fill_and_close(directory: Path, snaps: list[Snapshot], secret: bytes | None = None) -> None:
+    tier = DiskTier(directory, 64 * MB, secret=secret)
+    for snap in snaps:
+        assert tier.put(snap)
+    tier.close()
+    for extra in directory.glob(f"{INDEX_NAME}-*"):  # what a crash may leave: nothing to recover
+        extra.unlink()
+
+
+@pytest.mark.parametrize("damage", [*INDEX_DAMAGE, *INDEX_LOSS])
+def test_a_damaged_or_lost_index_is_rebuilt_from_the_files(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, damage: str
+) -> None:
+    from snapcache.disk_tier import QUARANTINE_DIR
+
+    directory = tmp_path / "c"
+    snaps = [make_snapshot(i, priority=i, logits=i % 2 == 1, n_tokens=20 + i) for i in range(6)]
+    fill_and_close(directory, snaps)
+    {**INDEX_DAMAGE, **INDEX_LOSS}[damage](directory / INDEX_NAME)
+    with caplog.at_level(logging.WARNING, logger="snapcache"):
+        tier = DiskTier(directory, 64 * MB)
+    assert "rebuilt the snapshot index" in caplog.text
+    for snap in snaps:
+        assert_same(tier.get(snap.key), snap)
+    rows = {row.key: row for row in tier.entries()}
+    assert {key: row.priority for key, row in rows.items()} == {s.key: s.priority for s in snaps}
+    assert {key: row.rolling_hash for key, row in rows.items()} == {
+        s.key: rolling_hash(s.tokens) for s in snaps
+    }
+    assert tier.used_bytes == sum(p.stat().st_size for p in snapshot_files(directory))
+    assert tier.check(repair=False, verify=True, grace_seconds=0).ok
+    quarantine = directory / QUARANTINE_DIR
+    if damage in INDEX_DAMAGE:
+        assert "damaged" in caplog.text
+        moved = list(quarantine.iterdir())
+        assert [p.name.startswith(f"{INDEX_NAME}.") for p in moved] == [True]
+        assert stat.S_IMODE(quarantine.stat().st_mode) == 0o700
+    else:
+        assert not quarantine.exists()
+    # The rebuilt index is an index like any other: writes work, and a reopen needs no rebuild.
+    extra = make_snapshot(50)
+    assert tier.put(extra)
+    tier.close()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="snapcache"):
+        again = DiskTier(directory, 64 * MB)
+    assert caplog.text == ""
+    assert len(again) == len(snaps) + 1
+    assert_same(again.get(extra.key), extra)
+    again.close()
+
+
+def test_a_rebuild_leaves_out_damaged_and_foreign_files_and_keeps_the_newest(tmp_path: Path) -> None:
+    directory = tmp_path / "c"
+    good = [make_snapshot(i) for i in range(3)]
+    damaged, moved, planted = make_snapshot(10), make_snapshot(11), make_snapshot(12)
+    replaced = Snapshot(good[0].key, good[0].tokens, b"\x07" * 5000)
+    fill_and_close(directory, [replaced])
+    older = file_of_in(directory, replaced)
+    kept_older = older.read_bytes()
+    fill_and_close(directory, [*good, damaged, moved])  # replaces `replaced`: its file is deleted
+    older.write_bytes(kept_older)  # as if a crash had left the replaced file behind
+    age(older, 60)
+    flip = file_of_in(directory, damaged)
+    flip.write_bytes(bytes(damage_flip(bytearray(flip.read_bytes()), 40)))
+    moved_path = file_of_in(directory, moved)
+    os.replace(moved_path, moved_path.with_name(f"{good[1].key.id}-{'0' * 12}.snap"))
+    theirs = tmp_path / "theirs"
+    fill_and_close(theirs, [planted])
+    shutil.copy(file_of_in(theirs, planted), directory / FILES_DIR)
+    (directory / INDEX_NAME).write_bytes(b"not a database" * 300)
+
+    tier = DiskTier(directory, 64 * MB)
+    assert {row.key for row in tier.entries()} == {s.key for s in good}
+    for snap in good:
+        assert_same(tier.get(snap.key), snap)
+    assert tier.get(planted.key) is None
+    report = tier.check(repair=True, grace_seconds=0)  # the files left out are orphans now
+    assert len(report.orphan_files) == 4
+    assert tier.check(repair=False, verify=True, grace_seconds=0).ok
+    tier.close()
+
+
+def file_of_in(directory: Path, snapshot: Snapshot) -> Path:
+    (path,) = [p for p in snapshot_files(directory) if p.name.startswith(snapshot.key.id)]
+    return path
+
+
+def test_a_rebuild_keeps_files_of_other_secrets_for_their_readers(tmp_path: Path) -> None:
+    directory = tmp_path / "c"
+    signed, plain = make_snapshot(1), make_snapshot(2)
+    fill_and_close(directory, [signed], secret=b"s3cret")
+    tier = DiskTier(directory, 64 * MB)
+    assert tier.put(plain)
+    tier.close()
+    _garbage_over(directory / INDEX_NAME)
+
+    rebuilt_by_signed = DiskTier(directory, 64 * MB, secret=b"s3cret")
+    assert {row.key for row in rebuilt_by_signed.entries()} == {signed.key, plain.key}
+    assert_same(rebuilt_by_signed.get(signed.key), signed)
+    assert rebuilt_by_signed.get(plain.key) is None  # not authenticated: a miss, kept
+    unsigned = DiskTier(directory, 64 * MB)
+    assert_same(unsigned.get(plain.key), plain)
+    assert unsigned.get(signed.key) is None
+    rebuilt_by_signed.close()
+    unsigned.close()
+
+
+_OPENER = """
+import sys
+from pathlib import Path
+sys.path[:0] = [sys.argv[2]]
+from snapcache.disk_tier import DiskTier
+tier = DiskTier(Path(sys.argv[1]), 1 << 30)
+print(len(tier))
+tier.close()
+"""
+
+
+def test_processes_opening_a_damaged_index_together_rebuild_it_once(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from snapcache.disk_tier import QUARANTINE_DIR
+
+    directory = tmp_path / "c"
+    snaps = [make_snapshot(i) for i in range(8)]
+    fill_and_close(directory, snaps)
+    _garbage_over(directory / INDEX_NAME)
+    repo = str(Path(__file__).resolve().parents[1])
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _OPENER, str(directory), repo],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(4)
+    ]
+    outcomes = [proc.communicate(timeout=120) for proc in procs]
+    assert [proc.returncode for proc in procs] == [0] * 4, outcomes
+    assert [out.strip() for out, _ in outcomes] == ["8"] * 4
+    assert sum("rebuilt" in err for _, err in outcomes) == 1
+    assert len(list((directory / QUARANTINE_DIR).iterdir())) == 1
+    tier = DiskTier(directory, 64 * MB)
+    for snap in snaps:
+        assert_same(tier.get(snap.key), snap)
+    tier.close()
+
+
+# -- the last-use update is best effort ----------------------------------------------------------------
+
+
+def test_a_hit_does_not_wait_for_another_writer_to_record_its_use(tier: DiskTier) -> None:
+    import sqlite3
+    import threading
+
+    snap = make_snapshot(1)
+    assert tier.put(snap)
+    used = tier.entries()[0].last_used_at
+    blocker = sqlite3.connect(tier.directory / INDEX_NAME, isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")  # another process holds the write lock for a long time
+    got: list[Snapshot | None] = []
+    reader = threading.Thread(target=lambda: got.append(tier.get(snap.key)))
+    try:
+        reader.start()
+        reader.join(timeout=10)  # the index's own wait for a writer is 30 s
+        assert not reader.is_alive(), "get waited for the writer's lock"
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
+        reader.join()
+    assert_same(got[0], snap)
+    assert tier.entries()[0].last_used_at == used  # not recorded: the hit stood anyway
+    assert tier.remove(snap.key)  # and the index is writable again, no transaction left open
+    assert tier.put(snap)
+    assert_same(tier.get(snap.key), snap)
+
+
+def test_a_hit_is_served_when_the_index_is_read_only(
+    tier: DiskTier, caplog: pytest.LogCaptureFixture
+) -> None:
+    snap = make_snapshot(1)
+    assert tier.put(snap)
+    # As a read-only directory or a full disk would, refuse every write to the index.
+    tier._index._conn.execute("PRAGMA query_only = ON")
+    with caplog.at_level(logging.DEBUG, logger="snapcache"):
+        assert_same(tier.get(snap.key), snap)
+        assert_same(tier.get(snap.key), snap)
+    assert "could not record the use" in caplog.text
+    tier._index._conn.execute("PRAGMA query_only = OFF")
+    assert tier.remove(snap.key)

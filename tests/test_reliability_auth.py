@@ -77,11 +77,32 @@ def test_files_without_a_valid_mac_are_misses(
 ) -> None:
     directory = tmp_path / "c"
     fill(directory, written_with)
+    files = {p: p.read_bytes() for p in snapshot_files(directory) if p.suffix == ".snap"}
     with caplog.at_level(logging.WARNING, logger="snapcache"):
         assert served(directory, read_with) == []
         with SnapshotStore(directory, ram_bytes=1 << 20, disk_bytes=DISK_BYTES, secret=read_with) as store:
             assert store.lookup(FINGERPRINT, SCOPE, query_for(8, 4)) is None
+            assert store.check(repair=True, verify=True).ok  # kept: not damage, another's files
     assert any("mac" in r.getMessage().lower() or "secret" in r.getMessage().lower() for r in caplog.records)
+    # A reader configured otherwise leaves the files alone: their writer still reads every one.
+    assert {p: p.read_bytes() for p in snapshot_files(directory) if p.suffix == ".snap"} == files
+    assert served(directory, written_with) == INDICES
+
+
+def test_a_misconfigured_reader_warns_once_per_file(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    directory = tmp_path / "c"
+    fill(directory, b"s3cret")
+    with (
+        caplog.at_level(logging.WARNING, logger="snapcache"),
+        SnapshotStore(directory, ram_bytes=1 << 20, disk_bytes=DISK_BYTES, secret=b"wrong") as store,
+    ):
+        for _ in range(3):
+            for index in INDICES:
+                assert store.get(key_of(index)) is None
+                assert store.lookup(FINGERPRINT, SCOPE, query_for(index, 2)) is None
+    warned = [r.getMessage() for r in caplog.records if "MAC" in r.getMessage()]
+    assert len(warned) == len(INDICES)
+    assert len({message.split()[2] for message in warned}) == len(INDICES)  # one per file name
 
 
 def test_the_environment_secret_guards_the_default_store(
@@ -91,9 +112,10 @@ def test_the_environment_secret_guards_the_default_store(
     fill(snapcache_dir, None)  # an explicit None falls back to the environment's secret
     assert served(snapcache_dir, None) == INDICES
     assert served(snapcache_dir, b"from-env") == INDICES
-    # A reader without the secret is refused (and drops the files it cannot trust).
+    # A reader without the secret is refused, and leaves the files to the readers that have it.
     monkeypatch.delenv("SNAPCACHE_SECRET")
     assert served(snapcache_dir, None) == []
+    assert served(snapcache_dir, b"from-env") == INDICES
 
 
 def test_a_forged_file_with_valid_checksums_but_no_valid_mac_is_a_miss(tmp_path: Path) -> None:

@@ -35,7 +35,7 @@ _TINY_PREFIX = "You are a careful assistant. Answer in one short line.\n" * 3
 _GEMMA_PREFIX = "".join(
     f"Rule {i}: when the user asks about project {i}, check the notes for project {i} first "
     f"and answer in at most {i % 5 + 2} sentences.\n"
-    for i in range(1, 18)
+    for i in range(1, 32)
 )
 _SUFFIX = "Question: what should I do first today?\nAnswer:"
 
@@ -95,7 +95,7 @@ def case(request: pytest.FixtureRequest, llama_factory: Any) -> Iterator[Case]:
     if request.param == "tiny":
         path, n_ctx, text = request.getfixturevalue("tiny_model_path"), 512, _TINY_PREFIX
     else:
-        path, n_ctx, text = request.getfixturevalue("gemma_model_path"), 1024, _GEMMA_PREFIX
+        path, n_ctx, text = request.getfixturevalue("gemma_model_path"), 2048, _GEMMA_PREFIX
     warm = llama_factory(path, n_ctx=n_ctx)
     cold = llama_factory(path, n_ctx=n_ctx)
     try:
@@ -127,6 +127,12 @@ def test_restore_evaluates_only_the_suffix(case: Case, make_llama: Any) -> None:
     assert greedy(llm, case.full) == case.cold_full
     assert evaluated[0] == len(case.full) - len(case.prefix)
     assert evaluated[1:] == [1] * (len(evaluated) - 1)
+
+
+def test_capture_after_restore_gives_the_same_bytes(case: Case, make_llama: Any) -> None:
+    llm = make_llama(case.model_path, n_ctx=case.n_ctx)
+    assert restore_sequence(llm, case.snapshot)
+    assert capture_sequence(llm).state == bytes(case.snapshot.state)
 
 
 def test_prompt_exactly_as_long_as_the_snapshot(case: Case, make_llama: Any) -> None:
@@ -304,20 +310,16 @@ def test_truncate_rejects_lengths_out_of_range(make_llama: Any, tiny_model_path:
     assert llm.n_tokens == 0
 
 
-@pytest.mark.gemma
-@pytest.mark.slow
-def test_sliding_window_model_does_not_rewind(case: Case, make_llama: Any) -> None:
-    if case.name != "gemma":
-        pytest.skip("the tiny llama has no sliding window")
+def test_only_models_without_a_sliding_window_rewind(case: Case, make_llama: Any) -> None:
     llm = make_llama(case.model_path, n_ctx=case.n_ctx)
-    assert not can_truncate(llm)
     assert restore_sequence(llm, case.snapshot)
     n = llm.n_tokens
-    assert not truncate_sequence(llm, n - 10)
-    assert llm.n_tokens == n
-    # One token back stays inside the window: what generate() does for an exact-length prompt.
-    assert truncate_sequence(llm, n - 1)
-    assert llm.n_tokens == n - 1
+    rewinds = case.name == "tiny"
+    assert can_truncate(llm) is rewinds
+    assert truncate_sequence(llm, n - 10) is rewinds
+    assert llm.n_tokens == (n - 10 if rewinds else n)
+    # One token back stays inside any window: what generate() does for an exact-length prompt.
+    assert truncate_sequence(llm, llm.n_tokens - 1)
 
 
 def test_capture_of_an_empty_context_is_an_error(make_llama: Any, tiny_model_path: Path) -> None:

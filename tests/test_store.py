@@ -273,6 +273,61 @@ def test_lookup_sees_what_another_store_wrote(directory: Path) -> None:
             assert_right(disk_reader.lookup(FP, SCOPE, DOC[:100]), 30)
 
 
+def test_the_disk_catalog_is_read_again_only_when_it_changed(
+    directory: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with (
+        SnapshotStore(directory, ram_bytes=0, background_writes=False) as store,
+        SnapshotStore(directory, ram_bytes=0, background_writes=False) as other,
+    ):
+        disk = store._disk
+        assert disk is not None
+        reads: list[str] = []
+        read_catalog = disk.catalog
+        monkeypatch.setattr(disk, "catalog", lambda fp, scope: reads.append(scope) or read_catalog(fp, scope))
+        add(store, 30)
+        assert_right(store.lookup(FP, SCOPE, DOC[:100]), 30)
+        assert reads == [SCOPE]
+        # Disk hits record their use in the index: no change to the catalog, no re-read.
+        for _ in range(3):
+            assert_right(store.lookup(FP, SCOPE, DOC[:100]), 30)
+            assert_right(store.get(SnapshotKey.for_tokens(FP, SCOPE, DOC[:30])), 30)
+        assert_right(other.lookup(FP, SCOPE, DOC[:100]), 30)  # another process's hit too
+        assert_right(store.lookup(FP, SCOPE, DOC[:100]), 30)
+        assert reads == [SCOPE]
+        # This store's own writes and removals are applied to its catalog in place.
+        add(store, 60)
+        assert_right(store.lookup(FP, SCOPE, DOC[:100]), 60)
+        store.remove(SnapshotKey.for_tokens(FP, SCOPE, DOC[:60]))
+        assert_right(store.lookup(FP, SCOPE, DOC[:100]), 30)
+        assert reads == [SCOPE]
+        # Another process's writes and removals are seen at the next lookup.
+        add(other, 80)
+        assert_right(store.lookup(FP, SCOPE, DOC[:100]), 80)
+        other.remove(SnapshotKey.for_tokens(FP, SCOPE, DOC[:80]))
+        assert_right(store.lookup(FP, SCOPE, DOC[:100]), 30)
+        assert reads == [SCOPE] * 3
+
+
+def test_an_own_put_that_evicts_updates_the_catalog(directory: Path) -> None:
+    with SnapshotStore(directory, ram_bytes=0, disk_bytes=1 << 20, background_writes=False) as probe:
+        add(probe, 20)
+        file_bytes = probe.stats().disk_used_bytes
+    with SnapshotStore(
+        directory, ram_bytes=0, disk_bytes=int(file_bytes * 2.5), background_writes=False
+    ) as store:
+        add(store, 40)
+        assert_right(store.lookup(FP, SCOPE, DOC[:100]), 40)
+        add(store, 60)  # evicts 20, the least recently used
+        assert {row.key.token_count for row in store.entries()} == {40, 60}
+        version, catalog = store._catalogs[(FP, SCOPE)]
+        assert version == disk_tier(store).data_version()  # type: ignore[attr-defined]
+        cataloged = catalog.keys()
+        assert {key.token_count for key in cataloged} == {40, 60}
+        assert_right(store.lookup(FP, SCOPE, DOC[:100]), 60)
+        assert store.lookup(FP, SCOPE, DOC[:30]) is None
+
+
 def test_a_corrupted_file_is_a_miss_and_lookup_falls_back(directory: Path) -> None:
     with SnapshotStore(directory, ram_bytes=0) as store:
         add(store, 10)

@@ -7,18 +7,21 @@ into the context, reads on to a few checkpoints, and lets `generate` evaluate on
 the completion (for a stream: when it is exhausted or closed) it saves the state of the context,
 keyed by the tokens the context holds.
 
-Checkpoints, so that a later prompt that shares only a beginning with this one still restores it:
+Checkpoints, so that a later prompt that shares only a beginning with this one still restores it.
+They sit at multiples of 64 tokens: llama.cpp's CPU kernels read a batch of tokens in blocks of four
+rows, so a prompt read on from an aligned checkpoint gives bit-for-bit the results of a cold read.
 
 - chat completions: the end of the leading system messages (the token prefix every chat with those
   messages shares, found by rendering them with several different user messages), and the end of
   the prompt, just before the reply: the next turn of the same chat starts with it;
-- raw completions: a ladder of prefix lengths (with `min_tokens=32` and `prefix_reuse=0.9`: every
-  32 tokens up to 320, then each at most 1/0.9 times the one before: 355, 394, 437, ...), so that a
-  later prompt sharing L >= 320 tokens with this one restores at least 90% of them (a shorter one:
-  all but 32). Sliding-window models (Gemma 3) cannot cut a restored state back, so the ladder has
-  to be stored: about 17 states for the first 2,000-token prompt, then one or two for each prompt
-  that shares its beginning (the grid is absolute). Ladder states are saved one priority lower
-  than the others, so that they are evicted first.
+- raw completions: a ladder of prefix lengths (with `prefix_reuse=0.9`: every 64 tokens up to 1152,
+  then the largest multiple of 64 at most 1/0.9 times the one before: 1280, 1408, ..., 1792, 1984,
+  ...), so that a later prompt sharing L tokens with this one restores at least 90% of them once
+  L >= 640, and all but 63 before. Sliding-window models (Gemma 3) cannot cut a restored state back,
+  so the ladder is stored: 24 states for a first 2,000-token prompt (about 10 times its final state
+  on Gemma-3-270M), then one or two for each later prompt that shares its beginning, as the grid is
+  absolute. Ladder states are saved one priority lower than the others, so that they are evicted
+  first; `prefix_reuse=None` turns the ladder off (chat completions and `warm` need none).
 
 Not thread-safe, like the Llama it wraps.
 """
@@ -32,7 +35,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import llama_cpp
 import numpy as np
@@ -53,6 +56,8 @@ Progress = Callable[[int, int], None]
 
 DEFAULT_MIN_TOKENS = 32
 DEFAULT_PREFIX_REUSE = 0.9
+# Checkpoints sit at multiples of this many tokens (see the module docstring).
+CHECKPOINT_ALIGN = 64
 
 # User messages that differ from their first character on: what all of their renderings share is
 # what every chat with the same earlier messages shares, even where the tokenizer merges the start of
@@ -147,9 +152,8 @@ class CachedLlama:
         self._priority = priority
         self._fingerprint = model_fingerprint(llm)
         self._can_truncate = can_truncate(llm)
-        self._ladder = (
-            _ladder_points(min_tokens, prefix_reuse, int(llm.n_ctx())) if prefix_reuse is not None else []
-        )
+        n_ctx = int(llm.n_ctx())
+        self._ladder = [] if prefix_reuse is None else _ladder_points(CHECKPOINT_ALIGN, prefix_reuse, n_ctx)
         self._prefix_memo: OrderedDict[str, TokenArray] = OrderedDict()
         self.last_restore: RestoreInfo | None = None
 
@@ -191,7 +195,12 @@ class CachedLlama:
     def create_chat_completion(self, messages: list[Mapping[str, Any]], **kwargs: Any) -> Any:
         """`Llama.create_chat_completion`, restoring the longest cached prefix first and saving after."""
         call = _Call(chat_prefix=self._chat_checkpoint(messages, kwargs), ladder=False)
-        return self._run(call, lambda: self._llm.create_chat_completion(messages=messages, **kwargs), kwargs)
+        chat_messages: Any = messages
+
+        def complete() -> Any:
+            return self._llm.create_chat_completion(messages=chat_messages, **kwargs)
+
+        return self._run(call, complete, kwargs)
 
     def _run(self, call: _Call, complete: Callable[[], Any], kwargs: Mapping[str, Any]) -> Any:
         self.last_restore = None
@@ -242,11 +251,10 @@ class CachedLlama:
         reused, source = self._load_prefix(tokens)
         call.saved_upto = reused
         if self._save:
-            for point in self._checkpoints(tokens, call):
+            for point, priority in self._checkpoints(tokens, call):
                 if point - call.saved_upto < self._min_tokens:
                     continue
                 llm.eval(tokens[int(llm.n_tokens) : point].tolist())
-                priority = self._priority if point == n - 1 or call.chat_prefix is not None else _lower(self._priority)
                 if self._save_context(priority):
                     call.checkpoints += 1
                 call.saved_upto = point
@@ -254,16 +262,16 @@ class CachedLlama:
         self.last_restore = RestoreInfo(n, reused, evaluated, source, call.checkpoints)
         _log.debug("prompt of %d tokens: %d reused (%s), %d to evaluate", n, reused, source, evaluated)
 
-    def _checkpoints(self, tokens: TokenArray, call: _Call) -> list[int]:
-        """Prefix lengths to save on the way through this prompt, ascending; the last is the prompt's end."""
+    def _checkpoints(self, tokens: TokenArray, call: _Call) -> list[tuple[int, int]]:
+        """(prefix length, priority) to save on the way through this prompt, ascending, all short of
+        its last token; ladder points go one priority lower."""
         n = len(tokens)
-        points: set[int] = {n - 1}
+        points = {p: _lower(self._priority) for p in self._ladder if p < n - 1} if call.ladder else {}
+        points[_align_down(n - 1)] = self._priority
         prefix = call.chat_prefix
         if prefix is not None and len(prefix) < n and np.array_equal(tokens[: len(prefix)], prefix):
-            points.add(len(prefix))
-        if call.ladder:
-            points.update(p for p in self._ladder if p < n - 1)
-        return sorted(p for p in points if p > call.saved_upto)
+            points[len(prefix)] = self._priority
+        return sorted((p, priority) for p, priority in points.items() if p > call.saved_upto)
 
     def _finish(self, call: _Call) -> None:
         """Save the context after a completion, keyed by the tokens it holds (never the last sampled one)."""
@@ -397,14 +405,17 @@ class CachedLlama:
         try:
             captured = capture_sequence(self._llm)
             key = SnapshotKey.for_tokens(self._fingerprint, self._scope, captured.tokens)
-            return self._store.put(key, captured.tokens, captured.state, priority, captured.logits) is not None
+            stored = self._store.put(key, captured.tokens, captured.state, priority, captured.logits)
         except (SnapcacheError, OSError) as exc:
             _log.warning("could not save the state of %d tokens: %s", int(self._llm.n_tokens), exc)
             return False
+        return stored is not None
 
     # -- chat templates -----------------------------------------------------------------------------
 
-    def _chat_checkpoint(self, messages: Sequence[Mapping[str, Any]], kwargs: Mapping[str, Any]) -> TokenArray | None:
+    def _chat_checkpoint(
+        self, messages: Sequence[Mapping[str, Any]], kwargs: Mapping[str, Any]
+    ) -> TokenArray | None:
         """The token prefix shared by every chat that starts with these messages' system part."""
         if not self._save:
             return None
@@ -417,7 +428,10 @@ class CachedLlama:
         return self._chat_prefix(list(messages[:head]), options)
 
     def _chat_prefix(self, head: list[Mapping[str, Any]], options: dict[str, Any]) -> TokenArray | None:
-        """Render `head` plus each probe user message the way the Llama will; keep the common tokens."""
+        """Render `head` plus each probe user message the way the Llama will; keep the common tokens.
+
+        Rounded down to a multiple of CHECKPOINT_ALIGN; None when that leaves nothing.
+        """
         try:
             memo_key = json.dumps([head, options], sort_keys=True, default=repr)
         except (TypeError, ValueError):
@@ -431,7 +445,7 @@ class CachedLlama:
             if rendered is None:
                 return None
             renders.append(rendered)
-        common = min(_common_prefix(renders[0], other) for other in renders[1:])
+        common = _align_down(min(_common_prefix(renders[0], other) for other in renders[1:]))
         if common == 0:
             return None
         prefix = as_token_array(renders[0][:common])
@@ -450,7 +464,7 @@ class CachedLlama:
 
         try:
             with _patched(llm, "create_completion", intercept):
-                llm.create_chat_completion(messages=messages, **options)
+                llm.create_chat_completion(messages=cast(Any, messages), **options)
         except _RenderedPrompt as rendered:
             if isinstance(rendered.prompt, str):
                 return as_token_array(_text_prompt_tokens(llm, rendered.prompt, add_eos=True))
@@ -509,18 +523,21 @@ def _common_prefix(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> int:
 
 
 def _ladder_points(step: int, reuse: float, limit: int) -> list[int]:
-    """Prefix lengths below `limit`: multiples of `step` while that is finer than `reuse` asks, then
-    each at most 1/reuse times the one before.
+    """Multiples of `step` below `limit`, each the largest at most 1/reuse times the one before.
 
-    Any length L has a point p <= L with p > reuse * L or p > L - step: a later prompt sharing L tokens
-    restores at least `reuse` of them once L >= step / (1 - reuse), and all but `step` before that.
+    Any length L has a point p <= L with p >= reuse * L or p > L - step: a later prompt sharing L
+    tokens restores at least `reuse` of them once L >= step / (1 - reuse), and all but `step` before.
     """
     points = []
     point = step
     while point < limit:
         points.append(point)
-        point = max(point + step, int(point / reuse))
+        point = max(point + step, int(point / reuse) // step * step)
     return points
+
+
+def _align_down(n_tokens: int) -> int:
+    return n_tokens // CHECKPOINT_ALIGN * CHECKPOINT_ALIGN
 
 
 def _lower(priority: int) -> int:

@@ -20,6 +20,7 @@ import numpy.typing as npt
 
 from snapcache.errors import InvalidArgument, ModelError
 from snapcache.key import TokenArray, Tokens, as_token_array
+from snapcache.llama._state_layout import SEQ_STATE_MAGIC, pad_window, parse_sections
 from snapcache.snapshot import Snapshot
 
 __all__ = [
@@ -35,7 +36,6 @@ _log = logging.getLogger("snapcache")
 _FLAGS = llama_cpp.LLAMA_STATE_SEQ_FLAGS_NONE
 # The blob starts with llama.cpp's magic, the source seq id, the stream count and the cell count of
 # the first (full-attention) cache; each cell's metadata is then its position, 1 and its seq id.
-_SEQ_STATE_MAGIC = 0xAF143CD8
 _HEADER = np.dtype([("magic", "<u4"), ("seq_id", "<i4"), ("n_stream", "<u4"), ("cell_count", "<u4")])
 _CELL_META_BYTES = (12, 24)  # without and with the per-cell extension (M-RoPE, n-gram hash models)
 
@@ -85,7 +85,8 @@ def restore_sequence(
     Checks before any byte reaches llama.cpp: the snapshot's tokens are a prefix of `prompt_tokens`
     (when given), the context has room for them plus one token, and the blob's header matches this
     context. When llama.cpp still refuses the state, the sequence is cleared and the Llama is left
-    empty and usable, so the caller can fall back to a cold prefill.
+    empty and usable, so the caller can fall back to a cold prefill. A sliding-window model's window
+    cells go where a cold prefill leaves them (see `pad_window`), so greedy output matches it exactly.
     """
     tokens = snapshot.tokens
     n = len(tokens)
@@ -98,7 +99,7 @@ def restore_sequence(
     except (TypeError, ValueError):
         _log.warning("snapshot %s not restored: its state is not a contiguous buffer", snapshot.key.id[:12])
         return False
-    reason = _header_rejection(llm, state, n)
+    reason, state = _checked_blob(llm, state, n)
     if reason is not None:
         _log.warning("snapshot %s does not fit this context, not restored: %s", snapshot.key.id[:12], reason)
         return False
@@ -184,24 +185,41 @@ def _rejection(llm: llama_cpp.Llama, snapshot: Snapshot, prompt_tokens: Tokens |
     return None
 
 
-def _header_rejection(llm: llama_cpp.Llama, state: npt.NDArray[np.uint8], n: int) -> str | None:
-    """Check the blob's leading fields and cell list against this context, or say why they differ."""
+def _checked_blob(
+    llm: llama_cpp.Llama, state: npt.NDArray[np.uint8], n: int
+) -> tuple[str | None, npt.NDArray[np.uint8]]:
+    """(why the blob does not fit this context, None) or (None, the blob to hand to llama.cpp)."""
     header = state[: _HEADER.itemsize].view(_HEADER)[0]
-    if int(header["magic"]) != _SEQ_STATE_MAGIC:
-        return "its state does not start with llama.cpp's sequence-state magic"
+    if int(header["magic"]) != SEQ_STATE_MAGIC:
+        return "its state does not start with llama.cpp's sequence-state magic", state
     expected_streams = 1 if bool(llm.context_params.kv_unified) else int(llama_cpp.llama_n_seq_max(llm.ctx))
     if int(header["n_stream"]) != expected_streams:
-        return f"it has {int(header['n_stream'])} KV streams, this context {expected_streams}"
+        return f"it has {int(header['n_stream'])} KV streams, this context {expected_streams}", state
     model = llm.model
     if llama_cpp.llama_model_is_recurrent(model) or llama_cpp.llama_model_is_hybrid(model):
-        return None
+        return None, state
     # The full-attention cache comes first and holds a cell for every position 0..n-1.
     if int(header["cell_count"]) != n:
-        return f"its first cache holds {int(header['cell_count'])} cells, expected {n}"
-    body = state[_HEADER.itemsize :]
-    if any(_cells_are_positions(body, n, stride) for stride in _CELL_META_BYTES):
-        return None
-    return "its cell list is not positions 0..n-1 of one sequence"
+        return f"its first cache holds {int(header['cell_count'])} cells, expected {n}", state
+    try:
+        sections = parse_sections(state)
+    except ValueError:
+        # Layouts this parser does not know (several streams, per-cell extensions): check the cell
+        # list and leave the rest to llama.cpp's own checks.
+        body = state[_HEADER.itemsize :]
+        if any(_cells_are_positions(body, n, stride) for stride in _CELL_META_BYTES):
+            return None, state
+        return "its cell list is not positions 0..n-1 of one sequence", state
+    first = sections[0].positions
+    if len(first) != n or int(first[0]) != 0:
+        return "its first cache does not hold positions 0..n-1", state
+    if any(len(s.positions) and int(s.positions[-1]) != n - 1 for s in sections[1:]):
+        return "its window cache does not end at the last token", state
+    if int(llama_cpp.llama_model_n_swa(model)) > 0 and bool(llm.context_params.swa_full):
+        padded = pad_window(state, sections)
+        if padded is not None:
+            return None, np.frombuffer(padded, dtype=np.uint8)
+    return None, state
 
 
 def _cells_are_positions(body: npt.NDArray[np.uint8], n: int, stride: int) -> bool:

@@ -1,0 +1,146 @@
+"""The layout of a llama.cpp sequence-state blob (llama-cpp-python 0.3.36): check it, pad its window.
+
+A blob is llama.cpp's magic and the source seq id, then one section per KV cache (one for a plain
+cache; the full-attention cache, then the sliding-window cache for interleaved-SWA models). A
+section of one stream is: stream count, cell count, per cell (position, 1, seq id), then the V
+layout flag, layer count, per layer the K type, K row size and K rows, and per layer the V rows
+(or, transposed, the V type, element size, width and one run of cells per V element).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+SEQ_STATE_MAGIC = 0xAF143CD8
+BLOB_HEADER_BYTES = 8
+_CELL_META_BYTES = 12  # models with per-cell extensions (M-RoPE) are not parsed here
+_MAX_LAYERS = 4096
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+
+
+@dataclass(frozen=True, slots=True)
+class _LayerRows:
+    header: tuple[int, int]  # byte range of this layer's type and size fields
+    data: int  # offset of the rows
+    row_bytes: int  # bytes per cell (per cell and element when transposed)
+    width: int  # 1, or the number of V elements when transposed
+
+
+@dataclass(frozen=True, slots=True)
+class CacheSection:
+    """One KV cache's part of a blob: its cells' positions and where each layer's rows lie."""
+
+    start: int
+    end: int
+    positions: npt.NDArray[np.int32]
+    seq_id: int
+    data_header: tuple[int, int]
+    layers: tuple[_LayerRows, ...]
+
+
+def parse_sections(state: npt.NDArray[np.uint8]) -> list[CacheSection]:
+    """Split a single-stream blob into its cache sections; ValueError unless it parses to the last byte."""
+    buf = state.data
+    if len(buf) < BLOB_HEADER_BYTES or _U32.unpack_from(buf, 0)[0] != SEQ_STATE_MAGIC:
+        raise ValueError("no sequence-state magic")
+    sections: list[CacheSection] = []
+    off = BLOB_HEADER_BYTES
+    try:
+        while off < len(buf):
+            section = _parse_section(state, off)
+            sections.append(section)
+            off = section.end
+    except struct.error as exc:
+        raise ValueError(f"truncated state: {exc}") from None
+    if off != len(buf) or not sections:
+        raise ValueError("state does not end where its sections do")
+    return sections
+
+
+def pad_window(state: npt.NDArray[np.uint8], sections: list[CacheSection]) -> bytes | None:
+    """The blob with the sliding-window section padded with masked cells from position 0, or None.
+
+    A window cache restored bare puts its cells at the front of the cache, where a cold run has them
+    at their positions; the attention sums then add the same values in another order and greedy
+    output can drift from a cold run. Zero cells at the positions the window already masks put
+    every cell back where a cold prefill in a full-size window cache leaves it.
+    """
+    if len(sections) != 2:
+        return None
+    window = sections[1]
+    first = int(window.positions[0]) if len(window.positions) else 0
+    if first <= 0:
+        return None
+    m, buf = len(window.positions), state.data
+    pad_meta = np.empty((first, 3), dtype="<i4")
+    pad_meta[:, 0] = np.arange(first)
+    pad_meta[:, 1] = 1
+    pad_meta[:, 2] = window.seq_id
+    meta_start = window.start + 8
+    pieces: list[bytes | memoryview] = [
+        buf[: window.start + 4],
+        _U32.pack(first + m),
+        pad_meta.tobytes(),
+        buf[meta_start : meta_start + m * _CELL_META_BYTES],
+        buf[window.data_header[0] : window.data_header[1]],
+    ]
+    for layer in window.layers:
+        pieces.append(buf[layer.header[0] : layer.header[1]])
+        rows = state[layer.data : layer.data + layer.width * m * layer.row_bytes].reshape(layer.width, -1)
+        padded = np.zeros((layer.width, (first + m) * layer.row_bytes), dtype=np.uint8)
+        padded[:, first * layer.row_bytes :] = rows
+        pieces.append(padded.data)
+    return b"".join(pieces)
+
+
+def _parse_section(state: npt.NDArray[np.uint8], start: int) -> CacheSection:
+    buf = state.data
+    n_stream = _U32.unpack_from(buf, start)[0]
+    if n_stream != 1:
+        raise ValueError(f"{n_stream} streams; only single-stream states are parsed")
+    n = _U32.unpack_from(buf, start + 4)[0]
+    off = start + 8
+    if n == 0:
+        return CacheSection(start, off, np.empty(0, np.int32), 0, (off, off), ())
+    if off + n * _CELL_META_BYTES > len(buf):
+        raise ValueError("cell list runs past the end")
+    meta = state[off : off + n * _CELL_META_BYTES].view("<i4").reshape(n, 3)
+    if not np.all(meta[:, 1] == 1) or not np.all(meta[:, 2] == meta[0, 2]):
+        raise ValueError("cells are not of one sequence")
+    positions = np.sort(meta[:, 0])
+    if not np.array_equal(positions, np.arange(positions[0], positions[0] + n, dtype=positions.dtype)):
+        raise ValueError("cell positions are not one contiguous run")
+    off += n * _CELL_META_BYTES
+    v_trans = _U32.unpack_from(buf, off)[0]
+    n_layer = _U32.unpack_from(buf, off + 4)[0]
+    if v_trans > 1 or not 0 < n_layer <= _MAX_LAYERS:
+        raise ValueError("implausible V layout or layer count")
+    data_header = (off, off + 8)
+    off += 8
+    layers: list[_LayerRows] = []
+    for _ in range(n_layer):
+        row = _U64.unpack_from(buf, off + 4)[0]
+        layers.append(_LayerRows((off, off + 12), off + 12, row, 1))
+        off += 12 + _checked(n * row, buf, off)
+    for _ in range(n_layer):
+        if v_trans:
+            element = _U32.unpack_from(buf, off + 4)[0]
+            width = _U32.unpack_from(buf, off + 8)[0]
+            layers.append(_LayerRows((off, off + 12), off + 12, element, width))
+            off += 12 + _checked(width * n * element, buf, off)
+        else:
+            row = _U64.unpack_from(buf, off + 4)[0]
+            layers.append(_LayerRows((off, off + 12), off + 12, row, 1))
+            off += 12 + _checked(n * row, buf, off)
+    return CacheSection(start, off, positions, int(meta[0, 2]), data_header, tuple(layers))
+
+
+def _checked(nbytes: int, buf: memoryview, off: int) -> int:
+    if nbytes <= 0 or off + 12 + nbytes > len(buf):
+        raise ValueError("layer rows run past the end")
+    return nbytes

@@ -1,0 +1,129 @@
+"""CachedLlama.warm on the tiny llama model: what it stores, and how later completions find it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from snapcache.errors import InvalidArgument
+from snapcache.llama.cached import CHECKPOINT_ALIGN, CachedLlama
+
+pytestmark = pytest.mark.model
+
+N_CTX = 2048
+GREEDY: dict[str, Any] = {"temperature": 0.0, "max_tokens": 24}
+SYSTEM = "You are a careful desktop assistant. Answer briefly and plainly. " * 6
+DOCUMENT = "Document: the quick brown fox jumps over the lazy dog near the river bank. " * 9
+
+
+def chat(system: str, user: str) -> list[dict[str, str]]:
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+def context_of(llm) -> list[int]:
+    return [int(t) for t in llm.input_ids[: llm.n_tokens]]
+
+
+def chat_reply(result: dict[str, Any]) -> str:
+    return result["choices"][0]["message"]["content"]
+
+
+def cold_chat(make_llama, model_path, messages) -> tuple[str, list[int]]:
+    llm = make_llama(model_path, n_ctx=N_CTX)
+    reply = chat_reply(llm.create_chat_completion(messages=messages, **GREEDY))
+    return reply, context_of(llm)
+
+
+@pytest.fixture
+def cached(make_llama, tiny_model_path, store):
+    def factory(scope: str = "default", **kwargs: Any) -> CachedLlama:
+        return CachedLlama(make_llama(tiny_model_path, n_ctx=N_CTX), store, scope, **kwargs)
+
+    return factory
+
+
+def test_warm_then_chat_hits_the_warmed_prefix(cached, make_llama, tiny_model_path):
+    warmer = cached()
+    warmed = warmer.warm(SYSTEM, priority=5)
+    assert warmed.token_count % CHECKPOINT_ALIGN == 0
+    assert not warmed.from_cache
+
+    messages = chat(SYSTEM, "Open the budget spreadsheet.")
+    fresh = cached()
+    reply = chat_reply(fresh.create_chat_completion(messages, **GREEDY))
+
+    assert fresh.last_restore is not None
+    assert (fresh.last_restore.restored_tokens, fresh.last_restore.source) == (warmed.token_count, "ram")
+    assert (reply, context_of(fresh.llm)) == cold_chat(make_llama, tiny_model_path, messages)
+
+    # The Llama that warmed still holds the prefix: it reads on from its own context.
+    warmer.create_chat_completion(chat(SYSTEM, "Any new mail?"), **GREEDY)
+    assert warmer.last_restore is not None
+    assert (warmer.last_restore.restored_tokens, warmer.last_restore.source) == (
+        warmed.token_count,
+        "context",
+    )
+
+
+def test_warm_twice_comes_from_the_store_and_updates_priority(cached, store):
+    first = cached().warm(SYSTEM, priority=1)
+    again = cached().warm(SYSTEM, priority=7)
+
+    assert again.from_cache
+    assert not first.from_cache
+    assert (again.key, again.token_count, again.state_bytes) == (
+        first.key,
+        first.token_count,
+        first.state_bytes,
+    )
+    assert store.get(first.key).priority == 7
+
+
+def test_warm_tokens_and_raw_text_are_cached_as_they_are(cached):
+    warm = cached()
+    tokens = warm.llm.tokenize(DOCUMENT.encode())
+    assert warm.warm(tokens[:100]).token_count == 100
+    raw = warm.warm(DOCUMENT, raw=True)
+    assert raw.token_count == len(tokens)  # BOS plus the text, no end-of-sequence token
+    with pytest.raises(InvalidArgument):
+        warm.warm([])
+
+
+def test_warm_progress_counts_up_to_the_total(make_llama, tiny_model_path, store):
+    warm = CachedLlama(make_llama(tiny_model_path, n_ctx=N_CTX, n_batch=64), store)
+    calls: list[tuple[int, int]] = []
+    result = warm.warm(DOCUMENT, raw=True, progress=lambda done, total: calls.append((done, total)))
+
+    done = [d for d, _ in calls]
+    assert len(calls) > 3
+    assert done == sorted(set(done))
+    assert {t for _, t in calls} == {result.token_count}
+    assert calls[-1] == (result.token_count, result.token_count)
+
+
+def test_warm_into_a_context_too_small_is_refused(make_llama, tiny_model_path, store):
+    small = CachedLlama(make_llama(tiny_model_path, n_ctx=256), store)
+    with pytest.raises(InvalidArgument, match=r"tokens.*256"):
+        small.warm(DOCUMENT, raw=True)
+
+
+def test_chat_aware_warm_is_what_every_chat_with_the_system_prompt_starts_with(cached):
+    warm = cached()
+    result = warm.warm(SYSTEM)
+    stored = warm.store.get(result.key)
+    assert stored is not None
+    for question in ("Hi", " spaced", "\nnewline first", "12345"):
+        fresh = cached(save=False)
+        fresh.create_chat_completion(chat(SYSTEM, question), **GREEDY)
+        assert fresh.last_restore is not None
+        assert fresh.last_restore.restored_tokens == result.token_count
+        assert context_of(fresh.llm)[: result.token_count] == stored.tokens.tolist()
+
+
+def test_warm_rejects_bytes_and_bad_priority(cached):
+    warm = cached()
+    with pytest.raises(InvalidArgument):
+        warm.warm(b"bytes are not a prompt")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument):
+        warm.warm(SYSTEM, priority=10**9)

@@ -1,0 +1,186 @@
+"""CachedLlama on Gemma-3-270M, a sliding-window model whose restored states cannot be cut back.
+
+The system prompt is longer than Gemma's 512-token window, so restores cross it. Every reply is
+compared token for token with a cold run of a plain Llama.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from snapcache.llama.cached import CHECKPOINT_ALIGN, CachedLlama
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+from gemma_chat import gemma_chat_handler
+
+pytestmark = [pytest.mark.model, pytest.mark.gemma, pytest.mark.slow]
+
+N_CTX = 2048
+GREEDY: dict[str, Any] = {"temperature": 0.0, "max_tokens": 16}
+# About 700 Gemma tokens: longer than the 512-token sliding window.
+SYSTEM = (Path(__file__).resolve().parents[1] / "examples" / "system_prompt.txt").read_text()[:2900]
+
+
+def chat(*turns: str) -> list[dict[str, str]]:
+    messages = [{"role": "system", "content": SYSTEM}]
+    for i, text in enumerate(turns):
+        messages.append({"role": "user" if i % 2 == 0 else "assistant", "content": text})
+    return messages
+
+
+def context_of(llm) -> list[int]:
+    return [int(t) for t in llm.input_ids[: llm.n_tokens]]
+
+
+def reply_of(result: dict[str, Any]) -> str:
+    return result["choices"][0]["message"]["content"]
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def gemma(make_llama, path):
+    llm = make_llama(path, n_ctx=N_CTX)
+    llm.chat_handler = gemma_chat_handler(llm)
+    return llm
+
+
+@pytest.fixture(scope="module")
+def cold_runs(gemma_model_path):
+    """Memoized cold runs on one plain Llama, reset before each so that it reads every prompt in full."""
+    from conftest import new_llama
+
+    llm = new_llama(gemma_model_path, n_ctx=N_CTX)
+    llm.chat_handler = gemma_chat_handler(llm)
+    done: dict[str, tuple[str, list[int]]] = {}
+
+    def run(prompt: Any) -> tuple[str, list[int]]:
+        key = json.dumps(prompt)
+        if key not in done:
+            llm.reset()
+            if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
+                text = reply_of(llm.create_chat_completion(messages=prompt, **GREEDY))
+            else:
+                text = llm.create_completion(prompt, **GREEDY)["choices"][0]["text"]
+            done[key] = (text, context_of(llm))
+        return done[key]
+
+    yield run
+    llm.close()
+
+
+@pytest.fixture
+def cached(make_llama, gemma_model_path, store):
+    def factory(**kwargs: Any) -> CachedLlama:
+        return CachedLlama(gemma(make_llama, gemma_model_path), store, **kwargs)
+
+    return factory
+
+
+def test_restore_then_suffix_matches_cold(cached, cold_runs):
+    warmer = cached()
+    tokens = warmer.llm.tokenize(SYSTEM.encode())[:640]
+    assert warmer.warm(tokens).token_count == 640
+    prompt = tokens + warmer.llm.tokenize(b"\nQuestion: where are my invoices?\nAnswer:", add_bos=False)
+
+    fresh = cached()
+    text = fresh.create_completion(prompt, **GREEDY)["choices"][0]["text"]
+
+    info = fresh.last_restore
+    assert (info.restored_tokens, info.source) == (640, "ram")
+    assert (text, context_of(fresh.llm)) == cold_runs(prompt)
+
+
+def test_prompt_exactly_as_long_as_snapshot(cached, cold_runs):
+    warmer = cached()
+    # 641 tokens: a cold read leaves the last token alone in its block of rows, as a restore does.
+    tokens = warmer.llm.tokenize(SYSTEM.encode())[:641]
+    warmer.warm(tokens)
+
+    fresh = cached()
+    text = fresh.create_completion(tokens, **GREEDY)["choices"][0]["text"]
+
+    info = fresh.last_restore
+    assert (info.restored_tokens, info.evaluated_tokens) == (641, 1)
+    assert (text, context_of(fresh.llm)) == cold_runs(tokens)
+
+
+def test_multi_turn_chat_restores_the_earlier_turns(cached, cold_runs):
+    first = cached()
+    reply1 = reply_of(first.create_chat_completion(chat("Where is the plumber's invoice?"), **GREEDY))
+    turn1_prompt = first.last_restore.prompt_tokens
+
+    turn2 = chat("Where is the plumber's invoice?", reply1, "Open it, please.")
+    second = cached()
+    reply2 = reply_of(second.create_chat_completion(turn2, **GREEDY))
+
+    assert second.last_restore.source == "ram"
+    assert second.last_restore.restored_tokens >= turn1_prompt - CHECKPOINT_ALIGN
+    assert (reply2, context_of(second.llm)) == cold_runs(turn2)
+
+
+def test_stream_gives_the_same_tokens_and_saves_when_exhausted(cached, cold_runs, store):
+    messages = chat("What is on my calendar today?")
+    warm = cached()
+    chunks = list(warm.create_chat_completion(messages, stream=True, **GREEDY))
+    streamed = "".join(chunk["choices"][0]["delta"].get("content", "") for chunk in chunks)
+
+    assert (streamed, context_of(warm.llm)) == cold_runs(messages)
+    saved = {entry.key.token_count for entry in store.entries()}
+    assert warm.last_restore.checkpoints >= 1
+    assert max(saved) == len(context_of(warm.llm)) or len(context_of(warm.llm)) - max(saved) < 32
+
+
+def test_new_chat_question_reuses_the_shared_prefix_without_warm(cached, cold_runs):
+    first = cached()
+    first.create_chat_completion(chat("Clear out my desktop."), **GREEDY)
+    prompt1 = context_of(first.llm)[: first.last_restore.prompt_tokens]
+
+    messages = chat("Tell Sam I will be ten minutes late.")
+    second = cached()
+    reply = reply_of(second.create_chat_completion(messages, **GREEDY))
+    prompt2 = context_of(second.llm)[: second.last_restore.prompt_tokens]
+
+    shared = common_prefix(prompt1, prompt2)
+    assert shared > 640
+    assert second.last_restore.restored_tokens >= 0.9 * shared
+    assert (reply, context_of(second.llm)) == cold_runs(messages)
+
+
+def test_new_raw_question_reuses_the_shared_prefix_without_warm(cached, cold_runs):
+    first = cached()
+    first.create_completion(SYSTEM + "\nQuestion: what can you do?\nAnswer:", **GREEDY)
+    prompt1 = context_of(first.llm)[: first.last_restore.prompt_tokens]
+
+    prompt = SYSTEM + "\nQuestion: may you delete files?\nAnswer:"
+    second = cached()
+    text = second.create_completion(prompt, **GREEDY)["choices"][0]["text"]
+    prompt2 = context_of(second.llm)[: second.last_restore.prompt_tokens]
+
+    shared = common_prefix(prompt1, prompt2)
+    assert shared > 640
+    assert second.last_restore.restored_tokens >= 0.9 * shared
+    assert (text, context_of(second.llm)) == cold_runs(prompt)
+
+
+def test_warm_then_chat_hits_the_warmed_prefix(cached, cold_runs):
+    warmed = cached().warm(SYSTEM)
+    assert warmed.token_count > 512  # past the sliding window
+
+    messages = chat("Tell Sam I will be ten minutes late.")
+    fresh = cached()
+    reply = reply_of(fresh.create_chat_completion(messages, **GREEDY))
+
+    assert (fresh.last_restore.restored_tokens, fresh.last_restore.source) == (warmed.token_count, "ram")
+    assert (reply, context_of(fresh.llm)) == cold_runs(messages)

@@ -224,10 +224,11 @@ def main(argv: list[str] | None = None) -> int:
         ["#", "round", "agent", *[LABELS[m] for m in modes]],
     )
     first = results[modes[0]]
-    identical = True
+    # Greedy answers compared with the first mode's (no cache, when it ran): a cache must not change them.
+    matches = {
+        m: sum(a["text"] == b["text"] for a, b in zip(first, results[m], strict=True)) for m in modes
+    }
     for i, request in enumerate(first):
-        texts = {results[m][i]["text"] for m in modes}
-        identical = identical and len(texts) == 1
         round_label = "restart" if request["round"] == RESTART_ROUND else str(request["round"])
         ttfts = [fmt_seconds(results[m][i]["ttft_s"]) for m in modes]
         detail.add(i + 1, round_label, request["agent"], *ttfts)
@@ -258,7 +259,10 @@ def main(argv: list[str] | None = None) -> int:
                 fmt_ratio(means["disk"][RESTART_ROUND], snap[RESTART_ROUND]),
                 "-",
             )
-    checks.notes.append(f"greedy outputs identical across caches: {'yes' if identical else 'NO'}")
+    checks.notes.append(
+        f"greedy answers equal to {LABELS[modes[0]]}'s: "
+        + ", ".join(f"{LABELS[m]} {matches[m]}/{len(first)}" for m in modes[1:])
+    )
     for mode in modes:
         live = phases[f"{mode}-live"]
         checks.notes.append(
@@ -271,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         args.json,
         quick=args.quick,
         extra={"model": model.name, "n_ctx": n_ctx, "requests": results, "phases": phases,
-               "outputs_identical": identical},
+               "outputs_match_first_mode": matches},
     )
     return 0
 

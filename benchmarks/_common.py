@@ -258,39 +258,9 @@ def choose_model(quick: bool, workdir: Path) -> ModelChoice:
     return ModelChoice(path, "tiny llama (2 layers, 64 wide, random weights)", is_tiny=True)
 
 
-# Gemma 3's chat template: the system message opens the first user turn. The demo GGUF carries no
-# template, and without one llama-cpp-python would fall back to the llama-2 format (its "gemma" format
-# drops system messages).
-GEMMA3_CHAT_TEMPLATE = (
-    "{{ bos_token }}"
-    "{%- if messages[0]['role'] == 'system' -%}"
-    "{%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}"
-    "{%- set loop_messages = messages[1:] -%}"
-    "{%- else -%}"
-    "{%- set first_user_prefix = '' -%}"
-    "{%- set loop_messages = messages -%}"
-    "{%- endif -%}"
-    "{%- for message in loop_messages -%}"
-    "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
-    "{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') "
-    "+ message['content'] | trim + '<end_of_turn>\n' }}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}"
-)
-
-
 def new_llama(model_path: Path, n_ctx: int, **kwargs: Any) -> Any:
-    """A quiet llama_cpp.Llama on the benchmark's thread count, with Gemma 3's chat template if needed."""
-    from llama_cpp import Llama
-    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+    """A quiet Llama on the benchmark's thread count, via load_llama (Gemma 3 template if needed)."""
+    from snapcache import load_llama
 
-    kwargs.setdefault("n_threads", LLAMA_THREADS)
     kwargs.setdefault("n_threads_batch", LLAMA_THREADS)
-    kwargs.setdefault("verbose", False)
-    llm = Llama(model_path=str(model_path), n_ctx=n_ctx, **kwargs)
-    metadata = llm.metadata
-    if metadata.get("general.architecture") == "gemma3" and "tokenizer.chat_template" not in metadata:
-        llm.chat_handler = Jinja2ChatFormatter(
-            template=GEMMA3_CHAT_TEMPLATE, eos_token="<end_of_turn>", bos_token="<bos>"
-        ).to_chat_handler()
-    return llm
+    return load_llama(model_path, n_ctx=n_ctx, n_threads=kwargs.pop("n_threads", LLAMA_THREADS), **kwargs)

@@ -8,7 +8,6 @@ from snapcache import (
     CorruptSnapshot,
     InsecureDirectory,
     ModelError,
-    RestoreError,
     SnapcacheError,
     StoreUnavailable,
 )
@@ -33,7 +32,7 @@ def describe(exc: BaseException) -> str:
         return f"cache directory unavailable: {_first_line(exc)}"
     if isinstance(exc, CorruptSnapshot):
         return f"corrupt snapshot: {_first_line(exc)}"
-    if isinstance(exc, (ModelError, RestoreError)):
+    if isinstance(exc, ModelError):
         return f"model error: {_first_line(exc)}"
     if isinstance(exc, SnapcacheError):
         return _first_line(exc)

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .errors import CliError
 
@@ -24,7 +23,6 @@ _NO_MODEL = (
 
 # llama.cpp's own log lines go here instead of the terminal (shown with --verbose).
 _llama_log = logging.getLogger("snapcache.cli.llama_cpp")
-_log_callback: Any = None  # keeps the ctypes callback alive while llama.cpp holds its address
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,39 +69,22 @@ def check_gguf(choice: ModelChoice) -> None:
 def load_llama(
     choice: ModelChoice, *, n_ctx: int | None = None, threads: int | None = None, verbose: bool = False
 ) -> Llama:
-    """A llama_cpp.Llama for `choice`; llama.cpp's log reaches the terminal only when `verbose`."""
+    """`snapcache.load_llama` of `choice`; llama.cpp's log reaches the terminal only when `verbose`."""
     if n_ctx is not None and n_ctx < 1:
         raise CliError(f"--n-ctx must be at least 1, got {n_ctx}")
     if threads is not None and threads < 1:
         raise CliError(f"--threads must be at least 1, got {threads}")
     quiet_llama_cpp()
-    from llama_cpp import Llama
+    from snapcache import ModelError, load_llama
 
     try:
-        return Llama(
-            model_path=str(choice.path),
-            n_ctx=n_ctx or DEFAULT_N_CTX,
-            n_threads=threads,
-            n_threads_batch=threads,
-            verbose=verbose,
-        )
-    except (ValueError, RuntimeError):
-        raise CliError(
-            f"llama.cpp could not load {choice.path}: truncated, corrupt or an unsupported architecture "
-            "(run with -v to see llama.cpp's log)"
-        ) from None
+        return load_llama(choice.path, n_ctx=n_ctx or DEFAULT_N_CTX, n_threads=threads, verbose=verbose)
+    except ModelError as exc:
+        raise CliError(f"{exc} (run with -v to see llama.cpp's log)") from None
 
 
 def quiet_llama_cpp() -> None:
-    """Send llama.cpp's log lines to a Python logger; verbose=False alone still lets errors through."""
-    global _log_callback
-    if _log_callback is not None:
-        return
-    import llama_cpp
+    """Send llama.cpp's log lines to a Python logger, as debug lines: shown with --verbose only."""
+    from snapcache.llama import route_llama_cpp_log
 
-    @llama_cpp.llama_log_callback  # type: ignore[untyped-decorator]
-    def forward(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
-        _llama_log.debug("%s", text.decode("utf-8", "replace").rstrip("\n"))
-
-    llama_cpp.llama_log_set(forward, ctypes.c_void_p(0))
-    _log_callback = forward
+    route_llama_cpp_log(_llama_log, level=logging.DEBUG)

@@ -20,12 +20,16 @@ class Settings:
     verbose: bool = False
 
     def open_store(self) -> SnapshotStore:
-        """The snapshot store in --cache-dir, else in the library's default directory."""
+        """The snapshot store in --cache-dir, else in the library's default directory.
+
+        disk_bytes=None keeps the budget recorded in the directory: the command must not shrink a
+        cache an application runs with a larger budget.
+        """
         from snapcache import SnapshotStore
 
         if self.cache_dir is None:
-            return SnapshotStore()
-        return SnapshotStore(self.cache_dir)
+            return SnapshotStore(disk_bytes=None)
+        return SnapshotStore(self.cache_dir, disk_bytes=None)
 
 
 def settings_of(ctx: typer.Context) -> Settings:

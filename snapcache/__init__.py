@@ -5,6 +5,7 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
+from snapcache._disk_format import FORMAT_VERSION as SNAPSHOT_FILE_FORMAT_VERSION
 from snapcache.errors import (
     CorruptSnapshot,
     InsecureDirectory,
@@ -15,7 +16,6 @@ from snapcache.errors import (
     SnapcacheError,
     StoreUnavailable,
 )
-from snapcache._disk_format import FORMAT_VERSION as SNAPSHOT_FILE_FORMAT_VERSION
 from snapcache.key import DEFAULT_SCOPE, SnapshotKey, prefix_hash
 from snapcache.snapshot import Snapshot
 from snapcache.tier import EntryInfo
@@ -23,6 +23,7 @@ from snapcache.tier import EntryInfo
 if TYPE_CHECKING:
     from snapcache.llama.cached import CachedLlama
     from snapcache.llama.fingerprint import model_fingerprint
+    from snapcache.llama.loader import load_llama
     from snapcache.store import SnapshotStore, StoreStats
 
 __version__ = "0.1.0"
@@ -44,6 +45,7 @@ __all__ = [
     "SnapshotStore",
     "StoreStats",
     "StoreUnavailable",
+    "load_llama",
     "model_fingerprint",
     "prefix_hash",
 ]
@@ -54,6 +56,7 @@ _LAZY = {
     "StoreStats": "snapcache.store",
     "CachedLlama": "snapcache.llama.cached",
     "model_fingerprint": "snapcache.llama.fingerprint",
+    "load_llama": "snapcache.llama.loader",
 }
 
 

@@ -28,7 +28,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from snapcache import codec
-from snapcache.errors import CorruptSnapshot
+from snapcache.errors import CorruptSnapshot, InvalidArgument
 from snapcache.key import SnapshotKey, TokenArray, as_token_array
 from snapcache.snapshot import MAX_PRIORITY, Buffer, Snapshot
 
@@ -45,7 +45,6 @@ MAX_HEADER_BYTES = 64 << 10
 MAX_TOKENS = 1 << 24
 MAX_LOGITS = 1 << 28
 MAX_STATE_BYTES = 1 << 38
-_MAX_LOGITS_NDIM = 2
 _MAC_PERSON = b"snapcache.mac1"
 
 
@@ -189,7 +188,7 @@ def decode(
     ):
         raise CorruptSnapshot("payload checksum mismatch")
 
-    tokens = as_token_array(np.frombuffer(view[body_start:tokens_end], dtype="<i4"))
+    tokens = _file_tokens(view[body_start:tokens_end])
     if not key.matches(tokens):
         raise CorruptSnapshot("tokens do not hash to the key")
     logits = None
@@ -231,7 +230,7 @@ def read_header(file: BinaryIO, file_bytes: int, *, mac_secret: bytes | None) ->
     raw = file.read(4 * key.token_count)
     if len(raw) != 4 * key.token_count:
         raise CorruptSnapshot("file is truncated inside its tokens")
-    tokens = as_token_array(np.frombuffer(raw, dtype="<i4"))
+    tokens = _file_tokens(raw)
     if not key.matches(tokens):
         raise CorruptSnapshot("tokens do not hash to the key")
     return FileHeader(
@@ -294,7 +293,10 @@ def _read_head(
     priority = _field(header, "priority", int)
     if abs(priority) > MAX_PRIORITY:
         raise CorruptSnapshot("priority out of range")
-    created_at = _field(header, "created_at", float, int)
+    try:
+        created_at = float(_field(header, "created_at", float, int))
+    except OverflowError:  # an integer beyond any float
+        raise CorruptSnapshot("created_at is out of range") from None
     if not math.isfinite(created_at):
         raise CorruptSnapshot("created_at is not finite")
     _field(header, "store_id", str)
@@ -306,9 +308,17 @@ def _read_head(
         logits_count=logits_count,
         state_bytes=state_bytes,
         priority=priority,
-        created_at=float(created_at),
+        created_at=created_at,
         mac_problem=mac_problem,
     )
+
+
+def _file_tokens(raw: Buffer) -> TokenArray:
+    """The token ids stored in a file; ids no tokenizer produces (negative ones) mean a foreign file."""
+    try:
+        return as_token_array(np.frombuffer(raw, dtype="<i4"))
+    except InvalidArgument as exc:
+        raise CorruptSnapshot(f"file holds invalid tokens: {exc}") from None
 
 
 def _parse_header(raw: memoryview) -> dict[str, Any]:
@@ -366,13 +376,16 @@ def _logits_count(header: dict[str, Any]) -> int:
         return 0
     if header.get("logits_dtype") != "<f4":
         raise CorruptSnapshot("unsupported logits dtype")
+    # What put accepts: one non-empty row of floats.
     if (
         not isinstance(shape, list)
-        or not 1 <= len(shape) <= _MAX_LOGITS_NDIM
-        or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
+        or len(shape) != 1
+        or not isinstance(shape[0], int)
+        or isinstance(shape[0], bool)
+        or shape[0] < 1
     ):
         raise CorruptSnapshot("malformed logits shape")
-    count = math.prod(shape)
+    count: int = shape[0]
     if count > MAX_LOGITS:
         raise CorruptSnapshot(f"{count} logits exceed the limit of {MAX_LOGITS}")
     return count

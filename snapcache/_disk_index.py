@@ -75,10 +75,10 @@ _SCHEMA = (
         BEGIN UPDATE generation SET value = value + 1; END""",
 )
 _GENERATION = "SELECT value FROM generation"
-_CATALOG = (
-    "SELECT token_count, prefix_hash, rolling_hash, priority, last_used_at FROM entries"
-    " WHERE fingerprint = ? AND scope = ?"
-)
+_CATALOG = "SELECT token_count, prefix_hash, rolling_hash FROM entries WHERE fingerprint = ? AND scope = ?"
+
+
+_BUDGET_META = "budget_bytes"
 
 
 def to_signed64(value: int) -> int:
@@ -123,8 +123,8 @@ class IndexRow:
         )
 
 
-# token_count, prefix_hash, rolling_hash (unsigned), priority, last_used_at: what a lookup needs
-CatalogRow = tuple[int, str, int, int, float]
+# token_count, prefix_hash, rolling_hash (unsigned): what a lookup needs
+CatalogRow = tuple[int, str, int]
 
 
 class IndexDamaged(StoreUnavailable):
@@ -270,10 +270,7 @@ class DiskIndex:
                 rows = self._conn.execute(_CATALOG, (fingerprint, scope)).fetchall()
             finally:
                 self._conn.execute("COMMIT")
-        return generation, [
-            (count, prefix, rolling % _UINT64, priority, used)
-            for count, prefix, rolling, priority, used in rows
-        ]
+        return generation, [(count, prefix, rolling % _UINT64) for count, prefix, rolling in rows]
 
     def count(self) -> int:
         with self._lock, self._errors("read"):
@@ -308,27 +305,55 @@ class DiskIndex:
                 (row.key_id,),
             ).fetchone()[0]
         )
-        excess = others + row.file_bytes - budget_bytes
         removed: list[IndexRow] = [] if previous is None else [_row(previous)]
-        if excess > 0:
-            cursor = execute(
-                f"SELECT {_COLUMNS} FROM entries WHERE key_id != ?"
-                " ORDER BY priority ASC, last_used_at ASC, created_at ASC",
-                (row.key_id,),
-            )
-            evicted: list[IndexRow] = []
-            while excess > 0:
-                values = cursor.fetchone()
-                if values is None:  # cannot happen: row.file_bytes <= budget_bytes
-                    break
-                victim = _row(values)
-                evicted.append(victim)
-                excess -= victim.file_bytes
-            cursor.close()
-            self._conn.executemany("DELETE FROM entries WHERE key_id = ?", [(v.key_id,) for v in evicted])
-            removed.extend(evicted)
+        removed.extend(self._evict(others + row.file_bytes - budget_bytes, sparing=row.key_id))
         execute(_INSERT, row.params())
         return Change(before, self._generation(), row, tuple(removed))
+
+    def _evict(self, excess: int, sparing: str = "") -> list[IndexRow]:
+        """Delete lowest priority, then least recently used rows (not `sparing`) totalling `excess`."""
+        if excess <= 0:
+            return []
+        cursor = self._conn.execute(
+            f"SELECT {_COLUMNS} FROM entries WHERE key_id != ?"
+            " ORDER BY priority ASC, last_used_at ASC, created_at ASC",
+            (sparing,),
+        )
+        evicted: list[IndexRow] = []
+        while excess > 0:
+            values = cursor.fetchone()
+            if values is None:  # cannot happen: the rows sum to more than the excess
+                break
+            victim = _row(values)
+            evicted.append(victim)
+            excess -= victim.file_bytes
+        cursor.close()
+        self._conn.executemany("DELETE FROM entries WHERE key_id = ?", [(v.key_id,) for v in evicted])
+        return evicted
+
+    def recorded_budget(self) -> int | None:
+        """The disk budget recorded for this directory by the last store given one, if any."""
+        with self._lock, self._errors("read"):
+            text = self._meta(_BUDGET_META)
+        return int(text) if text.isdigit() else None
+
+    def record_budget(self, budget_bytes: int) -> Change | None:
+        """Record `budget_bytes` for this directory and evict down to it; the change, if any rows went."""
+
+        def body() -> Change | None:
+            execute = self._conn.execute
+            if self._meta(_BUDGET_META) != str(budget_bytes):
+                execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (_BUDGET_META, str(budget_bytes)))
+            used = int(execute("SELECT COALESCE(SUM(file_bytes), 0) FROM entries").fetchone()[0])
+            if used <= budget_bytes:
+                return None
+            before = self._generation()
+            evicted = self._evict(used - budget_bytes)
+            return Change(before, self._generation(), None, tuple(evicted))
+
+        if self.recorded_budget() == budget_bytes and self.used_bytes() <= budget_bytes:
+            return None  # the common case: no write transaction at every open
+        return self._write("record the budget", body)
 
     def touch(self, key_id: str, file_name: str, when: float) -> None:
         """Record a use; gives up after a short wait for another writer (StoreUnavailable)."""

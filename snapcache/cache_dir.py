@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+from dataclasses import dataclass
 from pathlib import Path
 
 import platformdirs
@@ -22,6 +23,14 @@ def default_cache_dir() -> Path:
     if configured:
         return Path(configured).expanduser()
     return Path(platformdirs.user_cache_dir("snapcache"))
+
+
+@dataclass(frozen=True, slots=True)
+class DirProblem:
+    """Why `prepare_cache_dir` would refuse a directory; `insecure` marks the InsecureDirectory cases."""
+
+    message: str
+    insecure: bool = False
 
 
 def shared_dir_allowed_by_env() -> bool:
@@ -44,10 +53,48 @@ def prepare_cache_dir(path: Path, allow_shared: bool = False) -> Path:
     if not stat.S_ISDIR(info.st_mode):
         raise StoreUnavailable(f"cannot use cache directory {path}: not a directory")
     if not (allow_shared or shared_dir_allowed_by_env()):
-        _check_private(path, info)
+        insecure = _privacy_problem(path, info)
+        if insecure is not None:
+            raise InsecureDirectory(insecure)
     if not os.access(path, os.W_OK | os.X_OK):
         raise StoreUnavailable(f"cannot use cache directory {path}: not writable")
     return path
+
+
+def inspect_cache_dir(path: Path, allow_shared: bool = False) -> list[DirProblem]:
+    """What would stop `prepare_cache_dir(path)` from succeeding, found without creating anything.
+
+    An empty list means the directory is usable as it stands, or can be created: a missing
+    directory is fine when its nearest existing ancestor is a writable directory.
+    """
+    path = Path(path).expanduser()
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        return _creation_problems(path)
+    except OSError as exc:
+        return [DirProblem(f"cannot use cache directory {path}: {exc.strerror or exc}")]
+    if not stat.S_ISDIR(info.st_mode):
+        return [DirProblem(f"cannot use cache directory {path}: not a directory")]
+    problems = []
+    if not (allow_shared or shared_dir_allowed_by_env()):
+        insecure = _privacy_problem(path, info)
+        if insecure is not None:
+            problems.append(DirProblem(insecure, insecure=True))
+    if not os.access(path, os.W_OK | os.X_OK):
+        problems.append(DirProblem(f"cannot use cache directory {path}: not writable"))
+    return problems
+
+
+def _creation_problems(path: Path) -> list[DirProblem]:
+    existing = path.parent
+    while not existing.exists() and existing.parent != existing:
+        existing = existing.parent
+    if not existing.is_dir():
+        return [DirProblem(f"cannot create cache directory {path}: {existing} is not a directory")]
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return [DirProblem(f"cannot create cache directory {path}: {existing} is not writable")]
+    return []
 
 
 def _make_dirs(path: Path) -> None:
@@ -63,17 +110,19 @@ def _make_dirs(path: Path) -> None:
             directory.mkdir(mode=0o700)
 
 
-def _check_private(path: Path, info: os.stat_result) -> None:
+def _privacy_problem(path: Path, info: os.stat_result) -> str | None:
+    """Why `path` is not ours alone, or None; shared by `prepare_cache_dir` and `inspect_cache_dir`."""
     if os.name != "posix":  # Windows has no POSIX mode bits; the user profile is private there
-        return
+        return None
     if info.st_uid != os.getuid():
-        raise InsecureDirectory(
+        return (
             f"cache directory {path} belongs to another user (uid {info.st_uid}); use a directory "
             "of your own, or pass allow_shared_dir=True (SNAPCACHE_ALLOW_SHARED_DIR=1) to trust it"
         )
     if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise InsecureDirectory(
+        return (
             f"cache directory {path} is writable by other users (mode {stat.S_IMODE(info.st_mode):o}); "
             f"run `chmod go-w {path}`, or pass allow_shared_dir=True "
             "(SNAPCACHE_ALLOW_SHARED_DIR=1) to trust it"
         )
+    return None

@@ -19,6 +19,8 @@ from the headers of the snapshot files, as is a missing one when files exist.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import enum
 import errno
 import logging
 import math
@@ -40,8 +42,8 @@ from snapcache._disk_format import EncodedFile, FileHeader, MacMismatch, decode,
 from snapcache._disk_index import CatalogRow, Change, DiskIndex, IndexDamaged, IndexRow
 from snapcache.cache_dir import prepare_cache_dir
 from snapcache.errors import CorruptSnapshot, InvalidArgument, KeyMismatch, StoreUnavailable
-from snapcache.key import SnapshotKey, rolling_hash
-from snapcache.snapshot import MAX_PRIORITY, Snapshot
+from snapcache.key import SnapshotKey, rolling_hash, validate_budget, validate_priority
+from snapcache.snapshot import Snapshot
 from snapcache.tier import EntryInfo, TierName
 
 logger = logging.getLogger("snapcache")
@@ -53,6 +55,8 @@ QUARANTINE_DIR = "quarantine"
 _INDEX_SUFFIXES = ("", "-wal", "-shm", "-journal")
 TEMP_PREFIX = ".tmp-"
 TEMP_SUFFIX = ".partial"
+# The budget of a directory that records none, for a store given none.
+DEFAULT_BUDGET_BYTES = 8 << 30
 # check() leaves younger temp and orphan files alone: another process may be writing them.
 DEFAULT_GRACE_S = 600.0
 _FILE_NAME = re.compile(r"[0-9a-f]{64}-[0-9a-f]{12}\.snap")
@@ -63,7 +67,7 @@ _MAX_WARNED = 10_000
 _warned_unauthenticated: set[str] = set()
 _warned_lock = threading.Lock()
 
-__all__ = ["Catalog", "CatalogRow", "Change", "CheckReport", "DiskTier"]
+__all__ = ["Catalog", "CatalogRow", "Change", "CheckReport", "DiskTier", "Miss"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,12 +90,26 @@ class CheckReport:
         return not (self.missing_files or self.orphan_files or self.temp_files or self.corrupt_files)
 
 
+class Miss(enum.Enum):
+    """Why `DiskTier.read` found no snapshot."""
+
+    ABSENT = "absent"  # no row, or its file is gone
+    DISCARDED = "discarded"  # the file failed verification and was removed
+    UNAUTHENTICATED = "unauthenticated"  # intact, but written under another secret (or none); kept
+    UNAVAILABLE = "unavailable"  # the file or the index could not be read now; may work later
+
+    @property
+    def lasting(self) -> bool:
+        """True when asking again (without a new put) cannot find the snapshot."""
+        return self is not Miss.UNAVAILABLE
+
+
 @dataclass(frozen=True, slots=True)
 class Catalog:
     """The lookup fields of one fingerprint and scope, and the generation they were read at."""
 
     generation: int
-    rows: list[CatalogRow]  # (token_count, prefix_hash, rolling_hash, priority, last_used_at)
+    rows: list[CatalogRow]  # (token_count, prefix_hash, rolling_hash)
 
 
 class DiskTier:
@@ -107,7 +125,7 @@ class DiskTier:
     def __init__(
         self,
         directory: Path,
-        budget_bytes: int,
+        budget_bytes: int | None,
         *,
         secret: bytes | None = None,
         allow_shared_dir: bool = False,
@@ -115,13 +133,12 @@ class DiskTier:
         shuffle: bool = codec.DEFAULT_SHUFFLE,
         on_change: Callable[[Change], None] | None = None,
     ) -> None:
-        if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes < 0:
-            raise InvalidArgument(f"budget_bytes must be a non-negative int, got {budget_bytes!r}")
+        if budget_bytes is not None:
+            budget_bytes = validate_budget("budget_bytes", budget_bytes)
         if secret is not None and (not isinstance(secret, bytes) or not secret):
             raise InvalidArgument("secret must be non-empty bytes or None")
         self._level = codec.validate_level(compression_level)
         self._shuffle = bool(shuffle)
-        self._budget = budget_bytes
         self._mac_key = None if secret is None else mac_key(secret)
         self.directory = prepare_cache_dir(Path(directory), allow_shared_dir)
         self._files = self.directory / FILES_DIR
@@ -136,11 +153,13 @@ class DiskTier:
         self._lock = threading.Lock()
         self._evictions = 0
         self._closed = False
+        self._budget = self._settle_budget(budget_bytes)
 
     # -- the Tier protocol -------------------------------------------------------------------
 
     @property
     def budget_bytes(self) -> int:
+        """The budget in force: the one given, else the directory's recorded one, else 8 GiB."""
         return self._budget
 
     @property
@@ -169,9 +188,9 @@ class DiskTier:
         key = snapshot.key
         if not key.matches(snapshot.tokens):
             raise KeyMismatch("the snapshot's tokens do not hash to its key")
-        priority = snapshot.priority
-        if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > MAX_PRIORITY:
-            raise InvalidArgument(f"priority must be an int within ±{MAX_PRIORITY}, got {priority!r}")
+        priority = validate_priority(snapshot.priority)
+        if type(snapshot.priority) is not int:  # a numpy integer: the header and index want an int
+            snapshot = dataclasses.replace(snapshot, priority=priority)
         if not math.isfinite(snapshot.created_at):
             raise InvalidArgument(f"created_at must be a finite time, got {snapshot.created_at!r}")
         encoded = encode(
@@ -221,15 +240,20 @@ class DiskTier:
 
     def get(self, key: SnapshotKey) -> Snapshot | None:
         """The verified snapshot under `key`, or None; a file failing verification is deleted."""
+        found = self.read(key)
+        return found if isinstance(found, Snapshot) else None
+
+    def read(self, key: SnapshotKey) -> Snapshot | Miss:
+        """Like `get`, but a miss says why: whether asking again later may find the snapshot."""
         index = self._open_index()
         try:
             row = index.get(key.id)
             for _attempt in range(3):
                 if row is None:
-                    return None
+                    return Miss.ABSENT
                 if not _FILE_NAME.fullmatch(row.file_name):
                     self._discard(row, "the index names an invalid file", unlink=False)
-                    return None
+                    return Miss.DISCARDED
                 try:
                     data = _read_file(self._files / row.file_name)
                 except FileNotFoundError:
@@ -240,18 +264,18 @@ class DiskTier:
                     if current is not None:
                         logger.warning("snapshot file %s vanished; dropping its row", row.file_name)
                         self._announce(index.delete(row.key_id, row.file_name))
-                    return None
+                    return Miss.ABSENT
                 except OSError as exc:
                     logger.warning("cannot read snapshot file %s: %s", row.file_name, exc)
-                    return None
+                    return Miss.UNAVAILABLE
                 try:
                     snapshot = self._verify(row, data, key)
                 except MacMismatch as exc:
                     _warn_unauthenticated(self._files / row.file_name, str(exc))
-                    return None
+                    return Miss.UNAUTHENTICATED
                 except CorruptSnapshot as exc:
                     self._discard(row, str(exc))
-                    return None
+                    return Miss.DISCARDED
                 try:
                     index.touch(row.key_id, row.file_name, time.time())
                 except StoreUnavailable as exc:  # a full disk, a busy writer: the hit still stands
@@ -259,7 +283,7 @@ class DiskTier:
                 return snapshot
         except StoreUnavailable as exc:
             logger.warning("disk tier index unavailable, treating the lookup as a miss: %s", exc)
-        return None
+        return Miss.UNAVAILABLE
 
     def remove(self, key: SnapshotKey) -> bool:
         change = self._open_index().delete(key.id)
@@ -387,6 +411,28 @@ class DiskTier:
 
     # -- internals -----------------------------------------------------------------------------
 
+    def _settle_budget(self, budget_bytes: int | None) -> int:
+        """The budget to use, recording (and enforcing now) one given, else the one recorded.
+
+        A directory shared by processes has one budget: a store opened without one must not evict
+        down to a default what a store given a larger budget keeps.
+        """
+        try:
+            if budget_bytes is None:
+                recorded = self._index.recorded_budget()
+                return DEFAULT_BUDGET_BYTES if recorded is None else recorded
+            change = self._index.record_budget(budget_bytes)
+        except StoreUnavailable as exc:  # a full disk, a busy writer: puts will still keep the budget
+            logger.warning("could not record the disk budget of %s: %s", self.directory, exc)
+            return DEFAULT_BUDGET_BYTES if budget_bytes is None else budget_bytes
+        if change is not None:
+            for row in change.removed:
+                self._unlink_row_file(row)
+            self._evictions += len(change.removed)
+            logger.info("disk tier evicted %d snapshot(s) to fit its budget", len(change.removed))
+            self._announce(change)
+        return budget_bytes
+
     def _open_index(self) -> DiskIndex:
         if self._closed:
             raise StoreUnavailable(f"the disk tier on {self.directory} is closed")
@@ -418,13 +464,18 @@ class DiskTier:
     def _verify(self, row: IndexRow, data: memoryview, key: SnapshotKey) -> Snapshot:
         if len(data) != row.file_bytes:
             raise CorruptSnapshot(f"file is {len(data)} bytes, the index recorded {row.file_bytes}")
-        snapshot = decode(
-            data,
-            key=key,
-            store_id=self._store_id,
-            mac_secret=self._mac_key,
-            max_state_bytes=row.state_bytes,
-        )
+        try:
+            snapshot = decode(
+                data,
+                key=key,
+                store_id=self._store_id,
+                mac_secret=self._mac_key,
+                max_state_bytes=row.state_bytes,
+            )
+        except CorruptSnapshot:
+            raise
+        except (ValueError, ArithmeticError) as exc:  # a crafted file must still read as a miss
+            raise CorruptSnapshot(f"file cannot be decoded: {exc}") from None
         if len(snapshot.state) != row.state_bytes:
             raise CorruptSnapshot("state size differs from the index")
         return snapshot
@@ -574,7 +625,9 @@ class DiskTier:
                 with open(self._files / name, "rb") as file:
                     info = os.fstat(file.fileno())
                     header = read_header(file, info.st_size, mac_secret=self._mac_key)
-            except (ValueError, OSError):  # CorruptSnapshot, InvalidArgument: both ValueErrors
+            # CorruptSnapshot and InvalidArgument are ValueErrors; ArithmeticError backs up a
+            # crafted header the checks did not foresee.
+            except (ValueError, ArithmeticError, OSError):
                 yield name, None, 0.0
                 continue
             yield name, header, info.st_mtime

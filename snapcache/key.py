@@ -6,7 +6,6 @@ import hashlib
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Union
 
 import numpy as np
 import numpy.typing as npt
@@ -14,10 +13,12 @@ import numpy.typing as npt
 from snapcache.errors import InvalidArgument
 
 TokenArray = npt.NDArray[np.int32]
-Tokens = Union[Sequence[int], TokenArray]
+Tokens = Sequence[int] | TokenArray
 
 DEFAULT_SCOPE = "default"
+MAX_PRIORITY = 1_000_000
 MAX_SCOPE_LENGTH = 200
+MAX_FINGERPRINT_LENGTH = 128
 _PREFIX_HASH_PERSON = b"snapcache.tok1"
 _HEX32 = re.compile(r"[0-9a-f]{32}")
 _TOKEN_MAX = np.iinfo(np.int32).max
@@ -70,15 +71,18 @@ def rolling_prefix_hashes(tokens: TokenArray) -> npt.NDArray[np.uint64]:
     """
     global _rolling_powers
     n = len(tokens)
-    if len(_rolling_powers) < n:
-        size = max(n, 2 * len(_rolling_powers))
-        powers = np.full(size, _ROLLING_BASE, dtype=np.uint64)
-        powers[0] = 1
+    # Read the shared table once: another thread may replace it (even with a smaller one) meanwhile.
+    powers = _rolling_powers
+    if len(powers) < n:
+        bases = np.full(max(n, 2 * len(powers)), _ROLLING_BASE, dtype=np.uint64)
+        bases[0] = 1
         with np.errstate(over="ignore"):
-            _rolling_powers = np.cumprod(powers, dtype=np.uint64)
+            powers = np.cumprod(bases, dtype=np.uint64)
+        if len(powers) > len(_rolling_powers):  # never shrink what another thread just grew
+            _rolling_powers = powers
     out = np.zeros(n + 1, dtype=np.uint64)
     with np.errstate(over="ignore"):
-        terms = (tokens.astype(np.uint64) + np.uint64(1)) * _rolling_powers[:n]
+        terms = (tokens.astype(np.uint64) + np.uint64(1)) * powers[:n]
         np.cumsum(terms, dtype=np.uint64, out=out[1:])
     return out
 
@@ -86,6 +90,37 @@ def rolling_prefix_hashes(tokens: TokenArray) -> npt.NDArray[np.uint64]:
 def rolling_hash(tokens: TokenArray) -> int:
     """rolling_prefix_hashes(tokens)[-1] as a Python int (0 for no tokens)."""
     return int(rolling_prefix_hashes(tokens)[-1])
+
+
+def validate_fingerprint(fingerprint: object) -> str:
+    """`fingerprint` if a key could carry it (1 to 128 ASCII characters), else InvalidArgument."""
+    if (
+        not isinstance(fingerprint, str)
+        or not fingerprint
+        or len(fingerprint) > MAX_FINGERPRINT_LENGTH
+        or not fingerprint.isascii()
+    ):
+        raise InvalidArgument(
+            f"model_fingerprint must be 1 to {MAX_FINGERPRINT_LENGTH} ASCII characters, got {fingerprint!r}"
+        )
+    return fingerprint
+
+
+def validate_priority(priority: object) -> int:
+    """`priority` as an int if it is an integer (numpy's too, never bool) within ±MAX_PRIORITY."""
+    if isinstance(priority, bool) or not isinstance(priority, (int, np.integer)):
+        raise InvalidArgument(f"priority must be an int, got {priority!r}")
+    value = int(priority)
+    if abs(value) > MAX_PRIORITY:
+        raise InvalidArgument(f"priority must lie within ±{MAX_PRIORITY}, got {value}")
+    return value
+
+
+def validate_budget(name: str, budget: object) -> int:
+    """`budget` as an int if it is a non-negative integer (numpy's too, never bool)."""
+    if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)) or budget < 0:
+        raise InvalidArgument(f"{name} must be a non-negative int, got {budget!r}")
+    return int(budget)
 
 
 def validate_scope(scope: object) -> str:
@@ -108,10 +143,7 @@ class SnapshotKey:
     prefix_hash: str
 
     def __post_init__(self) -> None:
-        if not isinstance(self.model_fingerprint, str) or not self.model_fingerprint:
-            raise InvalidArgument("model_fingerprint must be a non-empty string")
-        if len(self.model_fingerprint) > 128 or not self.model_fingerprint.isascii():
-            raise InvalidArgument("model_fingerprint must be at most 128 ASCII characters")
+        validate_fingerprint(self.model_fingerprint)
         validate_scope(self.scope)
         if isinstance(self.token_count, bool) or not isinstance(self.token_count, int):
             raise InvalidArgument(f"token_count must be an int, got {self.token_count!r}")
@@ -128,9 +160,7 @@ class SnapshotKey:
     @property
     def id(self) -> str:
         """A stable 64-hex-digit name for this key: file names and the CLI use it."""
-        text = "\x00".join(
-            (self.model_fingerprint, self.scope, str(self.token_count), self.prefix_hash)
-        )
+        text = "\x00".join((self.model_fingerprint, self.scope, str(self.token_count), self.prefix_hash))
         return hashlib.blake2b(text.encode(), digest_size=32, person=b"snapcache.key1").hexdigest()
 
     def matches(self, tokens: TokenArray) -> bool:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -21,16 +20,9 @@ from snapcache.key import SnapshotKey, TokenArray, prefix_hash_of_array, rolling
 
 GroupId = tuple[str, str]  # (model fingerprint, scope)
 PrefixHashes = npt.NDArray[np.uint64]
-# token_count, prefix_hash, rolling_hash, priority, last_used_at: a row of the disk tier's catalog
-CatalogRow = tuple[int, str, int, int, float]
+# token_count, prefix_hash, rolling_hash: a row of the disk tier's catalog
+CatalogRow = tuple[int, str, int]
 _NO_BUCKETS: dict[int, list[SnapshotKey]] = {}
-
-
-@dataclass(slots=True)
-class _Record:
-    rolling_hash: int
-    priority: int
-    last_used_at: float
 
 
 class _Group:
@@ -69,20 +61,20 @@ class _Group:
 
 
 class PrefixIndex:
-    """Keys with their rolling hashes, priorities and last use, grouped by (fingerprint, scope).
+    """Keys with their rolling hashes, grouped by (fingerprint, scope).
 
     Not thread-safe: the store serializes access.
     """
 
     def __init__(self) -> None:
-        self._records: dict[SnapshotKey, _Record] = {}
+        self._rolling: dict[SnapshotKey, int] = {}
         self._groups: dict[GroupId, _Group] = {}
 
     def __len__(self) -> int:
-        return len(self._records)
+        return len(self._rolling)
 
     def __contains__(self, key: object) -> bool:
-        return key in self._records
+        return key in self._rolling
 
     @classmethod
     def of_group(
@@ -101,10 +93,10 @@ class PrefixIndex:
         group_id = (model_fingerprint, scope)
         old = None if previous is None else previous._groups.get(group_id)
         old_lengths = {} if old is None else old.by_length
-        records = index._records
+        rolling_of = index._rolling
         group = _Group()
         by_length = group.by_length
-        for token_count, prefix_hash, rolling, priority, last_used_at in rows:
+        for token_count, prefix_hash, rolling in rows:
             key = None
             for known in old_lengths.get(token_count, _NO_BUCKETS).get(rolling, ()):
                 if known.prefix_hash == prefix_hash:
@@ -115,32 +107,23 @@ class PrefixIndex:
                     key = SnapshotKey(model_fingerprint, scope, token_count, prefix_hash)
                 except InvalidArgument:
                     continue  # a row no put could have written
-            record = _Record(rolling, priority, last_used_at)
-            if records.setdefault(key, record) is not record:
-                continue
-            buckets = by_length.get(token_count)
-            if buckets is None:
-                buckets = by_length[token_count] = {}
-            keys = buckets.get(rolling)
-            if keys is None:
-                buckets[rolling] = [key]
-            else:
-                keys.append(key)
+            if key in rolling_of:
+                continue  # a duplicate row
+            rolling_of[key] = rolling
+            by_length.setdefault(token_count, {}).setdefault(rolling, []).append(key)
         if by_length:
             group.lengths = sorted(by_length)
             index._groups[group_id] = group
         return index
 
-    def add(self, key: SnapshotKey, rolling_hash: int, priority: int, last_used_at: float) -> None:
+    def add(self, key: SnapshotKey, rolling_hash: int) -> None:
         """Index `key` (replacing any earlier record of it)."""
-        old = self._records.get(key)
-        if old is not None and old.rolling_hash == rolling_hash:
-            old.priority = priority
-            old.last_used_at = last_used_at
+        old = self._rolling.get(key)
+        if old == rolling_hash:
             return
         if old is not None:
             self.remove(key)
-        self._records[key] = _Record(rolling_hash, priority, last_used_at)
+        self._rolling[key] = rolling_hash
         group_id = (key.model_fingerprint, key.scope)
         group = self._groups.get(group_id)
         if group is None:
@@ -148,24 +131,18 @@ class PrefixIndex:
         group.add(key, rolling_hash)
 
     def remove(self, key: SnapshotKey) -> bool:
-        record = self._records.pop(key, None)
-        if record is None:
+        rolling = self._rolling.pop(key, None)
+        if rolling is None:
             return False
         group_id = (key.model_fingerprint, key.scope)
         group = self._groups[group_id]
-        group.discard(key, record.rolling_hash)
+        group.discard(key, rolling)
         if not group.lengths:
             del self._groups[group_id]
         return True
 
-    def touch(self, key: SnapshotKey, last_used_at: float) -> None:
-        """Record a use of `key` (a tie-break between equally long matches)."""
-        record = self._records.get(key)
-        if record is not None and last_used_at > record.last_used_at:
-            record.last_used_at = last_used_at
-
     def keys(self) -> list[SnapshotKey]:
-        return list(self._records)
+        return list(self._rolling)
 
     def lookup(self, model_fingerprint: str, scope: str, query: TokenArray) -> SnapshotKey | None:
         """The key of the longest stored prefix of `query` (validated tokens), or None."""
@@ -179,17 +156,18 @@ def iter_prefix_matches(
     query: TokenArray,
     hashes: PrefixHashes | None = None,
 ) -> Iterator[SnapshotKey]:
-    """Keys across `indexes` whose tokens are a prefix of `query`, best first.
+    """Keys across `indexes` whose tokens are a prefix of `query`, longest first.
 
-    Best is longest; equally long ones go by higher priority, then more recent use. A key held by
-    several indexes appears once. `hashes` may pass in `rolling_prefix_hashes(query)` already made.
+    At most one key per length: a stored prefix of `query` of a given length has exactly the
+    query's first tokens, so fingerprint, scope, length and prefix hash, the whole key, coincide.
+    `hashes` may pass in `rolling_prefix_hashes(query)` already made.
     """
     group_id = (model_fingerprint, scope)
     limit = len(query)
-    holders = [(index, index._groups[group_id]) for index in indexes if group_id in index._groups]
-    if not holders or limit == 0:
+    groups = [index._groups[group_id] for index in indexes if group_id in index._groups]
+    if not groups or limit == 0:
         return
-    usable = [group.lengths_array() for _, group in holders]
+    usable = [group.lengths_array() for group in groups]
     usable = [lengths[: int(np.searchsorted(lengths, limit, side="right"))] for lengths in usable]
     lengths = usable[0] if len(usable) == 1 else np.unique(np.concatenate(usable))
     if len(lengths) == 0:
@@ -198,22 +176,17 @@ def iter_prefix_matches(
         hashes = rolling_prefix_hashes(query)
     # The query's rolling hash at a length is the same for every group: hash each length once.
     for length, rolling in zip(reversed(lengths.tolist()), reversed(hashes[lengths].tolist()), strict=True):
-        found: dict[SnapshotKey, tuple[int, float]] = {}
-        for index, group in holders:
+        strong: str | None = None  # the strong hash only once some rolling hash matches
+        match = None
+        for group in groups:
             buckets = group.by_length.get(length)
-            keys = None if buckets is None else buckets.get(rolling)
-            if not keys:
-                continue
-            records = index._records
-            for key in keys:
-                record = records[key]
-                rank = found.get(key)
-                if rank is None or record.last_used_at > rank[1]:
-                    found[key] = (record.priority, record.last_used_at)
-        if not found:
-            continue
-        strong = prefix_hash_of_array(query, length)
-        matches = [(rank, key) for key, rank in found.items() if key.prefix_hash == strong]
-        matches.sort(key=lambda item: item[0], reverse=True)
-        for _, key in matches:
-            yield key
+            for key in () if buckets is None else buckets.get(rolling, ()):
+                if strong is None:
+                    strong = prefix_hash_of_array(query, length)
+                if key.prefix_hash == strong:
+                    match = key
+                    break
+            if match is not None:
+                break
+        if match is not None:
+            yield match

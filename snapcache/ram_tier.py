@@ -8,8 +8,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from snapcache.errors import InvalidArgument
-from snapcache.key import SnapshotKey, rolling_hash
+from snapcache.key import SnapshotKey, rolling_hash, validate_budget
 from snapcache.snapshot import Snapshot
 from snapcache.tier import EntryInfo, TierName
 
@@ -37,9 +36,7 @@ class RamTier:
     name: TierName = "ram"
 
     def __init__(self, budget_bytes: int, *, on_evict: Callable[[Snapshot], None] | None = None) -> None:
-        if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes < 0:
-            raise InvalidArgument(f"budget_bytes must be a non-negative int, got {budget_bytes!r}")
-        self._budget = budget_bytes
+        self._budget = validate_budget("budget_bytes", budget_bytes)
         self._on_evict = on_evict
         self._entries: dict[SnapshotKey, _Entry] = {}
         # (priority, tick, key): the smallest is the next to go. Items whose tick no longer matches
@@ -98,10 +95,6 @@ class RamTier:
         """The snapshot under `key` without marking it used."""
         entry = self._entries.get(key)
         return None if entry is None else entry.snapshot
-
-    def last_used_at(self, key: SnapshotKey) -> float | None:
-        entry = self._entries.get(key)
-        return None if entry is None else entry.last_used_at
 
     def remove(self, key: SnapshotKey) -> bool:
         entry = self._entries.pop(key, None)

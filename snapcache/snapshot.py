@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from snapcache.key import MAX_PRIORITY as MAX_PRIORITY  # re-exported: callers import it from here
 from snapcache.key import SnapshotKey, TokenArray
 
 Buffer = bytes | bytearray | memoryview
-MAX_PRIORITY = 1_000_000
 
 
 @dataclass(frozen=True, slots=True, eq=False)

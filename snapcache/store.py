@@ -9,7 +9,6 @@ import logging
 import os
 import queue
 import threading
-import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,19 +26,23 @@ from snapcache.key import (
     as_token_array,
     rolling_hash,
     rolling_prefix_hashes,
+    validate_budget,
+    validate_fingerprint,
+    validate_priority,
     validate_scope,
 )
 from snapcache.prefix_index import PrefixIndex, iter_prefix_matches
 from snapcache.ram_tier import RamTier
-from snapcache.snapshot import MAX_PRIORITY, Buffer, Snapshot
+from snapcache.snapshot import Buffer, Snapshot
 from snapcache.tier import EntryInfo, Tier, TierName
 
 if TYPE_CHECKING:
-    from snapcache.disk_tier import Catalog, Change
+    from snapcache.disk_tier import Catalog, Change, Miss
 
 log = logging.getLogger("snapcache")
 
-# Snapshots waiting for the background writer may hold at most this many bytes before `put` waits.
+# Snapshots waiting for the background writer outside the RAM tier may hold at most
+# min(ram_bytes, this) bytes (or the one being written) before `put` waits.
 _MAX_PENDING_BYTES = 256 << 20
 
 
@@ -54,6 +57,8 @@ class _DiskTier(Tier, Protocol):
     """What the store needs of the disk tier beyond the Tier contract."""
 
     def entries(self, model_fingerprint: str | None = None, scope: str | None = None) -> list[EntryInfo]: ...
+
+    def read(self, key: SnapshotKey) -> Snapshot | Miss: ...
 
     def data_version(self) -> int: ...
 
@@ -85,6 +90,7 @@ class StoreStats:
     promotions: int
     dropped: int
     write_errors: int
+    pending_write_bytes: int  # snapshots waiting for their disk write that RAM does not hold
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,10 +129,17 @@ class SnapshotStore:
     """Snapshots in RAM and on disk, found by exact key or by longest stored prefix of a prompt.
 
     `directory` omitted: the user cache directory (or `SNAPCACHE_DIR`); `None`: RAM only.
-    `ram_bytes=0` keeps nothing in RAM (disk only). `secret` (default: `SNAPCACHE_SECRET`) signs the
-    files so that ones written without it are refused. Writes to disk happen on a background thread
-    unless `background_writes=False`; `flush()` waits for them and `close()` leaves every RAM entry
-    on disk. Thread-safe.
+    `ram_bytes=0` keeps nothing in RAM (disk only). `disk_bytes` is recorded in the directory as its
+    budget (evicting down to it at once); `None` uses the budget recorded there, else 8 GiB, so that
+    a tool opening the directory does not shrink what an application keeps in it. `secret`
+    (default: `SNAPCACHE_SECRET`) signs the files so that ones written without it are refused.
+    Writes to disk happen on a background thread unless `background_writes=False`; `flush()` waits
+    for them and `close()` leaves every RAM entry on disk. Thread-safe.
+
+    Snapshots waiting for their disk write stay in memory until written, also those the RAM tier
+    does not hold (evicted, too large for it, or `ram_bytes=0`). Beyond the RAM budget they hold
+    at most min(`ram_bytes`, 256 MiB), or the one snapshot in flight: `put` waits for the writer
+    otherwise. `stats().pending_write_bytes` reports them.
     """
 
     def __init__(
@@ -134,13 +147,14 @@ class SnapshotStore:
         directory: str | os.PathLike[str] | _Default | None = DEFAULT_DIRECTORY,
         *,
         ram_bytes: int = 512 << 20,
-        disk_bytes: int = 8 << 30,
+        disk_bytes: int | None = None,
         secret: bytes | str | None = None,
         allow_shared_dir: bool = False,
         background_writes: bool = True,
     ) -> None:
-        _check_budget("ram_bytes", ram_bytes)
-        _check_budget("disk_bytes", disk_bytes)
+        ram_bytes = validate_budget("ram_bytes", ram_bytes)
+        if disk_bytes is not None:
+            disk_bytes = validate_budget("disk_bytes", disk_bytes)
         if directory is DEFAULT_DIRECTORY:
             from snapcache.cache_dir import default_cache_dir
 
@@ -167,7 +181,10 @@ class SnapshotStore:
         # Per (fingerprint, scope): the disk's entries and the catalog generation they are current at.
         self._catalogs: dict[tuple[str, str], tuple[int, PrefixIndex]] = {}
         self._pending: dict[SnapshotKey, _PendingWrite] = {}
-        self._pending_bytes = 0
+        self._pending_bytes = 0  # all of them, those in RAM too
+        self._pending_limit = min(ram_bytes, _MAX_PENDING_BYTES)
+        # One thread at a time writes queued snapshots: _writing names the key it is writing.
+        self._write_lock = threading.Lock()
         self._writing: SnapshotKey | None = None
         self._removed_while_writing = False
         self._remove_epoch = 0
@@ -213,8 +230,7 @@ class SnapshotStore:
         """
         if not isinstance(key, SnapshotKey):
             raise InvalidArgument(f"key must be a SnapshotKey, got {type(key).__name__}")
-        _check_priority(priority)
-        priority = int(priority)
+        priority = validate_priority(priority)
         array = as_token_array(tokens)
         if not key.matches(array):
             raise KeyMismatch(f"the {len(array)} tokens given do not hash to the key")
@@ -223,21 +239,29 @@ class SnapshotStore:
 
         ram, disk = self._ram, self._disk
         if disk is None and ram is not None and snapshot.nbytes > ram.budget_bytes:
+            with self._lock:
+                # An older state under the same key must not outlive this one.
+                ram.remove(key)
+                self._memory_index.remove(key)
             self._drop(snapshot, "larger than the RAM budget and there is no disk tier")
             return None
         with self._lock:
             if disk is not None and self._writer is not None:
-                # Back-pressure: callers wait while the writer is far behind.
-                while self._pending_bytes >= _MAX_PENDING_BYTES and self._pending and not self._closed:
+                # Back-pressure: callers wait while the writer is behind by more than the limit.
+                while not self._closed and self._pending_bytes + snapshot.nbytes > self._pending_limit:
+                    outside = self._pending_outside_ram()
+                    if not outside or outside + snapshot.nbytes <= self._pending_limit:
+                        break
                     self._writable.wait()
-            now = time.time()
+            if self._closed:  # closed while this put waited, or just before it took the lock
+                raise StoreUnavailable("the store is closed")
             in_ram = False
             if ram is not None:
                 in_ram = ram.put(snapshot)
                 if not in_ram:
                     ram.remove(key)  # an older state under the same key must not outlive this one
             if in_ram or disk is not None:
-                self._memory_index.add(key, rolling_hash(array), priority, now)
+                self._memory_index.add(key, rolling_hash(array))
             if disk is not None:
                 self._queue_write(snapshot, spill=False)
             self._handle_evictions()
@@ -268,9 +292,20 @@ class SnapshotStore:
     def lookup(self, model_fingerprint: str, scope: str, prompt_tokens: Tokens) -> Snapshot | None:
         """The snapshot of the longest stored prefix of `prompt_tokens` in this fingerprint and scope.
 
-        Equally long prefixes go by higher priority, then more recent use. None when nothing matches.
+        None when nothing matches.
         """
-        _check_fingerprint(model_fingerprint)
+        found = self.lookup_with_tier(model_fingerprint, scope, prompt_tokens)
+        return None if found is None else found[0]
+
+    def lookup_with_tier(
+        self, model_fingerprint: str, scope: str, prompt_tokens: Tokens
+    ) -> tuple[Snapshot, TierName] | None:
+        """Like `lookup`, with the tier that served the snapshot: "ram" or "disk".
+
+        A snapshot still waiting for its disk write is served from memory: "ram" when the store has
+        a RAM tier, else "disk" (the tier it is bound for, as the hit counters count it).
+        """
+        validate_fingerprint(model_fingerprint)
         validate_scope(scope)
         query = as_token_array(prompt_tokens)
         self._check_open()
@@ -291,14 +326,14 @@ class SnapshotStore:
                     return None
                 snapshot = self._get_memory(key, count_miss=False)
                 if snapshot is not None:
-                    return snapshot
+                    return snapshot, "ram" if self._ram is not None else "disk"
                 epoch = self._remove_epoch
             snapshot = self._get_disk(key, epoch, count_miss=False)
             if snapshot is not None:
                 if self._ram is not None:
                     with self._lock:
                         self._counters.ram_misses += 1
-                return snapshot
+                return snapshot, "disk"
             tried.add(key)  # vanished or corrupt on disk: try the next best
 
     def remove(self, key: SnapshotKey) -> bool:
@@ -380,6 +415,7 @@ class SnapshotStore:
                 promotions=c.promotions,
                 dropped=c.dropped,
                 write_errors=c.write_errors,
+                pending_write_bytes=self._pending_outside_ram(),
             )
 
     def flush(self) -> None:
@@ -458,7 +494,6 @@ class SnapshotStore:
             self._counters.ram_hits += 1
         else:
             self._counters.disk_hits += 1
-        self._memory_index.touch(key, time.time())
         return snapshot
 
     def _get_disk(self, key: SnapshotKey, epoch: int, *, count_miss: bool = True) -> Snapshot | None:
@@ -466,9 +501,12 @@ class SnapshotStore:
         disk = self._disk
         if disk is None:
             return None
-        snapshot: Snapshot | None = self._disk_call("get", disk.get, key, default=None)
-        if snapshot is None:
-            self._forget_in_catalogs(key)  # gone, damaged or unreadable here: try the next best
+        found: Snapshot | Miss | None = self._disk_call("get", disk.read, key, default=None)
+        snapshot = found if isinstance(found, Snapshot) else None
+        if found is not None and not isinstance(found, Snapshot) and found.lasting:
+            # Gone, damaged or another secret's: the catalog stops offering it. A transient failure
+            # (None, or Miss.UNAVAILABLE) leaves it there for the next lookup to try again.
+            self._forget_in_catalogs(key)
         with self._lock:
             if snapshot is None:
                 if count_miss:
@@ -480,7 +518,7 @@ class SnapshotStore:
             if self._ram is not None and epoch == self._remove_epoch and key not in self._ram:
                 if self._ram.put(snapshot):
                     self._counters.promotions += 1
-                    self._memory_index.add(key, rolling_hash(snapshot.tokens), snapshot.priority, time.time())
+                    self._memory_index.add(key, rolling_hash(snapshot.tokens))
                 self._handle_evictions()
         if self._writer is None:
             self._drain_sync()  # spills of the promotion's evictions
@@ -542,7 +580,7 @@ class SnapshotStore:
                             catalog.remove(row.key())
                 added = change.added
                 if added is not None and (added.fingerprint, added.scope) == group:
-                    catalog.add(added.key(), added.rolling_hash, added.priority, added.last_used_at)
+                    catalog.add(added.key(), added.rolling_hash)
                 self._catalogs[group] = (change.after, catalog)
 
     def _forget_in_catalogs(self, key: SnapshotKey) -> None:
@@ -564,6 +602,15 @@ class SnapshotStore:
         # Always queue: a job for this key may be mid-write with the older snapshot.
         self._queue.put(snapshot.key)
 
+    def _pending_outside_ram(self) -> int:
+        """Bytes of snapshots waiting for their write that the RAM tier does not hold. Lock held."""
+        ram = self._ram
+        if ram is None:
+            return self._pending_bytes
+        return sum(
+            job.snapshot.nbytes for key, job in self._pending.items() if ram.peek(key) is not job.snapshot
+        )
+
     def _handle_evictions(self) -> None:
         """Spill what the RAM tier just evicted. Call with the lock held."""
         evicted = self._evicted[:]
@@ -574,8 +621,6 @@ class SnapshotStore:
             if job is not None:
                 job.spill = True  # its write is still queued: that write is now the spill
                 continue
-            if self._ram is not None and key in self._ram:
-                continue  # it came back meanwhile
             if self._disk is None:
                 self._memory_index.remove(key)
             else:
@@ -588,7 +633,8 @@ class SnapshotStore:
             try:
                 if key is None:
                     return
-                self._write_pending(key)
+                with self._write_lock:
+                    self._write_pending(key)
             except Exception:  # the writer must survive anything one snapshot does to it
                 log.exception("snapcache: background write failed")
             finally:
@@ -596,14 +642,15 @@ class SnapshotStore:
 
     def _drain_sync(self) -> None:
         """Write everything queued, on this thread (no background writer)."""
-        while True:
-            try:
-                key = self._queue.get_nowait()
-            except queue.Empty:
-                return
-            if key is not None:
-                self._write_pending(key)
-            self._queue.task_done()
+        with self._write_lock:
+            while True:
+                try:
+                    key = self._queue.get_nowait()
+                except queue.Empty:
+                    return
+                if key is not None:
+                    self._write_pending(key)
+                self._queue.task_done()
 
     def _write_pending(self, key: SnapshotKey) -> None:
         disk = self._disk
@@ -677,29 +724,6 @@ class SnapshotStore:
     def _check_open(self) -> None:
         if self._closed:
             raise StoreUnavailable("the store is closed")
-
-
-def _check_budget(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InvalidArgument(f"{name} must be a non-negative int, got {value!r}")
-
-
-def _check_fingerprint(fingerprint: object) -> None:
-    # The rules of SnapshotKey: a fingerprint no key can have is a caller's mistake, not a miss.
-    if (
-        not isinstance(fingerprint, str)
-        or not fingerprint
-        or len(fingerprint) > 128
-        or not fingerprint.isascii()
-    ):
-        raise InvalidArgument(f"model_fingerprint must be 1 to 128 ASCII characters, got {fingerprint!r}")
-
-
-def _check_priority(priority: object) -> None:
-    if isinstance(priority, bool) or not isinstance(priority, (int, np.integer)):
-        raise InvalidArgument(f"priority must be an int, got {priority!r}")
-    if abs(int(priority)) > MAX_PRIORITY:
-        raise InvalidArgument(f"priority must lie within ±{MAX_PRIORITY}, got {priority}")
 
 
 def _resolve_secret(secret: bytes | str | None) -> bytes | None:

@@ -23,13 +23,11 @@ MakeLlama = Callable[..., "Llama"]
 
 
 def new_llama(model_path: str | Path, n_ctx: int = DEFAULT_TEST_N_CTX, **kwargs: Any) -> Llama:
-    """A quiet llama_cpp.Llama on 2 threads; extra keyword arguments go to Llama as they are."""
-    from llama_cpp import Llama
+    """`snapcache.load_llama` on 2 threads (Gemma gets its chat template); other arguments go to Llama."""
+    from snapcache import load_llama
 
     kwargs.setdefault("n_threads", LLAMA_THREADS)
-    kwargs.setdefault("n_threads_batch", LLAMA_THREADS)
-    kwargs.setdefault("verbose", False)
-    return Llama(model_path=str(model_path), n_ctx=n_ctx, **kwargs)
+    return load_llama(model_path, n_ctx=n_ctx, **kwargs)
 
 
 @pytest.fixture(autouse=True)

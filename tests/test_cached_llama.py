@@ -295,3 +295,53 @@ def test_restored_tokens_are_a_prefix_of_the_prompt(cached):
     fresh.create_chat_completion(chat(SYSTEM, "Hi"), **GREEDY)
     prompt = as_token_array(context_of(fresh.llm)[: fresh.last_restore.prompt_tokens])
     assert np.array_equal(prompt[: result.token_count], snapshot.tokens)
+
+
+def test_a_snapshot_refused_before_loading_keeps_the_live_context(cached, make_llama, tiny_model_path, store):
+    """A stored state that fails the checks made before llama.cpp sees it leaves the context as it was:
+    the completion reads on from the context's own prefix, and every state saved is keyed right."""
+    llama = cached()
+    llama.create_completion(DOCUMENT + "Question: what does the fox do?\nAnswer:", **GREEDY)
+    first_context = context_of(llama.llm)
+    second = DOCUMENT + "Question: where is the river?\nAnswer:"
+    tokens = llama.llm.tokenize(second.encode())
+    live = common_prefix(first_context, tokens)
+    bogus = tokens[:-2]  # longer than what the context shares with the prompt: the lookup picks it
+    assert live < len(bogus)
+    store.put(SnapshotKey.for_tokens(llama.fingerprint, llama.scope, bogus), bogus, b"\x00" * 4096)
+
+    text = llama.create_completion(second, **GREEDY)["choices"][0]["text"]
+
+    assert llama.last_restore is not None
+    assert (llama.last_restore.restored_tokens, llama.last_restore.source) == (live, "context")
+    second_context = context_of(llama.llm)
+    assert (text, second_context) == cold_completion(make_llama, tiny_model_path, second)
+    for entry in store.entries():
+        stored = store.get(entry.key).tokens.tolist()
+        assert stored in (first_context[: len(stored)], second_context[: len(stored)])
+
+
+@pytest.mark.gemma
+@pytest.mark.slow
+def test_gemma_context_restored_past_its_window_is_not_cut_back_into_it(make_llama, gemma_model_path, store):
+    """A restored Gemma state has real window cells only for its last token; a prompt that leaves it
+    earlier than that is read from the start, as a cold run reads it."""
+    text = "".join(
+        f"Note {i}: the meeting about topic {i} moved to room {i % 7 + 1}.\n" for i in range(1, 40)
+    )
+    warmer = CachedLlama(make_llama(gemma_model_path, n_ctx=N_CTX), store, prefix_reuse=None)
+    warmed = warmer.warm(text, raw=True)
+    assert warmed.token_count > 600  # past Gemma's 512-token sliding window
+
+    llama = CachedLlama(make_llama(gemma_model_path, n_ctx=N_CTX), store, save=False)
+    tokens = store.get(warmed.key).tokens.tolist()
+    question = llama.llm.tokenize(b"Question: which room?\nAnswer:", add_bos=False)
+    llama.create_completion(tokens + question, **GREEDY)
+    assert llama.last_restore is not None
+    assert llama.last_restore.source == "ram"
+
+    shorter = tokens[: warmed.token_count - 100] + question
+    reply = llama.create_completion(shorter, **GREEDY)["choices"][0]["text"]
+    assert llama.last_restore is not None
+    assert (llama.last_restore.restored_tokens, llama.last_restore.source) == (0, None)
+    assert (reply, context_of(llama.llm)) == cold_completion(make_llama, gemma_model_path, shorter)

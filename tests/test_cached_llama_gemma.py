@@ -7,16 +7,12 @@ compared token for token with a cold run of a plain Llama.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from snapcache.llama.cached import CHECKPOINT_ALIGN, CachedLlama
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-from gemma_chat import gemma_chat_handler
 
 pytestmark = [pytest.mark.model, pytest.mark.gemma, pytest.mark.slow]
 
@@ -50,19 +46,12 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
-def gemma(make_llama, path):
-    llm = make_llama(path, n_ctx=N_CTX)
-    llm.chat_handler = gemma_chat_handler(llm)
-    return llm
-
-
 @pytest.fixture(scope="module")
 def cold_runs(gemma_model_path):
     """Memoized cold runs on one plain Llama, reset before each so that it reads every prompt in full."""
     from conftest import new_llama
 
     llm = new_llama(gemma_model_path, n_ctx=N_CTX)
-    llm.chat_handler = gemma_chat_handler(llm)
     done: dict[str, tuple[str, list[int]]] = {}
 
     def run(prompt: Any) -> tuple[str, list[int]]:
@@ -83,7 +72,7 @@ def cold_runs(gemma_model_path):
 @pytest.fixture
 def cached(make_llama, gemma_model_path, store):
     def factory(**kwargs: Any) -> CachedLlama:
-        return CachedLlama(gemma(make_llama, gemma_model_path), store, **kwargs)
+        return CachedLlama(make_llama(gemma_model_path, n_ctx=N_CTX), store, **kwargs)
 
     return factory
 

@@ -1,4 +1,4 @@
-"""The `snapcache` command without a model: store commands, doctor, and clean failures on bad input."""
+"""The `snapcache` command: store commands, doctor, and clean failures on bad input."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import time
 from pathlib import Path
 
 import pytest
-from snapcache_cli.app import app
-from snapcache_cli.formatting import format_size, parse_age, parse_size
 from typer.testing import CliRunner
 
 from snapcache import SnapshotKey, SnapshotStore
+from snapcache_cli.app import app
+from snapcache_cli.formatting import format_size, parse_age, parse_size
 
 FINGERPRINT = "cafe" * 8
 runner = CliRunner()
@@ -141,7 +141,8 @@ def test_inspect_of_a_corrupted_file_fails_cleanly(three, snapcache_dir):
     data[len(data) // 2] ^= 0xFF
     files[0].write_bytes(bytes(data))
     result = invoke("inspect", key_id)
-    assert_clean_failure(result, key_id[:12], "failed verification")
+    line = assert_clean_failure(result, key_id[:12], "could not be read or verified")
+    assert "dropped" not in line  # the library decides whether a file goes; the warning says which
     assert "snapcache: warning: " in result.stderr
     assert {r["id"] for r in listed()} == {three["high"], three["other"]}
 
@@ -251,6 +252,22 @@ def test_stats_counts_scopes_and_bytes(three, snapcache_dir):
     assert "agent-a (2), default (1)" in text
 
 
+def test_commands_keep_and_report_the_budget_the_cache_was_opened_with(snapcache_dir):
+    budget = 50 << 30  # larger than the store's default: the command must not shrink the cache to that
+    key_id = put(snapcache_dir, "default", 12)
+    with SnapshotStore(snapcache_dir, disk_bytes=budget):
+        pass
+    stats = json.loads(invoke("stats", "--json").stdout)
+    assert stats["disk_budget_bytes"] == budget
+    assert stats["store"]["disk_budget_bytes"] == budget
+    assert "of 50.0 GiB budget" in invoke("stats").stdout
+    for args in (["ls"], ["inspect", key_id], ["doctor"], ["prune", "--older-than", "7d"]):
+        assert invoke(*args).exit_code == 0, args
+    with SnapshotStore(snapcache_dir, disk_bytes=None) as store:
+        assert store.stats().disk_budget_bytes == budget
+        assert [e.key.id for e in store.entries()] == [key_id]
+
+
 # -- doctor ------------------------------------------------------------------------------------------
 
 
@@ -287,6 +304,45 @@ def test_doctor_fails_on_a_directory_others_can_write(tmp_path):
     assert checks["permissions"]["status"] == "warn"
     assert checks["store"]["status"] == "fail"
     assert "writable by other users" in checks["store"]["detail"]
+
+
+def test_doctor_creates_neither_the_directory_nor_the_index(tmp_path):
+    missing = tmp_path / "not-yet" / "cache"
+    result = invoke("--cache-dir", str(missing), "doctor", "--json")
+    assert result.exit_code == 0, result.output
+    checks = {c["name"]: c for c in json.loads(result.stdout)["checks"]}
+    assert checks["permissions"]["status"] == "ok"
+    assert checks["store"]["status"] == "ok"
+    assert "no cache yet" in checks["store"]["detail"]
+    assert not (tmp_path / "not-yet").exists()
+
+    empty = tmp_path / "empty"
+    empty.mkdir(mode=0o700)
+    result = invoke("--cache-dir", str(empty), "doctor", "--json")
+    assert result.exit_code == 0, result.output
+    checks = {c["name"]: c for c in json.loads(result.stdout)["checks"]}
+    assert checks["store"] == {"name": "store", "status": "ok", "detail": "no snapshots yet"}
+    assert list(empty.iterdir()) == []
+
+
+def test_doctor_counts_the_snapshots_of_an_existing_cache(three):
+    checks = {c["name"]: c for c in json.loads(invoke("doctor", "--json").stdout)["checks"]}
+    assert checks["store"] == {"name": "store", "status": "ok", "detail": "opens; 3 snapshots"}
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX mode bits")
+def test_doctor_judges_a_group_writable_directory_as_the_store_does(tmp_path):
+    shared = tmp_path / "group"
+    shared.mkdir()
+    shared.chmod(0o770)
+    assert_clean_failure(invoke("--cache-dir", str(shared), "ls"), "writable by other users")
+    result = invoke("--cache-dir", str(shared), "doctor", "--json")
+    assert result.exit_code == 1
+    checks = {c["name"]: c for c in json.loads(result.stdout)["checks"]}
+    assert checks["permissions"]["status"] == "warn"
+    assert "writable by other users" in checks["permissions"]["detail"]
+    assert checks["store"]["status"] == "fail"
+    assert list(shared.iterdir()) == []
 
 
 # -- bad input, as a user sees it --------------------------------------------------------------------
@@ -377,6 +433,17 @@ def test_no_model_anywhere_names_the_three_ways(tmp_path, monkeypatch):
     prompt.write_text("hello")
     line = assert_clean_failure(invoke("warm", str(prompt)), "--model", "SNAPCACHE_MODEL", "snapcache[demo]")
     assert line.startswith("snapcache: error: no model")
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("command", ["warm", "bench"])
+def test_a_system_prompt_too_short_to_cache_says_so(command, tiny_model_path, tmp_path, snapcache_dir):
+    prompt = tmp_path / "short.txt"
+    prompt.write_text("Be brief.", encoding="utf-8")
+    result = invoke(command, str(prompt), "--model", str(tiny_model_path), "--n-ctx", "512")
+    line = assert_clean_failure(result, "too short")
+    assert "cannot render a system message" not in line  # the chat format renders it fine
+    assert listed() == []
 
 
 def test_usage_errors_exit_2_without_traceback():

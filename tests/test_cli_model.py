@@ -7,10 +7,12 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
-from snapcache_cli.app import app
 from typer.testing import CliRunner
+
+from snapcache_cli.app import app
 
 pytestmark = pytest.mark.model
 
@@ -21,11 +23,10 @@ runner = CliRunner()
 # A chat in a fresh interpreter, as an application would run one after `snapcache warm`.
 CHAT_IN_NEW_PROCESS = """
 import json, sys
-from llama_cpp import Llama
-from snapcache import CachedLlama, SnapshotStore
+from snapcache import CachedLlama, SnapshotStore, load_llama
 
 model, prompt_file, question, n_ctx = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-llm = Llama(model_path=model, n_ctx=n_ctx, n_threads=2, n_threads_batch=2, verbose=False)
+llm = load_llama(model, n_ctx=n_ctx, n_threads=2)
 with SnapshotStore() as store:
     cached = CachedLlama(llm, store)
     messages = [
@@ -34,7 +35,12 @@ with SnapshotStore() as store:
     ]
     cached.create_chat_completion(messages=messages, max_tokens=4, temperature=0.0)
     restore = cached.last_restore
-    print(json.dumps({"restored": restore.restored_tokens, "prompt": restore.prompt_tokens}))
+    prompt = llm.detokenize(llm.input_ids[: restore.prompt_tokens].tolist(), special=True)
+    print(json.dumps({
+        "restored": restore.restored_tokens,
+        "prompt": restore.prompt_tokens,
+        "prompt_text": prompt.decode("utf-8", "replace"),
+    }))
 """
 
 
@@ -48,7 +54,7 @@ def run_module(*args: str, env: dict[str, str] | None = None) -> subprocess.Comp
     )
 
 
-def chat_in_new_process(model: Path, prompt_file: Path, n_ctx: int) -> dict[str, int]:
+def chat_in_new_process(model: Path, prompt_file: Path, n_ctx: int) -> dict[str, Any]:
     result = subprocess.run(
         [sys.executable, "-c", CHAT_IN_NEW_PROCESS, str(model), str(prompt_file), QUESTION, str(n_ctx)],
         capture_output=True,
@@ -188,5 +194,9 @@ def test_gemma_default_model_warm_then_new_process_restores(gemma_model_path, mo
     assert report["token_count"] > 1000
 
     chat = chat_in_new_process(gemma_model_path, EXAMPLE_PROMPT, n_ctx=4096)
+    # Gemma 3's template: the system prompt opens the first user turn, the model's turn ends the prompt.
+    system = EXAMPLE_PROMPT.read_text(encoding="utf-8")
+    assert chat["prompt_text"].startswith("<bos><start_of_turn>user\n" + system[:200])
+    assert chat["prompt_text"].endswith(f"{QUESTION}<end_of_turn>\n<start_of_turn>model\n")
     assert chat["restored"] >= 0.95 * chat["prompt"]
     assert chat["restored"] <= report["token_count"]

@@ -5,12 +5,12 @@ from __future__ import annotations
 import errno
 import os
 import shutil
-import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
+from small_filesystem import mounted
 
 from snapcache import disk_tier as disk_tier_module
 from snapcache._disk_index import DiskIndex
@@ -128,23 +128,9 @@ def test_failed_index_commit_removes_the_file(tier: DiskTier, monkeypatch: pytes
 
 @pytest.fixture
 def small_fs(tmp_path: Path) -> Iterator[Path]:
-    """A 4 MiB tmpfs; skipped where mounting is not permitted."""
-    if not hasattr(os, "geteuid") or os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("mounting a small tmpfs needs root and mount(8)")
-    mount_point = tmp_path / "small"
-    mount_point.mkdir()
-    result = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", str(mount_point)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if result.returncode != 0:
-        pytest.skip(f"mounting a tmpfs is not permitted here: {result.stderr.strip()}")
-    try:
+    """A 4 MiB filesystem; skipped where mounting is not permitted."""
+    with mounted(tmp_path, 4 * MB) as mount_point:
         yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False)
 
 
 def test_real_full_disk(small_fs: Path) -> None:

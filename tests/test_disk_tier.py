@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import logging
 import os
+import re
 import shutil
+import sqlite3
 import stat
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -251,9 +255,7 @@ def test_catalog_gives_the_lookup_fields_of_one_group(tier: DiskTier) -> None:
     rows = {(row[0], row[1]): row for row in catalog.rows}
     assert set(rows) == {(s.key.token_count, s.key.prefix_hash) for s in (a, b)}
     row = rows[(a.key.token_count, a.key.prefix_hash)]
-    assert row[2] == rolling_hash(a.tokens)  # unsigned, as the lookup computes it
-    assert row[3] == 3
-    assert row[4] == {e.key: e.last_used_at for e in tier.entries()}[a.key]
+    assert row == (a.key.token_count, a.key.prefix_hash, rolling_hash(a.tokens))  # unsigned, as lookup
     assert tier.catalog("fp-b", "default").rows == []
 
 
@@ -1084,3 +1086,129 @@ def test_a_hit_is_served_when_the_index_is_read_only(
     assert "could not record the use" in caplog.text
     tier._index._conn.execute("PRAGMA query_only = OFF")
     assert tier.remove(snap.key)
+
+
+# -- forged files: an intact header digest proves nothing, since anyone can compute it ---------------
+
+
+def forge(snapshot: Snapshot, store_id: str, edit: Callable[[bytes], bytes] = lambda h: h) -> bytes:
+    """A file for `snapshot` (tokens unchecked) whose header `edit` changed, with a fresh header digest."""
+    encoded = _disk_format.encode(snapshot, store_id=store_id, level=3, shuffle=True, mac_secret=None)
+    data = b"".join(bytes(part) for part in encoded.parts)
+    prelude = _disk_format._PRELUDE
+    magic, version, flags, length = prelude.unpack_from(data)
+    header = edit(data[prelude.size : prelude.size + length])
+    head = prelude.pack(magic, version, flags, len(header)) + header
+    return head + hashlib.sha256(head).digest() + data[prelude.size + length + 32 :]
+
+
+def negative_tokens(snapshot: Snapshot) -> Snapshot:
+    tokens = np.full(snapshot.key.token_count, -1, dtype=np.int32)
+    key = SnapshotKey(
+        snapshot.key.model_fingerprint,
+        snapshot.key.scope,
+        len(tokens),
+        hashlib.blake2b(tokens.tobytes(), digest_size=16, person=b"snapcache.tok1").hexdigest(),
+    )
+    return Snapshot(key, tokens, snapshot.state, created_at=snapshot.created_at)
+
+
+def huge_created_at(header: bytes) -> bytes:
+    return re.sub(rb'"created_at":[0-9.e+]+', b'"created_at":1' + b"0" * 400, header)
+
+
+def two_dimensional_logits(header: bytes) -> bytes:
+    return header.replace(b'"logits_shape":[300]', b'"logits_shape":[1,300]')
+
+
+def empty_logits(header: bytes) -> bytes:
+    return header.replace(b'"logits_shape":null', b'"logits_shape":[0]')
+
+
+FOREIGN_FILES: dict[str, tuple[Callable[[Snapshot], Snapshot], Callable[[bytes], bytes], bool]] = {
+    "negative-tokens": (negative_tokens, lambda h: h, False),
+    "huge-created-at": (lambda s: s, huge_created_at, False),
+    "2d-logits": (lambda s: s, two_dimensional_logits, True),
+    "empty-logits": (lambda s: s, empty_logits, False),
+}
+
+
+def plant(tier: DiskTier, real: Snapshot, key: SnapshotKey, data: bytes) -> Path:
+    """Put `real`, then replace its file with `data` and make its index row agree: `key`, the size."""
+    assert tier.put(real)
+    row = tier._index.get(real.key.id)
+    assert row is not None
+    path = tier.directory / FILES_DIR / row.file_name
+    path.write_bytes(data)
+    with sqlite3.connect(tier.directory / INDEX_NAME) as conn:
+        conn.execute(
+            "UPDATE entries SET key_id = ?, prefix_hash = ?, file_bytes = ? WHERE key_id = ?",
+            (key.id, key.prefix_hash, len(data), row.key_id),
+        )
+    conn.close()
+    return path
+
+
+@pytest.mark.parametrize("forgery", FOREIGN_FILES, ids=str)
+def test_a_forged_file_is_a_miss_and_removed(tier: DiskTier, forgery: str) -> None:
+    change_snapshot, edit, logits = FOREIGN_FILES[forgery]
+    real = make_snapshot(1, logits=logits)
+    forged = change_snapshot(real)
+    data = forge(forged, tier._store_id, edit)
+    assert forged is not real or data != forge(forged, tier._store_id)  # the forgery took
+    path = plant(tier, real, forged.key, data)
+    assert tier.get(forged.key) is None
+    assert not path.exists()
+    assert forged.key not in tier
+
+
+@pytest.mark.parametrize("forgery", FOREIGN_FILES, ids=str)
+def test_a_forged_file_fails_verification_and_index_rebuild(tmp_path: Path, forgery: str) -> None:
+    change_snapshot, edit, logits = FOREIGN_FILES[forgery]
+    directory = tmp_path / "cache"
+    tier = DiskTier(directory, 64 * MB)
+    good = make_snapshot(2)
+    assert tier.put(good)
+    real = make_snapshot(1, logits=logits)
+    forged = change_snapshot(real)
+    path = plant(tier, real, forged.key, forge(forged, tier._store_id, edit))
+    report = tier.check(repair=False, verify=True, grace_seconds=0)
+    assert report.corrupt_files == (path.name,)
+    tier.close()
+    for suffix in ("", "-wal", "-shm"):
+        (directory / (INDEX_NAME + suffix)).unlink(missing_ok=True)
+    rebuilt = DiskTier(directory, 64 * MB)
+    try:
+        assert [row.key for row in rebuilt.entries()] == [good.key]
+        assert_same(rebuilt.get(good.key), good)
+        assert path.exists()  # unusable files are left to check(); they are never indexed
+    finally:
+        rebuilt.close()
+
+
+def test_a_store_turns_a_forged_file_into_a_miss(tmp_path: Path) -> None:
+    from snapcache.store import SnapshotStore
+
+    with SnapshotStore(tmp_path / "cache", ram_bytes=0, background_writes=False) as store:
+        disk = store._disk
+        assert isinstance(disk, DiskTier)
+        real = make_snapshot(1)
+        forged = negative_tokens(real)
+        plant(disk, real, forged.key, forge(forged, disk._store_id))
+        assert store.get(forged.key) is None
+        created = make_snapshot(3)
+        plant(disk, created, created.key, forge(created, disk._store_id, huge_created_at))
+        assert store.get(created.key) is None
+        assert store.lookup(created.key.model_fingerprint, created.key.scope, created.tokens) is None
+        assert store.stats().disk_entries == 0
+
+
+def test_a_numpy_integer_priority_is_stored_as_an_int(tier: DiskTier) -> None:
+    snap = make_snapshot(1)
+    assert tier.put(Snapshot(snap.key, snap.tokens, snap.state, priority=np.int64(5)))  # type: ignore[arg-type]
+    got = tier.get(snap.key)
+    assert got is not None
+    assert type(got.priority) is int
+    assert got.priority == 5
+    with pytest.raises(InvalidArgument):
+        tier.put(Snapshot(snap.key, snap.tokens, snap.state, priority=np.int64(10**9)))  # type: ignore[arg-type]

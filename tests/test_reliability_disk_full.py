@@ -6,12 +6,12 @@ import errno
 import logging
 import os
 import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from reliability_workers.payload import FINGERPRINT, SCOPE, large_state_for, tokens_for
+from small_filesystem import mounted
 
 from snapcache import SnapshotKey, SnapshotStore
 from snapcache.disk_tier import DiskTier
@@ -22,34 +22,11 @@ RAM_BYTES = 16 << 20
 DISK_BYTES = 64 << 20  # far more than the filesystem holds: the disk fills before the budget does
 
 
-def _run(*cmd: str) -> bool:
-    return subprocess.run(cmd, capture_output=True, check=False).returncode == 0
-
-
 @pytest.fixture
 def small_filesystem(tmp_path: Path) -> Iterator[Path]:
-    """A 2 MiB filesystem: tmpfs, else a loop-mounted ext4 image; skipped when neither can be mounted."""
-    mount_point = tmp_path / "mnt"
-    mount_point.mkdir()
-    if not hasattr(os, "geteuid") or os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip(
-            "mounting a small filesystem needs root and mount(8); the injected ENOSPC tests still run"
-        )
-    if _run("mount", "-t", "tmpfs", "-o", f"size={FS_BYTES},mode=0700", "tmpfs", str(mount_point)):
-        pass
-    else:
-        image = tmp_path / "fs.img"
-        with open(image, "wb") as file:
-            file.truncate(FS_BYTES)
-        if not (
-            _run("mkfs.ext4", "-q", "-F", str(image))
-            and _run("mount", "-o", "loop", str(image), str(mount_point))
-        ):
-            pytest.skip("neither a tmpfs nor a loop-mounted ext4 image could be mounted here")
-    try:
+    """A 2 MiB filesystem; skipped where none can be mounted (the injected ENOSPC tests still run)."""
+    with mounted(tmp_path, FS_BYTES) as mount_point:
         yield mount_point
-    finally:
-        _run("umount", "-l", str(mount_point))
 
 
 def key_and_tokens(index: int) -> tuple[SnapshotKey, object]:

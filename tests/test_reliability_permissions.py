@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 from reliability_workers.payload import FINGERPRINT, SCOPE, state_for, tokens_for
 
-from snapcache import InsecureDirectory, SnapcacheError, SnapshotKey, SnapshotStore, StoreUnavailable
+from snapcache import (
+    InsecureDirectory,
+    SnapcacheError,
+    SnapshotKey,
+    SnapshotStore,
+    StoreUnavailable,
+    cache_dir,
+)
 
 posix_only = pytest.mark.skipif(os.name != "posix", reason="POSIX permission bits")
 
@@ -160,3 +167,54 @@ def test_a_path_that_is_a_file_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(StoreUnavailable) as exc_info:
         SnapshotStore(path, ram_bytes=0, disk_bytes=1 << 20)
     assert str(path) in str(exc_info.value)
+
+
+@posix_only
+@pytest.mark.parametrize("bits", [0o777, 0o770, 0o720, 0o702], ids=oct)
+def test_inspect_reports_what_prepare_refuses_without_creating(tmp_path: Path, bits: int) -> None:
+    directory = tmp_path / "shared"
+    directory.mkdir()
+    directory.chmod(bits)
+    problems = cache_dir.inspect_cache_dir(directory)
+    assert [p.insecure for p in problems] == [True]
+    with pytest.raises(InsecureDirectory) as exc_info:
+        cache_dir.prepare_cache_dir(directory)
+    assert problems[0].message == str(exc_info.value)
+    assert cache_dir.inspect_cache_dir(directory, allow_shared=True) == []
+    assert list(directory.iterdir()) == []
+
+
+def test_inspect_accepts_a_missing_directory_and_creates_nothing(tmp_path: Path) -> None:
+    directory = tmp_path / "a" / "b" / "cache"
+    assert cache_dir.inspect_cache_dir(directory) == []
+    assert list(tmp_path.iterdir()) == []
+    private = tmp_path / "mine"
+    private.mkdir(mode=0o700)
+    assert cache_dir.inspect_cache_dir(private) == []
+
+
+def test_inspect_reports_a_file_in_the_way(tmp_path: Path) -> None:
+    path = tmp_path / "not-a-dir"
+    path.write_text("x")
+    for target in (path, path / "cache"):
+        problems = cache_dir.inspect_cache_dir(target)
+        assert len(problems) == 1
+        assert not problems[0].insecure
+        assert "not a directory" in problems[0].message.lower()
+        with pytest.raises(StoreUnavailable):
+            cache_dir.prepare_cache_dir(target)
+
+
+@posix_only
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root writes anywhere")
+def test_inspect_reports_a_parent_it_cannot_write(tmp_path: Path) -> None:
+    parent = tmp_path / "locked"
+    parent.mkdir(mode=0o500)
+    try:
+        problems = cache_dir.inspect_cache_dir(parent / "cache")
+        assert len(problems) == 1
+        assert "not writable" in problems[0].message
+        with pytest.raises(StoreUnavailable):
+            cache_dir.prepare_cache_dir(parent / "cache")
+    finally:
+        parent.chmod(0o700)

@@ -23,6 +23,7 @@ from snapcache.llama import (
     restore_sequence,
     truncate_sequence,
 )
+from snapcache.llama.state import can_truncate_to
 from snapcache.snapshot import Snapshot
 
 pytestmark = pytest.mark.model
@@ -320,6 +321,22 @@ def test_only_models_without_a_sliding_window_rewind(case: Case, make_llama: Any
     assert llm.n_tokens == (n - 10 if rewinds else n)
     # One token back stays inside any window: what generate() does for an exact-length prompt.
     assert truncate_sequence(llm, llm.n_tokens - 1)
+
+
+def test_a_context_read_cold_cuts_back_with_or_without_a_sliding_window(case: Case, make_llama: Any) -> None:
+    """A sliding-window cache that still holds every position from 0 can go back into its window;
+    one restored past its window cannot, until it is cleared and read cold again."""
+    llm = make_llama(case.model_path, n_ctx=case.n_ctx)
+    assert restore_sequence(llm, case.snapshot)
+    assert can_truncate_to(llm, 64) is (case.name == "tiny")
+    assert truncate_sequence(llm, 0)
+    llm.eval(case.prefix)
+    cut = len(case.prefix) // 2 // 64 * 64
+    assert can_truncate_to(llm, cut)
+    assert truncate_sequence(llm, cut)
+    prompt = [*case.prefix[:cut], *llm.tokenize(_SUFFIX.encode(), add_bos=False)]
+    cold = make_llama(case.model_path, n_ctx=case.n_ctx)
+    assert greedy(llm, prompt) == greedy(cold, prompt)
 
 
 def test_capture_of_an_empty_context_is_an_error(make_llama: Any, tiny_model_path: Path) -> None:

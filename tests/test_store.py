@@ -536,3 +536,111 @@ def test_threads_share_a_store(directory: Path) -> None:
             assert snap is not None
             assert row.key.matches(snap.tokens)
             assert bytes(snap.state) == state_for(snap.tokens)
+
+
+# -- review fixes -----------------------------------------------------------------------------------
+
+
+def test_a_ram_only_put_too_large_for_ram_drops_the_older_snapshot_too() -> None:
+    with SnapshotStore(None, ram_bytes=cost(10) + 100) as store:
+        key = add(store, 10)
+        assert_right(store.get(key), 10)
+        assert store.put(key, DOC[:10], state_for(DOC[:10], 2 * STATE)) is None
+        assert store.get(key) is None  # the older state must not stand in for the newer one
+        assert store.lookup(FP, SCOPE, DOC[:50]) is None
+        assert store.entries() == []
+        assert store.stats().ram_used_bytes == 0
+
+
+def test_lookup_with_tier_names_the_tier_that_served(small: SnapshotStore) -> None:
+    first = add(small, 10)
+    for n in range(11, 14):  # evict 10 from RAM
+        add(small, n)
+    small.flush()
+    assert first not in small._ram  # type: ignore[operator]
+    found = small.lookup_with_tier(FP, SCOPE, DOC[:10])
+    assert found is not None
+    assert_right(found[0], 10)
+    assert found[1] == "disk"
+    found = small.lookup_with_tier(FP, SCOPE, DOC[:10])  # promoted by the disk hit
+    assert found is not None
+    assert found[1] == "ram"
+    found = small.lookup_with_tier(FP, SCOPE, DOC[:12] + 1)
+    assert found is None
+    stats = small.stats()
+    assert (stats.disk_hits, stats.ram_hits, stats.misses) == (1, 1, 1)
+
+
+def test_lookup_with_tier_of_a_disk_only_store_says_disk(directory: Path) -> None:
+    with SnapshotStore(directory, ram_bytes=0, disk_bytes=1 << 22) as store:
+        add(store, 15)
+        found = store.lookup_with_tier(FP, SCOPE, DOC[:20])  # from the write queue or the disk
+        assert found is not None
+        assert found[1] == "disk"
+        assert_right(found[0], 15)
+
+
+def test_a_transient_disk_read_failure_does_not_hide_the_entry(
+    directory: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from snapcache import disk_tier as disk_tier_module
+
+    with SnapshotStore(directory, ram_bytes=0, background_writes=False) as store:
+        add(store, 30)
+        assert_right(store.lookup(FP, SCOPE, DOC[:100]), 30)  # the catalog is read and cached
+        real_read = disk_tier_module._read_file
+        failures = []
+
+        def failing_read(path: Path) -> memoryview:
+            if not failures:
+                failures.append(path)
+                raise PermissionError(13, "Permission denied")
+            return real_read(path)
+
+        monkeypatch.setattr(disk_tier_module, "_read_file", failing_read)
+        assert store.lookup(FP, SCOPE, DOC[:100]) is None
+        assert failures
+        # The catalog has not changed, so it is not read again: the entry must still be in it.
+        assert_right(store.lookup(FP, SCOPE, DOC[:100]), 30)
+
+
+def test_a_lasting_disk_miss_is_forgotten_by_the_catalog(directory: Path) -> None:
+    with SnapshotStore(directory, ram_bytes=0, background_writes=False) as store:
+        key = add(store, 30)
+        assert_right(store.lookup(FP, SCOPE, DOC[:100]), 30)
+        (path,) = (directory / "snapshots").glob(f"{key.id}-*.snap")
+        data = bytearray(path.read_bytes())
+        data[-1] ^= 0xFF
+        path.write_bytes(bytes(data))
+        assert store.lookup(FP, SCOPE, DOC[:100]) is None
+        assert key not in store._catalogs[(FP, SCOPE)][1]
+        assert not path.exists()
+
+
+def test_the_disk_budget_is_recorded_and_reused(directory: Path) -> None:
+    with SnapshotStore(directory, ram_bytes=0, disk_bytes=1 << 22, background_writes=False) as store:
+        for n in range(10, 20):
+            add(store, n)
+        used = store.stats().disk_used_bytes
+    with SnapshotStore(directory, ram_bytes=0, background_writes=False) as default:
+        stats = default.stats()
+        assert stats.disk_budget_bytes == 1 << 22  # not the 8 GiB default
+        assert (stats.disk_entries, stats.disk_used_bytes) == (10, used)
+    # A smaller explicit budget is recorded and enforced at once.
+    small_budget = used // 2
+    with SnapshotStore(directory, ram_bytes=0, disk_bytes=small_budget, background_writes=False) as store:
+        stats = store.stats()
+        assert stats.disk_budget_bytes == small_budget
+        assert 0 < stats.disk_used_bytes <= small_budget
+        assert stats.disk_evictions == 10 - stats.disk_entries
+        assert len(list((directory / "snapshots").glob("*.snap"))) == stats.disk_entries
+    with SnapshotStore(directory, ram_bytes=0, background_writes=False) as default:
+        assert default.stats().disk_budget_bytes == small_budget
+
+
+def test_a_directory_without_a_recorded_budget_gets_the_default(directory: Path) -> None:
+    with SnapshotStore(directory, ram_bytes=0) as store:
+        assert store.stats().disk_budget_bytes == 8 << 30
+        add(store, 10)
+    with SnapshotStore(directory, ram_bytes=0, disk_bytes=1 << 22) as store:
+        assert store.stats().disk_budget_bytes == 1 << 22

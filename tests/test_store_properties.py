@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import tempfile
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from snapcache.key import SnapshotKey, as_token_array, rolling_hash
+from snapcache import key as key_module
+from snapcache.key import SnapshotKey, as_token_array, rolling_hash, rolling_prefix_hashes
 from snapcache.prefix_index import PrefixIndex, iter_prefix_matches
 from snapcache.store import SnapshotStore
 
@@ -117,21 +121,21 @@ def test_two_tier_store(
 @settings(max_examples=200, deadline=None)
 @given(
     stored=st.lists(
-        st.tuples(st.integers(0, len(DOCS) - 1), st.integers(1, 48), st.integers(-3, 3), st.integers(0, 1)),
+        st.tuples(st.integers(0, len(DOCS) - 1), st.integers(1, 48), st.integers(0, 1)),
         max_size=60,
     ),
     queries=st.lists(st.tuples(st.integers(0, len(DOCS) - 1), st.integers(0, 48)), min_size=1, max_size=10),
 )
 def test_index_matches_come_longest_first_once_each(
-    stored: list[tuple[int, int, int, int]], queries: list[tuple[int, int]]
+    stored: list[tuple[int, int, int]], queries: list[tuple[int, int]]
 ) -> None:
     indexes = [PrefixIndex(), PrefixIndex()]
     known: dict[SnapshotKey, np.ndarray] = {}
-    for when, (doc, n, priority, which) in enumerate(stored):
+    for doc, n, which in stored:
         tokens = as_token_array(DOCS[doc][:n])
         key = SnapshotKey.for_tokens(FP, "s", tokens)
         known[key] = tokens
-        indexes[which].add(key, rolling_hash(tokens), priority, float(when))
+        indexes[which].add(key, rolling_hash(tokens))
     for doc, n in queries:
         query = as_token_array(DOCS[doc][:n])
         got = list(iter_prefix_matches(indexes, FP, "s", query))
@@ -146,3 +150,62 @@ def test_index_matches_come_longest_first_once_each(
         )
         assert got == expected
         assert indexes[0].lookup(FP, "s", query) == next((k for k in expected if k in indexes[0]), None)
+
+
+class _NumpyWithHooks:
+    """numpy as snapcache.key sees it, with cumprod and zeros able to pause the calling thread."""
+
+    def __init__(self, hooks: dict[str, Callable[[], None]]) -> None:
+        self._hooks = hooks
+
+    def __getattr__(self, name: str) -> object:
+        real = getattr(np, name)
+        hook = self._hooks.get(name)
+        if hook is None:
+            return real
+
+        def hooked(*args: object, **kwargs: object) -> object:
+            hook()
+            return real(*args, **kwargs)
+
+        return hooked
+
+
+def test_rolling_hashes_survive_a_thread_installing_a_smaller_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A thread growing the shared powers table from a stale small one must not break a long hash."""
+    long_query = as_token_array(DOCS[0][:48])
+    expected = rolling_prefix_hashes(long_query)
+    monkeypatch.setattr(key_module, "_rolling_powers", np.ones(1, dtype=np.uint64))
+    small_in_cumprod, small_may_go = threading.Event(), threading.Event()
+    small_thread: list[threading.Thread] = []
+
+    def on_cumprod() -> None:
+        if threading.current_thread() is small_thread[0]:
+            small_in_cumprod.set()
+            assert small_may_go.wait(30)
+
+    def on_zeros() -> None:
+        if threading.current_thread().name == "long":
+            small_may_go.set()  # the small table lands between the long hash's check and its use
+            small_thread[0].join(30)
+
+    monkeypatch.setattr(key_module, "np", _NumpyWithHooks({"cumprod": on_cumprod, "zeros": on_zeros}))
+    results: dict[str, object] = {}
+
+    def hash_into(name: str, tokens: np.ndarray) -> None:
+        try:
+            results[name] = rolling_prefix_hashes(tokens)
+        except Exception as exc:
+            results[name] = exc
+
+    small_thread.append(threading.Thread(target=hash_into, args=("small", long_query[:3])))
+    small_thread[0].start()
+    assert small_in_cumprod.wait(30)  # it saw the 1-entry table and is building a small one
+    rolling_prefix_hashes(long_query)  # meanwhile the table grows big enough for the long query
+    long_thread = threading.Thread(target=hash_into, args=("long", long_query), name="long")
+    long_thread.start()
+    long_thread.join(30)
+    small_thread[0].join(30)
+    assert not isinstance(results["long"], Exception), results["long"]
+    assert np.array_equal(results["long"], expected)  # type: ignore[arg-type]
+    assert np.array_equal(results["small"], expected[:4])  # type: ignore[arg-type]

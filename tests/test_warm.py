@@ -127,3 +127,10 @@ def test_warm_rejects_bytes_and_bad_priority(cached):
         warm.warm(b"bytes are not a prompt")  # type: ignore[arg-type]
     with pytest.raises(InvalidArgument):
         warm.warm(SYSTEM, priority=10**9)
+
+
+def test_warm_of_a_short_system_prompt_says_it_is_too_short(cached, store):
+    with pytest.raises(InvalidArgument, match="too short") as raised:
+        cached().warm("Be brief.")
+    assert "raw=True" not in str(raised.value)  # the chat format renders it; the advice would be wrong
+    assert store.entries() == []

@@ -106,11 +106,11 @@ def _run(llm: Llama, directory: Path, text: str, question: str, max_tokens: int,
     # Cold: nothing cached; llama.cpp reads the whole prompt.
     cold_ttft = _timed(llm, lambda: _ask(llm, text, question, 1, raw))
     cold_output = _fresh(llm, lambda: _ask(llm, text, question, max_tokens, raw))
-    with SnapshotStore(directory) as store:
+    with SnapshotStore(directory, disk_bytes=None) as store:
         warm_store = _timed(llm, lambda: CachedLlama(llm, store, scope=_SCOPE).warm(text, raw=raw))
     # Warm: a new store on the same directory, so the snapshot comes from its file as after a restart.
     # save=False: the timing is restore plus the rest of the prompt, not the saving of a new state.
-    with SnapshotStore(directory) as store:
+    with SnapshotStore(directory, disk_bytes=None) as store:
         cached = CachedLlama(llm, store, scope=_SCOPE, save=False)
         warm_ttft = _timed(llm, lambda: _ask(cached, text, question, 1, raw))
         restore = cached.last_restore

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 import typer
 
 import snapcache
+from snapcache.cache_dir import DirProblem, default_cache_dir, inspect_cache_dir
 
 from ..formatting import format_size, render_pairs
 from ..settings import Settings, settings_of
@@ -46,9 +47,11 @@ def doctor(
         "llama_cpp": _llama_cpp_info(),
     }
     directory = _cache_directory(settings)
+    # The library's own rules, checked without creating anything.
+    problems = inspect_cache_dir(directory)
     checks = [
-        *_directory_checks(directory),
-        _store_check(settings),
+        *_directory_checks(directory, problems),
+        _store_check(settings, directory, problems),
         _model_check(),
         _gpu_check(info["llama_cpp"]),
     ]
@@ -129,46 +132,58 @@ def _backends(system_info: str) -> list[str]:
 def _cache_directory(settings: Settings) -> Path:
     if settings.cache_dir is not None:
         return settings.cache_dir
-    from snapcache import cache_dir
-
-    return Path(cache_dir.default_cache_dir())
+    return Path(default_cache_dir())
 
 
-def _directory_checks(directory: Path) -> list[Check]:
-    existing = directory
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    checks = []
-    if directory.exists():
+def _directory_checks(directory: Path, problems: list[DirProblem]) -> list[Check]:
+    """Permissions as the store judges them, and free space."""
+    if problems:
+        # An insecure directory is the user's to judge (SNAPCACHE_ALLOW_SHARED_DIR=1 trusts it);
+        # the store check below fails on it either way.
+        status: Status = "warn" if all(p.insecure for p in problems) else "fail"
+        checks = [Check("permissions", status, "; ".join(p.message for p in problems))]
+    elif directory.is_dir():
         mode = directory.stat().st_mode
-        detail = f"{stat.filemode(mode)} ({oct(stat.S_IMODE(mode))})"
-        if not directory.is_dir():
-            checks.append(Check("cache directory", "fail", f"{directory} is not a directory"))
-        elif mode & stat.S_IWOTH and not mode & stat.S_ISVTX:
-            checks.append(Check("permissions", "warn", f"{detail}: writable by every user"))
-        elif not os.access(directory, os.W_OK | os.X_OK):
-            checks.append(Check("permissions", "fail", f"{detail}: not writable by this user"))
-        else:
-            checks.append(Check("permissions", "ok", detail))
-    elif os.access(existing, os.W_OK | os.X_OK):
-        checks.append(Check("permissions", "ok", f"not created yet; {existing} is writable"))
+        checks = [Check("permissions", "ok", f"{stat.filemode(mode)} ({oct(stat.S_IMODE(mode))})")]
     else:
-        checks.append(Check("permissions", "fail", f"cannot be created: {existing} is not writable"))
-    usage = shutil.disk_usage(existing)
-    status: Status = "warn" if usage.free < LOW_DISK_BYTES else "ok"
-    checks.append(Check("free disk", status, f"{format_size(usage.free)} free of {format_size(usage.total)}"))
+        checks = [Check("permissions", "ok", f"not created yet; {_existing_ancestor(directory)} is writable")]
+    usage = shutil.disk_usage(_existing_ancestor(directory))
+    free: Status = "warn" if usage.free < LOW_DISK_BYTES else "ok"
+    checks.append(Check("free disk", free, f"{format_size(usage.free)} free of {format_size(usage.total)}"))
     return checks
 
 
-def _store_check(settings: Settings) -> Check:
+def _existing_ancestor(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _store_check(settings: Settings, directory: Path, problems: list[DirProblem]) -> Check:
+    """Whether the store opens, and what it holds; a directory or index not there yet is left so."""
+    from snapcache.disk_tier import FILES_DIR, INDEX_NAME
+
+    from ..errors import describe
+
+    if problems:
+        return Check("store", "fail", problems[0].message)
+    if not directory.exists():
+        return Check("store", "ok", "no cache yet; the first `snapcache warm` creates it")
+    if not (directory / INDEX_NAME).exists():
+        files = sum(1 for _ in (directory / FILES_DIR).glob("*.snap"))  # none when the folder is absent
+        if not files:
+            return Check("store", "ok", "no snapshots yet")
+        return Check("store", "ok", f"{_plural(files, 'snapshot file')}, indexed when the store next opens")
     try:
         with settings.open_store() as store:
             count = len({e.key.id for e in store.entries()})
     except (snapcache.SnapcacheError, OSError) as exc:
-        from ..errors import describe
-
         return Check("store", "fail", describe(exc))
-    return Check("store", "ok", f"opens; {count} snapshot{'s' if count != 1 else ''}")
+    return Check("store", "ok", f"opens; {_plural(count, 'snapshot')}")
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'s' if count != 1 else ''}"
 
 
 def _model_check() -> Check:

@@ -38,7 +38,7 @@ NCtxOption = Annotated[
 ThreadsOption = Annotated[
     int | None,
     typer.Option(
-        "--threads", "-t", help="CPU threads (default: llama.cpp's choice).", show_default=False, min=1
+        "--threads", "-t", help="CPU threads (default: all usable cores).", show_default=False, min=1
     ),
 ]
 RawOption = Annotated[

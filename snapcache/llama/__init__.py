@@ -5,7 +5,9 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
+from snapcache.llama.chat_templates import GEMMA3_TEMPLATE, gemma3_chat_handler
 from snapcache.llama.fingerprint import file_fingerprint, model_fingerprint
+from snapcache.llama.loader import load_llama, route_llama_cpp_log
 from snapcache.llama.state import (
     CapturedState,
     can_truncate,
@@ -18,13 +20,17 @@ if TYPE_CHECKING:
     from snapcache.llama.cached import CachedLlama
 
 __all__ = [
+    "GEMMA3_TEMPLATE",
     "CachedLlama",
     "CapturedState",
     "can_truncate",
     "capture_sequence",
     "file_fingerprint",
+    "gemma3_chat_handler",
+    "load_llama",
     "model_fingerprint",
     "restore_sequence",
+    "route_llama_cpp_log",
     "truncate_sequence",
 ]
 

@@ -1,4 +1,4 @@
-"""The layout of a llama.cpp sequence-state blob (llama-cpp-python 0.3.36): check it, pad its window.
+"""The layout of a llama.cpp sequence-state blob (llama-cpp-python 0.3.36): read it, check it, pad it.
 
 A blob is llama.cpp's magic and the source seq id, then one section per KV cache (one for a plain
 cache; the full-attention cache, then the sliding-window cache for interleaved-SWA models). A
@@ -17,10 +17,25 @@ import numpy.typing as npt
 
 SEQ_STATE_MAGIC = 0xAF143CD8
 BLOB_HEADER_BYTES = 8
-_CELL_META_BYTES = 12  # models with per-cell extensions (M-RoPE) are not parsed here
+# The blob header and the first section's stream and cell counts: what every blob starts with.
+HEADER_BYTES = 16
+_HEADER = np.dtype([("magic", "<u4"), ("seq_id", "<i4"), ("n_stream", "<u4"), ("cell_count", "<u4")])
+# A cell's metadata is its position, 1 and its seq id; models with a per-cell extension (M-RoPE,
+# n-gram hash) add 12 bytes. Only the plain layout is parsed into sections.
+_CELL_META_BYTES = 12
+_EXTENDED_CELL_META_BYTES = 24
 _MAX_LAYERS = 4096
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
+
+
+@dataclass(frozen=True, slots=True)
+class BlobHeader:
+    """The first fields of a blob: source seq id, the first cache's stream count and cell count."""
+
+    seq_id: int
+    n_stream: int
+    cell_count: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,11 +58,38 @@ class CacheSection:
     layers: tuple[_LayerRows, ...]
 
 
+def read_header(state: npt.NDArray[np.uint8]) -> BlobHeader:
+    """The blob's header; ValueError when the blob is too short or lacks llama.cpp's magic."""
+    if state.nbytes < HEADER_BYTES:
+        raise ValueError("it is too short to hold a sequence-state header")
+    header = state[:HEADER_BYTES].view(_HEADER)[0]
+    if int(header["magic"]) != SEQ_STATE_MAGIC:
+        raise ValueError("it does not start with llama.cpp's sequence-state magic")
+    return BlobHeader(int(header["seq_id"]), int(header["n_stream"]), int(header["cell_count"]))
+
+
+def cells_are_positions(state: npt.NDArray[np.uint8], n: int) -> bool:
+    """Whether the first cache's cell list is positions 0..n-1 of one sequence, in either cell layout.
+
+    The check for blobs that `parse_sections` does not know (several streams, per-cell extensions).
+    """
+    body = state[HEADER_BYTES:]
+    for stride in (_CELL_META_BYTES, _EXTENDED_CELL_META_BYTES):
+        if body.nbytes < n * stride + 8:
+            continue
+        meta = body[: n * stride].view("<i4").reshape(n, stride // 4)
+        if not np.all(meta[:, 1] == 1):
+            continue
+        positions = np.sort(meta[:, 0])
+        if np.array_equal(positions, np.arange(n, dtype=positions.dtype)):
+            return True
+    return False
+
+
 def parse_sections(state: npt.NDArray[np.uint8]) -> list[CacheSection]:
     """Split a single-stream blob into its cache sections; ValueError unless it parses to the last byte."""
+    read_header(state)
     buf = state.data
-    if len(buf) < BLOB_HEADER_BYTES or _U32.unpack_from(buf, 0)[0] != SEQ_STATE_MAGIC:
-        raise ValueError("no sequence-state magic")
     sections: list[CacheSection] = []
     off = BLOB_HEADER_BYTES
     try:

@@ -41,10 +41,17 @@ import llama_cpp
 import numpy as np
 
 from snapcache.errors import InvalidArgument, SnapcacheError
-from snapcache.key import DEFAULT_SCOPE, SnapshotKey, TokenArray, as_token_array, validate_scope
+from snapcache.key import (
+    DEFAULT_SCOPE,
+    SnapshotKey,
+    TokenArray,
+    as_token_array,
+    validate_priority,
+    validate_scope,
+)
 from snapcache.llama.fingerprint import model_fingerprint
-from snapcache.llama.state import can_truncate, capture_sequence, restore_sequence
-from snapcache.snapshot import MAX_PRIORITY
+from snapcache.llama.state import can_truncate_to, capture_sequence, restore_sequence, truncate_sequence
+from snapcache.snapshot import MAX_PRIORITY, Snapshot
 from snapcache.store import SnapshotStore
 
 __all__ = ["CachedLlama", "RestoreInfo", "WarmResult"]
@@ -143,15 +150,13 @@ class CachedLlama:
             raise InvalidArgument(f"min_tokens must be a positive int, got {min_tokens!r}")
         if prefix_reuse is not None and not 0.0 < prefix_reuse < 1.0:
             raise InvalidArgument(f"prefix_reuse must lie strictly between 0 and 1, got {prefix_reuse!r}")
-        _check_priority(priority)
         self._llm = llm
         self._store = store
         self._scope = scope
         self._save = bool(save)
         self._min_tokens = min_tokens
-        self._priority = priority
+        self._priority = validate_priority(priority)
         self._fingerprint = model_fingerprint(llm)
-        self._can_truncate = can_truncate(llm)
         n_ctx = int(llm.n_ctx())
         self._ladder = [] if prefix_reuse is None else _ladder_points(CHECKPOINT_ALIGN, prefix_reuse, n_ctx)
         self._prefix_memo: OrderedDict[str, TokenArray] = OrderedDict()
@@ -295,10 +300,11 @@ class CachedLlama:
         A string is a system prompt: what every chat with it as the system message shares is cached
         (raw=True: the text as a completion prompt would start). A token list is cached as it is.
         `progress(done, total)` is called as tokens are read, ending with done == total.
-        Raises InvalidArgument when the tokens do not fit in the Llama's context.
+        Raises InvalidArgument when the tokens do not fit in the Llama's context, and for a system
+        prompt so short that chats with it share less than one checkpoint block (64 tokens).
         """
         started = time.perf_counter()
-        _check_priority(priority)
+        priority = validate_priority(priority)
         tokens = self._warm_tokens(prompt, raw)
         total = len(tokens)
         n_ctx = int(self._llm.n_ctx())
@@ -331,18 +337,23 @@ class CachedLlama:
                 progress(done, total)
         captured = capture_sequence(llm)
         self._store.put(key, captured.tokens, captured.state, priority, captured.logits)
-        return WarmResult(key, total, len(captured.state), time.perf_counter() - started, False)
+        return WarmResult(key, total, captured.state.nbytes, time.perf_counter() - started, False)
 
     def _warm_tokens(self, prompt: str | Sequence[int] | TokenArray, raw: bool) -> TokenArray:
         if isinstance(prompt, str):
             if raw:
                 return as_token_array(_text_prompt_tokens(self._llm, prompt, add_eos=False))
-            prefix = self._chat_prefix([{"role": "system", "content": prompt}], {})
-            if prefix is None:
+            shared = self._shared_chat_tokens([{"role": "system", "content": prompt}], {})
+            if shared is None:
                 raise InvalidArgument(
                     "this Llama's chat format cannot render a system message; warm the text with raw=True"
                 )
-            return prefix
+            if len(shared) < CHECKPOINT_ALIGN:
+                raise InvalidArgument(
+                    f"the system prompt is too short to warm: chats with it share {len(shared)} tokens, "
+                    f"and chat prefixes are cached in whole blocks of {CHECKPOINT_ALIGN} tokens"
+                )
+            return as_token_array(shared[: _align_down(len(shared))])
         if isinstance(prompt, (bytes, bytearray)):
             raise InvalidArgument("prompt must be a str or a sequence of token ids, not bytes")
         tokens = as_token_array(prompt)
@@ -359,46 +370,36 @@ class CachedLlama:
         back to; otherwise the store's longest prefix is restored.
         """
         llm = self._llm
-        n = len(tokens)
-        held = int(llm.n_tokens)
-        live = self._reusable_context(tokens, held)
-        source: Source | None = "context" if live > 0 else None
-        reused = live
-        if live < n:
-            snapshot, tier = self._lookup(tokens)
-            if snapshot is not None and snapshot.key.token_count > live:
+        live = self._reusable_context(tokens)
+        if live < len(tokens):
+            found = self._lookup(tokens)
+            if found is not None and found[0].key.token_count > live:
+                snapshot, tier = found
                 if restore_sequence(llm, snapshot, tokens):
                     return snapshot.key.token_count, tier
-                return 0, None  # the sequence was cleared; read the prompt from the start
-        if live < held:
-            _cut_context(llm, live)
-        return reused, source
+                if int(llm.n_tokens) == 0:
+                    return 0, None  # empty: llama.cpp refused the state and the sequence was cleared
+                # Refused before any byte reached llama.cpp: the context is as it was; cut it back.
+        if live < int(llm.n_tokens) and not truncate_sequence(llm, live):
+            truncate_sequence(llm, 0)  # _reusable_context said it could; llama.cpp disagreed
+            live = 0
+        return live, "context" if live > 0 else None
 
-    def _reusable_context(self, tokens: TokenArray, held: int) -> int:
+    def _reusable_context(self, tokens: TokenArray) -> int:
         """How many tokens of `tokens` the context holds and can be cut back to."""
+        held = int(self._llm.n_tokens)
         if held == 0:
             return 0
         common = _common_prefix(np.asarray(self._llm.input_ids[:held]), tokens)
-        if common >= held - 1 or self._can_truncate:
-            return common
-        # A sliding-window cache that lost the early window cells of its sequence (a restored state)
-        # cannot go back into it; a context that still has every position can.
-        memory = llama_cpp.llama_get_memory(self._llm.ctx)
-        if int(llama_cpp.llama_memory_seq_pos_min(memory, 0)) == 0:
-            return common
-        return 0
+        return common if can_truncate_to(self._llm, common) else 0
 
-    def _lookup(self, tokens: TokenArray) -> tuple[Any, Source | None]:
+    def _lookup(self, tokens: TokenArray) -> tuple[Snapshot, Source] | None:
+        """The store's longest prefix of `tokens` and the tier that served it; None on a miss."""
         try:
-            disk_hits = self._store.stats().disk_hits
-            snapshot = self._store.lookup(self._fingerprint, self._scope, tokens)
-            if snapshot is None:
-                return None, None
-            tier: Source = "disk" if self._store.stats().disk_hits > disk_hits else "ram"
-            return snapshot, tier
+            return self._store.lookup_with_tier(self._fingerprint, self._scope, tokens)
         except (SnapcacheError, OSError) as exc:
             _log.warning("snapshot lookup failed, reading the prompt in full: %s", exc)
-            return None, None
+            return None
 
     def _save_context(self, priority: int) -> bool:
         """Capture the context's state into the store; False (logged) when that fails."""
@@ -425,12 +426,17 @@ class CachedLlama:
         if head == 0 or head == len(messages):
             return None
         options = {name: kwargs[name] for name in _RENDER_OPTIONS if kwargs.get(name) is not None}
-        return self._chat_prefix(list(messages[:head]), options)
+        shared = self._shared_chat_tokens(list(messages[:head]), options)
+        if shared is None or len(shared) < CHECKPOINT_ALIGN:
+            return None
+        return as_token_array(shared[: _align_down(len(shared))])
 
-    def _chat_prefix(self, head: list[Mapping[str, Any]], options: dict[str, Any]) -> TokenArray | None:
+    def _shared_chat_tokens(
+        self, head: list[Mapping[str, Any]], options: dict[str, Any]
+    ) -> TokenArray | None:
         """Render `head` plus each probe user message the way the Llama will; keep the common tokens.
 
-        Rounded down to a multiple of CHECKPOINT_ALIGN; None when that leaves nothing.
+        None when the chat format cannot render them.
         """
         try:
             memo_key = json.dumps([head, options], sort_keys=True, default=repr)
@@ -445,9 +451,7 @@ class CachedLlama:
             if rendered is None:
                 return None
             renders.append(rendered)
-        common = _align_down(min(_common_prefix(renders[0], other) for other in renders[1:]))
-        if common == 0:
-            return None
+        common = min(_common_prefix(renders[0], other) for other in renders[1:])
         prefix = as_token_array(renders[0][:common])
         if memo_key is not None:
             self._prefix_memo[memo_key] = prefix
@@ -508,14 +512,6 @@ def _text_prompt_tokens(llm: llama_cpp.Llama, text: str, *, add_eos: bool) -> li
     return tokens
 
 
-def _cut_context(llm: llama_cpp.Llama, n_tokens: int) -> None:
-    """Drop the context's cells from position `n_tokens` on (the caller checked that this is valid)."""
-    memory = llama_cpp.llama_get_memory(llm.ctx)
-    llama_cpp.llama_memory_seq_rm(memory, 0, n_tokens, -1)
-    llm.n_tokens = n_tokens
-    llm._requires_eval = True
-
-
 def _common_prefix(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> int:
     n = min(len(a), len(b))
     differ = np.flatnonzero(a[:n] != b[:n])
@@ -542,11 +538,6 @@ def _align_down(n_tokens: int) -> int:
 
 def _lower(priority: int) -> int:
     return max(-MAX_PRIORITY, priority - 1)
-
-
-def _check_priority(priority: object) -> None:
-    if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > MAX_PRIORITY:
-        raise InvalidArgument(f"priority must be an int within ±{MAX_PRIORITY}, got {priority!r}")
 
 
 def _role(message: Mapping[str, Any]) -> object:

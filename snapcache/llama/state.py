@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,12 +21,19 @@ import numpy.typing as npt
 
 from snapcache.errors import InvalidArgument, ModelError
 from snapcache.key import TokenArray, Tokens, as_token_array
-from snapcache.llama._state_layout import SEQ_STATE_MAGIC, pad_window, parse_sections
+from snapcache.llama._state_layout import (
+    HEADER_BYTES,
+    cells_are_positions,
+    pad_window,
+    parse_sections,
+    read_header,
+)
 from snapcache.snapshot import Snapshot
 
 __all__ = [
     "CapturedState",
     "can_truncate",
+    "can_truncate_to",
     "capture_sequence",
     "restore_sequence",
     "truncate_sequence",
@@ -34,18 +42,21 @@ __all__ = [
 _log = logging.getLogger("snapcache")
 
 _FLAGS = llama_cpp.LLAMA_STATE_SEQ_FLAGS_NONE
-# The blob starts with llama.cpp's magic, the source seq id, the stream count and the cell count of
-# the first (full-attention) cache; each cell's metadata is then its position, 1 and its seq id.
-_HEADER = np.dtype([("magic", "<u4"), ("seq_id", "<i4"), ("n_stream", "<u4"), ("cell_count", "<u4")])
-_CELL_META_BYTES = (12, 24)  # without and with the per-cell extension (M-RoPE, n-gram hash models)
+# Sequences restored with a padded window (see `pad_window`), by Llama and seq id: the token count
+# restored. Their window cache holds zeros below the restored window, so they cannot be cut back
+# further than one token short of it, although every position from 0 has a cell.
+_padded_restores: weakref.WeakKeyDictionary[llama_cpp.Llama, dict[int, int]] = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True, slots=True)
 class CapturedState:
-    """One sequence's state: the tokens whose KV it holds, the raw bytes, and last-token logits if kept."""
+    """One sequence's state: the tokens whose KV it holds, the raw bytes, and last-token logits if kept.
+
+    `state` is a view of a buffer of its own, not copied again: a store copies what it keeps.
+    """
 
     tokens: TokenArray
-    state: bytes
+    state: memoryview
     logits: npt.NDArray[np.float32] | None
 
 
@@ -66,12 +77,14 @@ def capture_sequence(llm: llama_cpp.Llama, seq_id: int = 0) -> CapturedState:
     size = int(llama_cpp.llama_state_seq_get_size_ext(llm.ctx, seq_id, _FLAGS))
     if size <= 0:
         raise ModelError(f"llama.cpp reports no state for sequence {seq_id}")
-    buffer = (ctypes.c_uint8 * size)()
-    written = int(llama_cpp.llama_state_seq_get_data_ext(llm.ctx, buffer, size, seq_id, _FLAGS))
+    buffer = bytearray(size)
+    target = (ctypes.c_uint8 * size).from_buffer(buffer)
+    written = int(llama_cpp.llama_state_seq_get_data_ext(llm.ctx, target, size, seq_id, _FLAGS))
+    del target  # releases its export of `buffer`
     if written <= 0 or written > size:
         raise ModelError(f"llama.cpp failed to copy the state of sequence {seq_id}")
     tokens = as_token_array(llm.input_ids[:n_tokens])
-    return CapturedState(tokens=tokens, state=bytes(memoryview(buffer)[:written]), logits=_last_logits(llm))
+    return CapturedState(tokens=tokens, state=memoryview(buffer)[:written], logits=_last_logits(llm))
 
 
 def restore_sequence(
@@ -99,7 +112,7 @@ def restore_sequence(
     except (TypeError, ValueError):
         _log.warning("snapshot %s not restored: its state is not a contiguous buffer", snapshot.key.id[:12])
         return False
-    reason, state = _checked_blob(llm, state, n)
+    reason, state, padded = _checked_blob(llm, state, n)
     if reason is not None:
         _log.warning("snapshot %s does not fit this context, not restored: %s", snapshot.key.id[:12], reason)
         return False
@@ -120,6 +133,8 @@ def restore_sequence(
 
     llm.input_ids[:n] = tokens
     llm.n_tokens = n
+    if padded:
+        _padded_restores.setdefault(llm, {})[seq_id] = n
     # No logits come with a state: generate() must evaluate at least one token before sampling.
     llm._requires_eval = True
     _put_back_logits(llm, snapshot.logits, n)
@@ -140,11 +155,31 @@ def can_truncate(llm: llama_cpp.Llama) -> bool:
     )
 
 
+def can_truncate_to(llm: llama_cpp.Llama, n_tokens: int, seq_id: int = 0) -> bool:
+    """Whether the sequence can be cut back to its first `n_tokens` (0 <= n_tokens <= n_tokens held).
+
+    Always for clearing and for cutting back by one token, which a sliding window still covers; for
+    any length where `can_truncate`. A sliding-window cache can be cut back only while it still
+    holds its sequence's own cells from position 0 on: a context read cold, not one restored from a
+    state that keeps just the window of its last token.
+    """
+    current = int(llm.n_tokens)
+    if n_tokens == 0 or n_tokens >= current - 1 or can_truncate(llm):
+        return True
+    model = llm.model
+    if llama_cpp.llama_model_is_recurrent(model) or llama_cpp.llama_model_is_hybrid(model):
+        return False
+    restored = _padded_restores.get(llm, {}).get(seq_id)
+    if restored is not None and n_tokens < restored - 1:
+        return False
+    memory = llama_cpp.llama_get_memory(llm.ctx)
+    return int(llama_cpp.llama_memory_seq_pos_min(memory, seq_id)) == 0
+
+
 def truncate_sequence(llm: llama_cpp.Llama, n_tokens: int, seq_id: int = 0) -> bool:
     """Cut the sequence back to its first `n_tokens`; False (nothing changed) where the memory cannot.
 
-    Cutting to 0 (clearing) always works, and so does cutting back by one token, which a sliding
-    window still covers.
+    See `can_truncate_to` for which lengths a memory can be cut back to.
     """
     current = int(llm.n_tokens)
     if isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or not 0 <= n_tokens <= current:
@@ -155,7 +190,7 @@ def truncate_sequence(llm: llama_cpp.Llama, n_tokens: int, seq_id: int = 0) -> b
     if n_tokens == 0:
         _clear(llm, memory, seq_id)
         return True
-    if n_tokens < current - 1 and not can_truncate(llm):
+    if not can_truncate_to(llm, n_tokens, seq_id):
         return False
     if not llama_cpp.llama_memory_seq_rm(memory, seq_id, n_tokens, -1):
         return False
@@ -170,7 +205,7 @@ def _rejection(llm: llama_cpp.Llama, snapshot: Snapshot, prompt_tokens: Tokens |
     n = len(tokens)
     if n < 1 or n != snapshot.key.token_count:
         return f"it holds {n} tokens but its key says {snapshot.key.token_count}"
-    if memoryview(snapshot.state).nbytes <= _HEADER.itemsize:
+    if memoryview(snapshot.state).nbytes <= HEADER_BYTES:
         return "its state is empty"
     # llama.cpp may round n_ctx up; llama-cpp-python's token buffer keeps the size that was asked for.
     n_ctx = min(int(llm.n_ctx()), len(llm.input_ids))
@@ -187,53 +222,45 @@ def _rejection(llm: llama_cpp.Llama, snapshot: Snapshot, prompt_tokens: Tokens |
 
 def _checked_blob(
     llm: llama_cpp.Llama, state: npt.NDArray[np.uint8], n: int
-) -> tuple[str | None, npt.NDArray[np.uint8]]:
-    """(why the blob does not fit this context, None) or (None, the blob to hand to llama.cpp)."""
-    header = state[: _HEADER.itemsize].view(_HEADER)[0]
-    if int(header["magic"]) != SEQ_STATE_MAGIC:
-        return "its state does not start with llama.cpp's sequence-state magic", state
+) -> tuple[str | None, npt.NDArray[np.uint8], bool]:
+    """(why the blob does not fit this context, ...) or (None, the blob to hand to llama.cpp, whether
+    its window was padded)."""
+    try:
+        header = read_header(state)
+    except ValueError as exc:
+        return str(exc), state, False
     expected_streams = 1 if bool(llm.context_params.kv_unified) else int(llama_cpp.llama_n_seq_max(llm.ctx))
-    if int(header["n_stream"]) != expected_streams:
-        return f"it has {int(header['n_stream'])} KV streams, this context {expected_streams}", state
+    if header.n_stream != expected_streams:
+        return f"it has {header.n_stream} KV streams, this context {expected_streams}", state, False
     model = llm.model
     if llama_cpp.llama_model_is_recurrent(model) or llama_cpp.llama_model_is_hybrid(model):
-        return None, state
+        return None, state, False
     # The full-attention cache comes first and holds a cell for every position 0..n-1.
-    if int(header["cell_count"]) != n:
-        return f"its first cache holds {int(header['cell_count'])} cells, expected {n}", state
+    if header.cell_count != n:
+        return f"its first cache holds {header.cell_count} cells, expected {n}", state, False
     try:
         sections = parse_sections(state)
     except ValueError:
         # Layouts this parser does not know (several streams, per-cell extensions): check the cell
         # list and leave the rest to llama.cpp's own checks.
-        body = state[_HEADER.itemsize :]
-        if any(_cells_are_positions(body, n, stride) for stride in _CELL_META_BYTES):
-            return None, state
-        return "its cell list is not positions 0..n-1 of one sequence", state
+        if cells_are_positions(state, n):
+            return None, state, False
+        return "its cell list is not positions 0..n-1 of one sequence", state, False
     first = sections[0].positions
     if len(first) != n or int(first[0]) != 0:
-        return "its first cache does not hold positions 0..n-1", state
+        return "its first cache does not hold positions 0..n-1", state, False
     if any(len(s.positions) and int(s.positions[-1]) != n - 1 for s in sections[1:]):
-        return "its window cache does not end at the last token", state
+        return "its window cache does not end at the last token", state, False
     if int(llama_cpp.llama_model_n_swa(model)) > 0 and bool(llm.context_params.swa_full):
         padded = pad_window(state, sections)
         if padded is not None:
-            return None, np.frombuffer(padded, dtype=np.uint8)
-    return None, state
-
-
-def _cells_are_positions(body: npt.NDArray[np.uint8], n: int, stride: int) -> bool:
-    if body.nbytes < n * stride + 8:
-        return False
-    meta = body[: n * stride].view("<i4").reshape(n, stride // 4)
-    if not np.all(meta[:, 1] == 1):
-        return False
-    positions = np.sort(meta[:, 0])
-    return bool(np.array_equal(positions, np.arange(n, dtype=positions.dtype)))
+            return None, np.frombuffer(padded, dtype=np.uint8), True
+    return None, state, False
 
 
 def _clear(llm: llama_cpp.Llama, memory: Any, seq_id: int) -> None:
     llama_cpp.llama_memory_seq_rm(memory, seq_id, -1, -1)
+    _padded_restores.get(llm, {}).pop(seq_id, None)
     llm.n_tokens = 0
     llm._requires_eval = True
 

@@ -1,0 +1,156 @@
+"""Open a GGUF model as a quiet `llama_cpp.Llama` with the right chat template, or fail in one line.
+
+`load_llama` checks the file before llama.cpp parses it, uses every core the process may run on,
+and gives a Gemma 3 model without a chat template Gemma 3's own (see `chat_templates`).
+
+llama.cpp logs through a process-wide callback. llama-cpp-python installs one that prints to stderr,
+and with `verbose=False` it still prints llama.cpp's warnings (it maps ggml's log levels one step
+off). `load_llama` leaves that callback alone; an application that wants llama.cpp's lines in
+Python's logging instead calls `route_llama_cpp_log()` once.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import llama_cpp
+
+from snapcache.errors import InvalidArgument, ModelError
+from snapcache.llama.chat_templates import fallback_chat_handler
+
+__all__ = [
+    "DEFAULT_N_CTX",
+    "LLAMA_CPP_LOGGER",
+    "check_gguf_file",
+    "load_llama",
+    "route_llama_cpp_log",
+    "usable_cores",
+]
+
+DEFAULT_N_CTX = 4096
+LLAMA_CPP_LOGGER = "snapcache.llama_cpp"
+_GGUF_MAGIC = b"GGUF"
+
+# ggml's `enum ggml_log_level`; CONT continues the previous line at its level.
+_GGML_LEVELS = {0: logging.CRITICAL, 1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
+_GGML_LOG_CONT = 5
+
+
+def usable_cores() -> int:
+    """The number of CPU cores this process may run on (its affinity mask where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(len(os.sched_getaffinity(0)), 1)
+    return os.cpu_count() or 1
+
+
+def check_gguf_file(model_path: str | os.PathLike[str]) -> Path:
+    """The path of a readable file that starts with the GGUF magic; `ModelError` otherwise."""
+    path = Path(model_path)
+    if not path.exists():
+        raise ModelError(f"model file not found: {path}")
+    if not path.is_file():
+        raise ModelError(f"model path is not a file: {path}")
+    try:
+        with path.open("rb") as handle:
+            magic = handle.read(len(_GGUF_MAGIC))
+    except OSError as exc:
+        raise ModelError(f"cannot read model file {path}: {exc.strerror or exc}") from None
+    if not magic:
+        raise ModelError(f"model file is empty: {path}")
+    if magic != _GGUF_MAGIC:
+        raise ModelError(f"not a GGUF model file: {path}")
+    return path
+
+
+def load_llama(
+    model_path: str | os.PathLike[str],
+    *,
+    n_ctx: int = DEFAULT_N_CTX,
+    n_threads: int | None = None,
+    verbose: bool = False,
+    **kwargs: Any,
+) -> llama_cpp.Llama:
+    """A `llama_cpp.Llama` of `model_path`, ready for chat; `ModelError` if it cannot be opened.
+
+    `n_threads` (and `n_threads_batch`, unless given) default to the usable cores. Other keyword
+    arguments go to `Llama` as they are. A model whose GGUF has no chat template gets the template of
+    its family where snapcache knows one (Gemma 3), unless `chat_format` or `chat_handler` is given;
+    a model with a template keeps llama-cpp-python's handling of it.
+    """
+    if not _is_int(n_ctx) or n_ctx < 0:
+        raise InvalidArgument(f"n_ctx must be a non-negative int (0: the model's own), got {n_ctx!r}")
+    if n_threads is not None and (not _is_int(n_threads) or n_threads < 1):
+        raise InvalidArgument(f"n_threads must be a positive int, got {n_threads!r}")
+    path = check_gguf_file(model_path)
+    threads = n_threads or usable_cores()
+    kwargs.setdefault("n_threads_batch", threads)
+    chosen_format = kwargs.get("chat_format") is not None or kwargs.get("chat_handler") is not None
+    try:
+        llm = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_threads=threads, verbose=verbose, **kwargs)
+    except (ValueError, RuntimeError) as exc:
+        raise ModelError(_load_failure(path, exc)) from None
+    if not chosen_format:
+        handler = fallback_chat_handler(llm)
+        if handler is not None:
+            llm.chat_handler = handler
+    return llm
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _load_failure(path: Path, exc: Exception) -> str:
+    """One line for a failed `Llama(...)`: the model itself, or the context built on it."""
+    if str(exc).startswith("Failed to load model"):
+        return f"llama.cpp could not load {path}: truncated, corrupt or an unsupported architecture"
+    return f"llama.cpp could not open {path}: {exc}"
+
+
+class _LogRoute:
+    """Where llama.cpp's log lines go once `route_llama_cpp_log` has been called."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.logger = logging.getLogger(LLAMA_CPP_LOGGER)
+        self.level: int | None = None
+        self.last_level = logging.DEBUG
+        self.callback: Any = None  # keeps the ctypes callback alive while llama.cpp holds its address
+
+    def emit(self, ggml_level: int, text: bytes) -> None:
+        if ggml_level == _GGML_LOG_CONT:
+            level = self.last_level
+        else:
+            level = _GGML_LEVELS.get(ggml_level, logging.INFO)
+            self.last_level = level
+        line = text.decode("utf-8", "replace").rstrip("\n")
+        if line:
+            self.logger.log(self.level if self.level is not None else level, "%s", line)
+
+
+_route = _LogRoute()
+
+
+def route_llama_cpp_log(logger: logging.Logger | None = None, *, level: int | None = None) -> None:
+    """Send llama.cpp's log lines to `logger` (default: `snapcache.llama_cpp`) instead of stderr.
+
+    Process-wide and opt-in: snapcache never calls it by itself. Each line keeps llama.cpp's level
+    unless `level` is given. Calling it again changes the target.
+    """
+    with _route.lock:
+        _route.logger = logger if logger is not None else logging.getLogger(LLAMA_CPP_LOGGER)
+        _route.level = level
+        if _route.callback is not None:
+            return
+
+        @llama_cpp.llama_log_callback  # type: ignore[untyped-decorator]
+        def forward(ggml_level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
+            _route.emit(ggml_level, text)
+
+        llama_cpp.llama_log_set(forward, ctypes.c_void_p(0))
+        _route.callback = forward

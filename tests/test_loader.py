@@ -1,0 +1,236 @@
+"""`load_llama`: bad files fail in one line before llama.cpp parses them; Gemma 3 gets its chat template."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from snapcache import InvalidArgument, ModelError, SnapcacheError, load_llama
+from snapcache.llama.chat_templates import GEMMA3_TEMPLATE
+from snapcache.llama.loader import usable_cores
+
+SYSTEM = "You are Desk, a careful assistant. Never delete files."
+QUESTION = "Where is the plumber's invoice?"
+
+
+def load_error(path: Path, capfd: pytest.CaptureFixture[str]) -> ModelError:
+    """The ModelError `load_llama(path)` raises; llama.cpp must not have written a word to stderr."""
+    with pytest.raises(ModelError) as caught:
+        load_llama(path, n_ctx=256)
+    error = caught.value
+    message = str(error)
+    assert str(path) in message
+    assert len(message.splitlines()) == 1
+    # Nothing of llama.cpp's own exception is chained on: a caller printing the error sees one line.
+    assert error.__cause__ is None
+    assert error.__suppress_context__ or error.__context__ is None
+    assert capfd.readouterr().err == ""
+    return error
+
+
+def rendered_prompt(llm, messages) -> str:
+    """The prompt a real chat completion gave llama.cpp, with special tokens spelled out."""
+    result = llm.create_chat_completion(messages=messages, max_tokens=1, temperature=0.0)
+    tokens = llm.input_ids[: result["usage"]["prompt_tokens"]].tolist()
+    return llm.detokenize(tokens, special=True).decode("utf-8")
+
+
+# -- files llama.cpp never sees ---------------------------------------------------------------------
+
+
+def test_a_missing_file(tmp_path, capfd):
+    error = load_error(tmp_path / "nowhere.gguf", capfd)
+    assert str(error).startswith("model file not found:")
+    assert isinstance(error, SnapcacheError)
+    assert isinstance(error, RuntimeError)
+
+
+def test_a_directory(tmp_path, capfd):
+    assert str(load_error(tmp_path, capfd)).startswith("model path is not a file:")
+
+
+def test_a_file_that_is_not_gguf(tmp_path, capfd):
+    path = tmp_path / "notes.gguf"
+    path.write_text("a text file with a model's name\n", encoding="utf-8")
+    assert str(load_error(path, capfd)).startswith("not a GGUF model file:")
+
+
+def test_an_empty_file(tmp_path, capfd):
+    path = tmp_path / "empty.gguf"
+    path.write_bytes(b"")
+    assert str(load_error(path, capfd)).startswith("model file is empty:")
+
+
+def test_a_file_shorter_than_the_magic(tmp_path, capfd):
+    path = tmp_path / "short.gguf"
+    path.write_bytes(b"GG")
+    assert str(load_error(path, capfd)).startswith("not a GGUF model file:")
+
+
+def test_bad_arguments_are_invalid_arguments(tiny_model_path):
+    for kwargs in ({"n_ctx": -1}, {"n_ctx": "512"}, {"n_ctx": True}, {"n_threads": 0}, {"n_threads": 1.5}):
+        with pytest.raises(InvalidArgument):
+            load_llama(tiny_model_path, **kwargs)
+
+
+# -- files llama.cpp rejects ------------------------------------------------------------------------
+
+
+@pytest.mark.model
+def test_a_truncated_gguf(tiny_model_path, tmp_path, capfd):
+    path = tmp_path / "truncated.gguf"
+    path.write_bytes(tiny_model_path.read_bytes()[:4096])
+    error = load_error(path, capfd)
+    assert str(error) == (
+        f"llama.cpp could not load {path}: truncated, corrupt or an unsupported architecture"
+    )
+
+
+@pytest.mark.model
+def test_a_gguf_with_only_its_header(tiny_model_path, tmp_path, capfd):
+    path = tmp_path / "header.gguf"
+    path.write_bytes(tiny_model_path.read_bytes()[:24])
+    assert str(load_error(path, capfd)).startswith("llama.cpp could not load")
+
+
+# -- a model that loads -----------------------------------------------------------------------------
+
+
+@pytest.mark.model
+def test_threads_default_to_the_usable_cores(tiny_model_path):
+    llm = load_llama(tiny_model_path, n_ctx=256)
+    try:
+        assert (llm.n_threads, llm.n_threads_batch) == (usable_cores(), usable_cores())
+        assert llm.n_ctx() == 256
+        assert llm.verbose is False
+    finally:
+        llm.close()
+    llm = load_llama(str(tiny_model_path), n_ctx=256, n_threads=1)
+    try:
+        assert (llm.n_threads, llm.n_threads_batch) == (1, 1)
+    finally:
+        llm.close()
+    llm = load_llama(tiny_model_path, n_ctx=256, n_threads=1, n_threads_batch=2)
+    try:
+        assert (llm.n_threads, llm.n_threads_batch) == (1, 2)
+    finally:
+        llm.close()
+
+
+@pytest.mark.model
+def test_a_model_with_a_chat_template_keeps_its_own(tiny_model_path):
+    llm = load_llama(tiny_model_path, n_ctx=256, n_threads=2)
+    try:
+        assert "tokenizer.chat_template" in llm.metadata
+        assert llm.chat_handler is None
+        assert llm.chat_format == "chat_template.default"
+    finally:
+        llm.close()
+
+
+# -- the demo model ---------------------------------------------------------------------------------
+
+
+@pytest.mark.model
+@pytest.mark.gemma
+def test_the_demo_model_gets_gemma3s_template(gemma_model_path):
+    llm = load_llama(gemma_model_path, n_ctx=512, n_threads=2)
+    try:
+        assert llm.metadata["general.architecture"] == "gemma3"
+        assert "tokenizer.chat_template" not in llm.metadata
+        assert llm.chat_handler is not None
+        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTION}]
+        prompt = rendered_prompt(llm, messages)
+    finally:
+        llm.close()
+    # Gemma 3 has no system turn: the system text opens the first user turn.
+    assert prompt == f"<bos><start_of_turn>user\n{SYSTEM}\n\n{QUESTION}<end_of_turn>\n<start_of_turn>model\n"
+    assert prompt.endswith("<start_of_turn>model\n")
+
+
+@pytest.mark.model
+@pytest.mark.gemma
+def test_a_chat_format_given_for_the_demo_model_is_kept(gemma_model_path):
+    llm = load_llama(gemma_model_path, n_ctx=512, n_threads=2, chat_format="chatml")
+    try:
+        assert llm.chat_handler is None
+        assert llm.chat_format == "chatml"
+        prompt = rendered_prompt(
+            llm, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Hi"}]
+        )
+    finally:
+        llm.close()
+    assert "<|im_start|>system\n" + SYSTEM in prompt
+
+
+def test_the_template_is_gemma3s():
+    from jinja2 import Environment
+
+    template = Environment().from_string(GEMMA3_TEMPLATE)
+    turns = [
+        {"role": "system", "content": "S"},
+        {"role": "user", "content": " Q1 "},
+        {"role": "assistant", "content": "A1"},
+        {"role": "user", "content": "Q2"},
+    ]
+    assert template.render(messages=turns, bos_token="<bos>", add_generation_prompt=True) == (
+        "<bos><start_of_turn>user\nS\n\nQ1<end_of_turn>\n"
+        "<start_of_turn>model\nA1<end_of_turn>\n"
+        "<start_of_turn>user\nQ2<end_of_turn>\n"
+        "<start_of_turn>model\n"
+    )
+    without_system = template.render(messages=turns[1:2], bos_token="<bos>", add_generation_prompt=False)
+    assert without_system == "<bos><start_of_turn>user\nQ1<end_of_turn>\n"
+
+
+# -- llama.cpp's log --------------------------------------------------------------------------------
+
+ROUTED_LOG = textwrap.dedent(
+    """
+    import json, logging, sys
+    from snapcache import load_llama
+    from snapcache.llama import route_llama_cpp_log
+
+    seen = {"snapcache.llama_cpp": [], "app.llama": []}
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            seen[record.name].append((record.levelname, record.getMessage()))
+
+    for name in seen:
+        logger = logging.getLogger(name)
+        logger.addHandler(Keep())
+        logger.setLevel(logging.DEBUG)
+        logger.propagate = False
+
+    route_llama_cpp_log()
+    load_llama(sys.argv[1], n_ctx=256, n_threads=1).close()
+    route_llama_cpp_log(logging.getLogger("app.llama"), level=logging.DEBUG)
+    load_llama(sys.argv[1], n_ctx=256, n_threads=1).close()
+    print(json.dumps(seen))
+    """
+)
+
+
+@pytest.mark.model
+def test_llama_cpp_log_goes_to_logging_only_when_asked(tiny_model_path):
+    done = subprocess.run(
+        [sys.executable, "-c", ROUTED_LOG, str(tiny_model_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert done.stderr == ""
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    first, second = seen["snapcache.llama_cpp"], seen["app.llama"]
+    # Each line at llama.cpp's own level; after the second call, all of them at the level asked for.
+    assert {level for level, _ in first} <= {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}
+    assert any(level == "INFO" and str(tiny_model_path) in text for level, text in first)
+    assert any(str(tiny_model_path) in text for _, text in second)
+    assert {level for level, _ in second} == {"DEBUG"}

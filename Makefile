@@ -18,7 +18,9 @@ install: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest
 
+# The main job: warm the system prompt with the command line, then one chat turn cold and restored.
 demo: $(STAMP)
+	$(BIN)/snapcache warm examples/system_prompt.txt --scope demo --priority 10
 	$(BIN)/python examples/demo.py
 
 bench: $(STAMP)

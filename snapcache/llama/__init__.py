@@ -7,10 +7,11 @@ from typing import TYPE_CHECKING, Any
 
 from snapcache.llama.chat_templates import GEMMA3_TEMPLATE, gemma3_chat_handler
 from snapcache.llama.fingerprint import file_fingerprint, model_fingerprint
-from snapcache.llama.loader import load_llama, route_llama_cpp_log
+from snapcache.llama.loader import check_gguf_file, load_llama, route_llama_cpp_log
 from snapcache.llama.state import (
     CapturedState,
     can_truncate,
+    can_truncate_to,
     capture_sequence,
     restore_sequence,
     truncate_sequence,
@@ -24,7 +25,9 @@ __all__ = [
     "CachedLlama",
     "CapturedState",
     "can_truncate",
+    "can_truncate_to",
     "capture_sequence",
+    "check_gguf_file",
     "file_fingerprint",
     "gemma3_chat_handler",
     "load_llama",

@@ -42,7 +42,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("snapcache")
 
 # Snapshots waiting for the background writer outside the RAM tier may hold at most
-# min(ram_bytes, this) bytes (or the one being written) before `put` waits.
+# min(ram_bytes * _PENDING_SHARE, _MAX_PENDING_BYTES) (or the one being written) before `put` waits:
+# with the writer's compression buffer, the process then stays within the RAM budget plus a tenth.
+_PENDING_SHARE = 0.05
 _MAX_PENDING_BYTES = 256 << 20
 
 
@@ -138,8 +140,8 @@ class SnapshotStore:
 
     Snapshots waiting for their disk write stay in memory until written, also those the RAM tier
     does not hold (evicted, too large for it, or `ram_bytes=0`). Beyond the RAM budget they hold
-    at most min(`ram_bytes`, 256 MiB), or the one snapshot in flight: `put` waits for the writer
-    otherwise. `stats().pending_write_bytes` reports them.
+    at most a twentieth of `ram_bytes` (256 MiB at most), or the one snapshot in flight: `put` waits
+    for the writer otherwise. `stats().pending_write_bytes` reports them.
     """
 
     def __init__(
@@ -182,7 +184,7 @@ class SnapshotStore:
         self._catalogs: dict[tuple[str, str], tuple[int, PrefixIndex]] = {}
         self._pending: dict[SnapshotKey, _PendingWrite] = {}
         self._pending_bytes = 0  # all of them, those in RAM too
-        self._pending_limit = min(ram_bytes, _MAX_PENDING_BYTES)
+        self._pending_limit = min(int(ram_bytes * _PENDING_SHARE), _MAX_PENDING_BYTES)
         # One thread at a time writes queued snapshots: _writing names the key it is writing.
         self._write_lock = threading.Lock()
         self._writing: SnapshotKey | None = None

@@ -38,12 +38,22 @@ def first_token_and_reply(complete: Any) -> tuple[float, str]:
     return (first if first is not None else time.perf_counter() - started), "".join(parts)
 
 
-def progress_bar(done: int, total: int) -> None:
-    width = 30
-    filled = width * done // max(total, 1)
-    print(f"\r  reading {'#' * filled}{'.' * (width - filled)} {done}/{total} tokens", end="", flush=True)
-    if done >= total:
-        print()
+class ProgressBar:
+    """Draws the prompt being read; stays silent when warm() finds the prompt already cached."""
+
+    def __init__(self) -> None:
+        self.drawing = False
+
+    def __call__(self, done: int, total: int) -> None:
+        if done < total:
+            self.drawing = True
+        if not self.drawing:
+            return
+        width = 30
+        filled = width * done // max(total, 1)
+        print(f"\r  reading {'#' * filled}{'.' * (width - filled)} {done}/{total} tokens", end="", flush=True)
+        if done >= total:
+            print()
 
 
 def main() -> int:
@@ -58,10 +68,11 @@ def main() -> int:
     with SnapshotStore() as store:
         print(f"model: {DEMO_MODEL_NAME}; cache: {store.directory}")
         warmed = CachedLlama(load_llama(model), store, scope=SCOPE).warm(
-            system_prompt, priority=10, progress=progress_bar
+            system_prompt, priority=10, progress=ProgressBar()
         )
         how = "found in the cache" if warmed.from_cache else f"read and saved in {warmed.seconds:.1f} s"
-        print(f"system prompt: {warmed.token_count} tokens, {warmed.state_bytes / 1e6:.1f} MB state, {how}")
+        state_mib = warmed.state_bytes / 2**20
+        print(f"system prompt: {warmed.token_count} tokens, {state_mib:.1f} MiB state, {how}")
         print(f"question: {QUESTION}")
 
         cold_llm = load_llama(model)

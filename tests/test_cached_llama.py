@@ -12,6 +12,17 @@ from typing import Any
 
 import numpy as np
 import pytest
+from chat_support import (
+    DOCUMENT,
+    GREEDY,
+    N_CTX,
+    SYSTEM,
+    chat,
+    chat_reply,
+    cold_chat,
+    common_prefix,
+    context_of,
+)
 
 from snapcache.errors import InvalidArgument
 from snapcache.key import SnapshotKey, as_token_array
@@ -21,48 +32,10 @@ from snapcache.store import SnapshotStore
 
 pytestmark = pytest.mark.model
 
-N_CTX = 2048
-GREEDY: dict[str, Any] = {"temperature": 0.0, "max_tokens": 24}
-# The tiny model's byte vocabulary makes one token of every byte (a space is the three bytes of "▁").
-SYSTEM = "You are a careful desktop assistant. Answer briefly and plainly. " * 6
-DOCUMENT = "Document: the quick brown fox jumps over the lazy dog near the river bank. " * 9
-
-
-def chat(system: str, *turns: str) -> list[dict[str, str]]:
-    messages = [{"role": "system", "content": system}]
-    for i, text in enumerate(turns):
-        messages.append({"role": "user" if i % 2 == 0 else "assistant", "content": text})
-    return messages
-
-
-def context_of(llm) -> list[int]:
-    """The prompt and every generated token but the last: what greedy decoding fed back."""
-    return [int(t) for t in llm.input_ids[: llm.n_tokens]]
-
-
-def chat_reply(result: dict[str, Any]) -> str:
-    return result["choices"][0]["message"]["content"]
-
-
-def cold_chat(make_llama, model_path, messages) -> tuple[str, list[int]]:
-    llm = make_llama(model_path, n_ctx=N_CTX)
-    reply = chat_reply(llm.create_chat_completion(messages=messages, **GREEDY))
-    return reply, context_of(llm)
-
-
 def cold_completion(make_llama, model_path, prompt) -> tuple[str, list[int]]:
     llm = make_llama(model_path, n_ctx=N_CTX)
     text = llm.create_completion(prompt, **GREEDY)["choices"][0]["text"]
     return text, context_of(llm)
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 @pytest.fixture

@@ -11,6 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from chat_support import chat as chat_with
+from chat_support import chat_reply as reply_of
+from chat_support import common_prefix, context_of
 
 from snapcache.llama.cached import CHECKPOINT_ALIGN, CachedLlama
 
@@ -23,27 +26,7 @@ SYSTEM = (Path(__file__).resolve().parents[1] / "examples" / "system_prompt.txt"
 
 
 def chat(*turns: str) -> list[dict[str, str]]:
-    messages = [{"role": "system", "content": SYSTEM}]
-    for i, text in enumerate(turns):
-        messages.append({"role": "user" if i % 2 == 0 else "assistant", "content": text})
-    return messages
-
-
-def context_of(llm) -> list[int]:
-    return [int(t) for t in llm.input_ids[: llm.n_tokens]]
-
-
-def reply_of(result: dict[str, Any]) -> str:
-    return result["choices"][0]["message"]["content"]
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
+    return chat_with(SYSTEM, *turns)
 
 
 @pytest.fixture(scope="module")

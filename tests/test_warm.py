@@ -5,35 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from chat_support import DOCUMENT, GREEDY, N_CTX, SYSTEM, chat, chat_reply, cold_chat, context_of
 
 from snapcache.errors import InvalidArgument
 from snapcache.llama.cached import CHECKPOINT_ALIGN, CachedLlama
 
 pytestmark = pytest.mark.model
-
-N_CTX = 2048
-GREEDY: dict[str, Any] = {"temperature": 0.0, "max_tokens": 24}
-SYSTEM = "You are a careful desktop assistant. Answer briefly and plainly. " * 6
-DOCUMENT = "Document: the quick brown fox jumps over the lazy dog near the river bank. " * 9
-
-
-def chat(system: str, user: str) -> list[dict[str, str]]:
-    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
-
-
-def context_of(llm) -> list[int]:
-    return [int(t) for t in llm.input_ids[: llm.n_tokens]]
-
-
-def chat_reply(result: dict[str, Any]) -> str:
-    return result["choices"][0]["message"]["content"]
-
-
-def cold_chat(make_llama, model_path, messages) -> tuple[str, list[int]]:
-    llm = make_llama(model_path, n_ctx=N_CTX)
-    reply = chat_reply(llm.create_chat_completion(messages=messages, **GREEDY))
-    return reply, context_of(llm)
-
 
 @pytest.fixture
 def cached(make_llama, tiny_model_path, store):

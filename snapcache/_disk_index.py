@@ -103,6 +103,35 @@ class IndexRow:
     created_at: float
     last_used_at: float
 
+    @classmethod
+    def of(
+        cls,
+        key: SnapshotKey,
+        *,
+        rolling_hash: int,
+        priority: int,
+        file_name: str,
+        file_bytes: int,
+        state_bytes: int,
+        created_at: float,
+        last_used_at: float,
+    ) -> IndexRow:
+        """The row of a snapshot file holding `key`."""
+        return cls(
+            key.id,
+            key.model_fingerprint,
+            key.scope,
+            key.token_count,
+            key.prefix_hash,
+            rolling_hash,
+            priority,
+            file_name,
+            file_bytes,
+            state_bytes,
+            created_at,
+            last_used_at,
+        )
+
     def key(self) -> SnapshotKey:
         return SnapshotKey(self.fingerprint, self.scope, self.token_count, self.prefix_hash)
 

@@ -206,12 +206,8 @@ class DiskTier:
         path = self._files / file_name
         self._write_file(path, encoded)
         now = time.time()
-        row = IndexRow(
-            key_id=key.id,
-            fingerprint=key.model_fingerprint,
-            scope=key.scope,
-            token_count=key.token_count,
-            prefix_hash=key.prefix_hash,
+        row = IndexRow.of(
+            key,
             rolling_hash=rolling_hash(snapshot.tokens),
             priority=snapshot.priority,
             file_name=file_name,
@@ -586,12 +582,8 @@ class DiskTier:
         votes = Counter(header.store_id for header in voters)
         store_id = max(votes, key=lambda sid: (votes[sid], sid)) if votes else index.store_id
         rows = [
-            IndexRow(
-                key_id=header.key.id,
-                fingerprint=header.key.model_fingerprint,
-                scope=header.key.scope,
-                token_count=header.key.token_count,
-                prefix_hash=header.key.prefix_hash,
+            IndexRow.of(
+                header.key,
                 rolling_hash=rolling_hash(header.tokens),
                 priority=header.priority,
                 file_name=name,

@@ -95,3 +95,16 @@ def store(tmp_path: Path) -> Iterator[SnapshotStore]:
 
     with SnapshotStore(tmp_path / "cache", ram_bytes=STORE_RAM_BYTES, disk_bytes=STORE_DISK_BYTES) as s:
         yield s
+
+
+@pytest.fixture
+def cached(make_llama: Any, tiny_model_path: Path, store: SnapshotStore) -> Any:
+    """Factory: a CachedLlama over a fresh tiny Llama (n_ctx 2048) and the test's store."""
+    from chat_support import N_CTX
+
+    from snapcache.llama.cached import CachedLlama
+
+    def factory(scope: str = "default", **kwargs: Any) -> CachedLlama:
+        return CachedLlama(make_llama(tiny_model_path, n_ctx=N_CTX), store, scope, **kwargs)
+
+    return factory

@@ -38,16 +38,6 @@ def cold_completion(make_llama, model_path, prompt) -> tuple[str, list[int]]:
     return text, context_of(llm)
 
 
-@pytest.fixture
-def cached(make_llama, tiny_model_path, store):
-    """Factory: a CachedLlama over a fresh tiny Llama and the test's store."""
-
-    def factory(scope: str = "default", **kwargs: Any) -> CachedLlama:
-        return CachedLlama(make_llama(tiny_model_path, n_ctx=N_CTX), store, scope, **kwargs)
-
-    return factory
-
-
 def test_restore_then_suffix_matches_cold(cached, make_llama, tiny_model_path):
     warmed = cached().warm(DOCUMENT, raw=True)
     prompt = DOCUMENT + "Question: what does the fox do?\nAnswer:"

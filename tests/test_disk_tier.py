@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from reliability_workers.disk_files import garbage_inside, garbage_over
 
 from snapcache import _disk_format
 from snapcache.cache_dir import default_cache_dir, prepare_cache_dir
@@ -872,19 +873,9 @@ def test_payload_of_another_snapshot_is_refused(tier: DiskTier, caplog: pytest.L
 # -- a damaged or lost index -------------------------------------------------------------------------
 
 
-def _garbage_over(path: Path) -> None:
-    path.write_bytes(os.urandom(max(path.stat().st_size, 4096)))
-
-
-def _garbage_inside(path: Path) -> None:
-    data = bytearray(path.read_bytes())
-    data[100:4096] = os.urandom(len(data[100:4096]))
-    path.write_bytes(bytes(data))
-
-
 INDEX_DAMAGE = {
-    "garbage over": _garbage_over,
-    "garbage inside": _garbage_inside,
+    "garbage over": garbage_over,
+    "garbage inside": garbage_inside,
     "truncated to half": lambda path: path.write_bytes(path.read_bytes()[: path.stat().st_size // 2]),
     "replaced by a directory": lambda path: (path.unlink(), path.mkdir()),
 }
@@ -989,7 +980,7 @@ def test_a_rebuild_keeps_files_of_other_secrets_for_their_readers(tmp_path: Path
     tier = DiskTier(directory, 64 * MB)
     assert tier.put(plain)
     tier.close()
-    _garbage_over(directory / INDEX_NAME)
+    garbage_over(directory / INDEX_NAME)
 
     rebuilt_by_signed = DiskTier(directory, 64 * MB, secret=b"s3cret")
     assert {row.key for row in rebuilt_by_signed.entries()} == {signed.key, plain.key}
@@ -1022,7 +1013,7 @@ def test_processes_opening_a_damaged_index_together_rebuild_it_once(tmp_path: Pa
     directory = tmp_path / "c"
     snaps = [make_snapshot(i) for i in range(8)]
     fill_and_close(directory, snaps)
-    _garbage_over(directory / INDEX_NAME)
+    garbage_over(directory / INDEX_NAME)
     repo = str(Path(__file__).resolve().parents[1])
     procs = [
         subprocess.Popen(

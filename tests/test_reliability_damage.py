@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from reliability_workers.disk_files import files_of_key
+from reliability_workers.disk_files import files_of_key, garbage_inside, garbage_over
 from reliability_workers.payload import FINGERPRINT, SCOPE, problem_with, query_for, state_for, tokens_for
 from reliability_workers.procs import run_worker
 
@@ -193,16 +193,6 @@ def test_a_file_copied_under_another_keys_name_is_a_miss(tmp_path: Path) -> None
         assert_serves_only_right_bytes(store, 1)
 
 
-def _garbage_over(path: Path) -> None:
-    path.write_bytes(os.urandom(max(path.stat().st_size, 4096)))
-
-
-def _garbage_inside(path: Path) -> None:
-    data = bytearray(path.read_bytes())
-    data[100:4096] = os.urandom(len(data[100:4096]))
-    path.write_bytes(bytes(data))
-
-
 def _truncate_half(path: Path) -> None:
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
 
@@ -212,8 +202,8 @@ def _truncate_empty(path: Path) -> None:
 
 
 INDEX_DAMAGE = {
-    "garbage-over-index": _garbage_over,
-    "garbage-inside-index": _garbage_inside,
+    "garbage-over-index": garbage_over,
+    "garbage-inside-index": garbage_inside,
     "truncated-index": _truncate_half,
     "empty-index": _truncate_empty,
     "index-replaced-by-directory": lambda path: (path.unlink(), path.mkdir()),
@@ -262,7 +252,7 @@ def test_a_damaged_index_and_a_damaged_file_together(tmp_path: Path) -> None:
     FILE_DAMAGE["truncate-half"](only_file(directory, 16))  # the head is intact: the size gives it away
     for extra in directory.glob("index.sqlite3-*"):
         extra.unlink()
-    _garbage_over(directory / "index.sqlite3")
+    garbage_over(directory / "index.sqlite3")
     with SnapshotStore(directory, ram_bytes=RAM_BYTES, disk_bytes=DISK_BYTES) as store:
         assert {row.key for row in store.entries()} == {key_of(i) for i in INDICES if i not in (victim, 16)}
         for index in INDICES:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 from chat_support import DOCUMENT, GREEDY, N_CTX, SYSTEM, chat, chat_reply, cold_chat, context_of
 
@@ -11,13 +9,6 @@ from snapcache.errors import InvalidArgument
 from snapcache.llama.cached import CHECKPOINT_ALIGN, CachedLlama
 
 pytestmark = pytest.mark.model
-
-@pytest.fixture
-def cached(make_llama, tiny_model_path, store):
-    def factory(scope: str = "default", **kwargs: Any) -> CachedLlama:
-        return CachedLlama(make_llama(tiny_model_path, n_ctx=N_CTX), store, scope, **kwargs)
-
-    return factory
 
 
 def test_warm_then_chat_hits_the_warmed_prefix(cached, make_llama, tiny_model_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 # The SQLite index and its journal files: bookkeeping, not snapshot bytes.
@@ -24,3 +25,15 @@ def snapshot_bytes(directory: Path) -> int:
 def files_of_key(directory: Path, key_id: str) -> list[Path]:
     """The file(s) whose name carries `key_id` (outside any quarantine folder)."""
     return [p for p in snapshot_files(directory) if key_id in p.name and "quarantine" not in p.parts]
+
+
+def garbage_over(path: Path) -> None:
+    """Random bytes over the whole file (at least 4 KiB of them)."""
+    path.write_bytes(os.urandom(max(path.stat().st_size, 4096)))
+
+
+def garbage_inside(path: Path) -> None:
+    """Random bytes over bytes 100 to 4096, the rest of the file kept."""
+    data = bytearray(path.read_bytes())
+    data[100:4096] = os.urandom(len(data[100:4096]))
+    path.write_bytes(bytes(data))

@@ -10,7 +10,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	@echo "Installing snapcache and llama-cpp-python (the first build of llama.cpp takes several minutes)..."
-	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(BIN)/python -m pip install --quiet -e ".[dev,demo]"
+	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(BIN)/python -m pip install --quiet -e ".[dev,demo,server]"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test demo bench lint clean
+.PHONY: install test demo serve bench lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,10 @@ test: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/snapcache warm examples/system_prompt.txt --scope demo --priority 10
 	$(BIN)/python examples/demo.py
+
+# The OpenAI-compatible server on the demo model, on http://127.0.0.1:8000/v1 (Ctrl-C stops it).
+serve: $(STAMP)
+	$(BIN)/snapcache serve
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run_all.py

@@ -22,7 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from snapcache.llama.hook import CompletionReport, RestoreInfo
-from snapcache.savings import MIN_TIMED_TOKENS, SavingsLedger
+from snapcache.savings import MIN_TIMED_TOKENS, SavingsLedger, ScopeSavings
 from snapcache.server.request import current_record
 from snapcache.store import SnapshotStore
 
@@ -40,7 +40,6 @@ class ScopeTotals:
     restored_from_disk: int = 0
     reused_context: int = 0
     misses: int = 0
-    seconds_saved: float = 0.0
 
 
 class ServeMonitor:
@@ -105,7 +104,6 @@ class ServeMonitor:
             totals.requests += 1
             totals.prompt_tokens += restore.prompt_tokens
             totals.cached_tokens += restore.cached_tokens
-            totals.seconds_saved += saved
             if restore.source == "ram":
                 totals.restored_from_ram += 1
             elif restore.source == "disk":
@@ -132,14 +130,21 @@ class ServeMonitor:
 
     def stats(self) -> dict[str, Any]:
         """The JSON of `/snapcache/stats`."""
+        all_time = self._ledger.totals() if self._ledger is not None else None
         with self._lock:
             scopes = {name: dataclasses.asdict(totals) for name, totals in sorted(self._scopes.items())}
-            rate = self._rate()
+            # One rate for every figure: the ledger's (this run's reads are in it), else this run's.
+            rate = _rate_of(all_time, self._fingerprint) if all_time else None
+            rate = rate if rate is not None else self._rate()
+        for totals in scopes.values():
+            totals["seconds_saved"] = totals["cached_tokens"] * rate if rate is not None else None
         since_start = {
             "requests": sum(s["requests"] for s in scopes.values()),
             "prompt_tokens": sum(s["prompt_tokens"] for s in scopes.values()),
             "cached_tokens": sum(s["cached_tokens"] for s in scopes.values()),
-            "seconds_saved": sum(s["seconds_saved"] for s in scopes.values()),
+            "seconds_saved": sum(s["cached_tokens"] for s in scopes.values()) * rate
+            if rate is not None
+            else None,
         }
         result: dict[str, Any] = {
             "model_fingerprint": self._fingerprint,
@@ -148,8 +153,8 @@ class ServeMonitor:
             "prefill_seconds_per_token": rate,
             "store": dataclasses.asdict(self._store.stats()),
         }
-        if self._ledger is not None:
-            result["all_time"] = [dataclasses.asdict(row) for row in self._ledger.totals()]
+        if all_time is not None:
+            result["all_time"] = [dataclasses.asdict(row) for row in all_time]
         return result
 
     def _rate(self) -> float | None:
@@ -158,12 +163,15 @@ class ServeMonitor:
         return self._history_rate
 
     def _ledger_rate(self) -> float | None:
-        if self._ledger is None:
-            return None
-        for row in self._ledger.totals():
-            if row.model_fingerprint == self._fingerprint and row.seconds_saved and row.cached_tokens:
-                return row.seconds_saved / row.cached_tokens
-        return None
+        return _rate_of(self._ledger.totals(), self._fingerprint) if self._ledger is not None else None
+
+
+def _rate_of(rows: list[ScopeSavings], fingerprint: str) -> float | None:
+    """Prefill seconds per token of one model, as the ledger's totals imply it."""
+    for row in rows:
+        if row.model_fingerprint == fingerprint and row.seconds_saved is not None and row.cached_tokens:
+            return row.seconds_saved / row.cached_tokens
+    return None
 
 
 class _StoreCollector(Collector):

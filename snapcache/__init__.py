@@ -23,8 +23,9 @@ from snapcache.tier import EntryInfo
 if TYPE_CHECKING:
     from snapcache.llama.cached import CachedLlama, attach, detach
     from snapcache.llama.fingerprint import model_fingerprint
-    from snapcache.llama.hook import CacheHook, RestoreInfo
+    from snapcache.llama.hook import CacheHook
     from snapcache.llama.loader import load_llama
+    from snapcache.llama.reports import RestoreInfo
     from snapcache.store import SnapshotStore, StoreStats
 
 __version__ = "0.1.0"
@@ -63,7 +64,7 @@ _LAZY = {
     "attach": "snapcache.llama.cached",
     "detach": "snapcache.llama.cached",
     "CacheHook": "snapcache.llama.hook",
-    "RestoreInfo": "snapcache.llama.hook",
+    "RestoreInfo": "snapcache.llama.reports",
     "model_fingerprint": "snapcache.llama.fingerprint",
     "load_llama": "snapcache.llama.loader",
 }

@@ -7,7 +7,7 @@ from chat_support import DOCUMENT, GREEDY, N_CTX, SYSTEM, chat, chat_reply, cold
 
 from snapcache.errors import InvalidArgument
 from snapcache.llama.cached import CachedLlama
-from snapcache.llama.hook import CHECKPOINT_ALIGN
+from snapcache.llama.checkpoints import CHECKPOINT_ALIGN
 
 pytestmark = pytest.mark.model
 

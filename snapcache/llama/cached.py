@@ -19,13 +19,11 @@ from snapcache.llama.hook import (
     DEFAULT_MIN_TOKENS,
     DEFAULT_PREFIX_REUSE,
     CacheHook,
-    CompletionListener,
     Progress,
-    RestoreInfo,
     ScopeSource,
-    WarmResult,
     attached_hook,
 )
+from snapcache.llama.reports import CompletionListener, RestoreInfo, WarmResult
 from snapcache.store import SnapshotStore
 
 __all__ = ["CachedLlama", "RestoreInfo", "WarmResult", "attach", "attached_hook", "detach"]

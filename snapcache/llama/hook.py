@@ -10,22 +10,10 @@ The hook steps in at two places of the Llama, as instance attributes that `insta
   system messages can become a checkpoint.
 
 When llama-cpp-python hands the final prompt tokens to `Llama.generate`, the hook loads the longest
-stored prefix of exactly those tokens into the context, reads on to a few checkpoints, and lets
-`generate` evaluate only the rest. After the completion (for a stream: when it is exhausted or
-closed) it saves the state of the context, keyed by the tokens the context holds.
-
-Checkpoints, so that a later prompt that shares only a beginning with this one still restores it.
-They sit at multiples of 64 tokens: llama.cpp's CPU kernels read a batch of tokens in blocks of four
-rows, so a prompt read on from an aligned checkpoint gives bit-for-bit the results of a cold read.
-
-- chat completions: the end of the leading system messages (see `chat_prefix`), and the end of the
-  prompt, just before the reply: the next turn of the same chat starts with it;
-- raw completions: a ladder of prefix lengths (with `prefix_reuse=0.9`: every 64 tokens up to 1152,
-  then the largest multiple of 64 at most 1/0.9 times the one before: 1280, 1408, ..., 1792, 1984,
-  ...), so that a later prompt sharing L tokens with this one restores at least 90% of them once
-  L >= 640, and all but 63 before. Sliding-window models (Gemma 3) cannot cut a restored state back,
-  so the ladder is stored. Ladder states are saved one priority lower than the others, so that they
-  are evicted first; `prefix_reuse=None` turns the ladder off (chat completions and `warm` need none).
+stored prefix of exactly those tokens into the context (`prefix_loader`), reads on to a few
+checkpoints (`checkpoints`), and lets `generate` evaluate only the rest. After the completion (for a
+stream: when it is exhausted or closed) it saves the state of the context, keyed by the tokens the
+context holds, and tells its listener what it did (`reports`).
 
 Not thread-safe, like the Llama it hooks: one completion at a time.
 """
@@ -38,13 +26,12 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, cast
+from typing import Any, cast
 
 import llama_cpp
-import numpy as np
 from llama_cpp import llama_chat_format
 
-from snapcache.errors import InvalidArgument, SnapcacheError
+from snapcache.errors import InvalidArgument
 from snapcache.key import (
     DEFAULT_SCOPE,
     SnapshotKey,
@@ -55,97 +42,30 @@ from snapcache.key import (
 )
 from snapcache.llama.chat_prefix import (
     ChatPrefixFinder,
-    common_prefix,
     patched,
     render_options,
     system_head,
     text_prompt_tokens,
 )
+from snapcache.llama.checkpoints import CHECKPOINT_ALIGN, align_down, checkpoint_plan, ladder_points
 from snapcache.llama.fingerprint import model_fingerprint
-from snapcache.llama.state import can_truncate_to, capture_sequence, restore_sequence, truncate_sequence
-from snapcache.snapshot import MAX_PRIORITY, Snapshot
+from snapcache.llama.prefix_loader import PrefixLoader
+from snapcache.llama.reports import CompletionListener, CompletionReport, RestoreInfo, WarmResult
+from snapcache.llama.state import capture_sequence
 from snapcache.store import SnapshotStore
 
-__all__ = [
-    "CHECKPOINT_ALIGN",
-    "CacheHook",
-    "CompletionListener",
-    "CompletionReport",
-    "RestoreInfo",
-    "ScopeSource",
-    "WarmResult",
-]
+__all__ = ["CacheHook", "ScopeSource", "attached_hook"]
 
 _log = logging.getLogger("snapcache")
 
-Source = Literal["ram", "disk", "context"]
 Progress = Callable[[int, int], None]
 ScopeSource = str | Callable[[], str]
 
 DEFAULT_MIN_TOKENS = 32
 DEFAULT_PREFIX_REUSE = 0.9
-# Checkpoints sit at multiples of this many tokens (see the module docstring).
-CHECKPOINT_ALIGN = 64
 # Where an installed hook keeps itself on the Llama, so that `attached(llm)` can find it.
 _HOOK_ATTRIBUTE = "_snapcache_hook"
-# The scope whose completion last filled the Llama's context: another scope never reuses it.
-_CONTEXT_SCOPE_ATTRIBUTE = "_snapcache_context_scope"
 _MISSING = object()
-
-
-@dataclass(frozen=True, slots=True)
-class RestoreInfo:
-    """What the last completion reused of its prompt.
-
-    `restored_tokens` came from a snapshot (`source` "ram" or "disk") or were already in the Llama's
-    context ("context"); `evaluated_tokens` were read by llama.cpp. A prompt exactly as long as its
-    snapshot evaluates its last token again (a state carries no logits), so the two can add up to one
-    more than `prompt_tokens`. `checkpoints` counts the states saved while reading the prompt.
-    """
-
-    prompt_tokens: int
-    restored_tokens: int
-    evaluated_tokens: int
-    source: Source | None
-    checkpoints: int
-
-    @property
-    def cached_tokens(self) -> int:
-        """Prompt tokens llama.cpp did not read (the OpenAI API's `cached_tokens`)."""
-        return self.prompt_tokens - self.evaluated_tokens
-
-
-@dataclass(frozen=True, slots=True)
-class CompletionReport:
-    """What one completion did with the cache, handed to a listener when the completion ends.
-
-    `read_seconds` is the time from the start of llama.cpp's read of the evaluated part of the
-    prompt to the first sampled token (None when no token was sampled).
-    """
-
-    scope: str
-    restore: RestoreInfo
-    completion_tokens: int
-    read_seconds: float | None
-
-
-class CompletionListener(Protocol):
-    """Told what each completion restored (before it reads the rest of the prompt) and did in the end."""
-
-    def restored(self, scope: str, info: RestoreInfo) -> None: ...
-
-    def finished(self, report: CompletionReport) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class WarmResult:
-    """The snapshot `warm` stored (or found already stored: `from_cache`)."""
-
-    key: SnapshotKey
-    token_count: int
-    state_bytes: int
-    seconds: float
-    from_cache: bool
 
 
 @dataclass(slots=True)
@@ -210,9 +130,9 @@ class CacheHook:
         self._min_tokens = min_tokens
         self._priority = validate_priority(priority)
         self._listener = listener
-        self._fingerprint = model_fingerprint(llm)
+        self._loader = PrefixLoader(llm, store, model_fingerprint(llm))
         n_ctx = int(llm.n_ctx())
-        self._ladder = [] if prefix_reuse is None else _ladder_points(CHECKPOINT_ALIGN, prefix_reuse, n_ctx)
+        self._ladder = [] if prefix_reuse is None else ladder_points(CHECKPOINT_ALIGN, prefix_reuse, n_ctx)
         self._prefixes = ChatPrefixFinder(llm, self._render_chat)
         self._rendering = False
         self._chat_turn: _ChatTurn | None = None
@@ -240,7 +160,7 @@ class CacheHook:
     @property
     def fingerprint(self) -> str:
         """The model fingerprint every snapshot of this Llama is stored under."""
-        return self._fingerprint
+        return self._loader.fingerprint
 
     @property
     def installed(self) -> bool:
@@ -248,7 +168,8 @@ class CacheHook:
 
     def __repr__(self) -> str:
         scope = "<per call>" if callable(self._scope) else repr(self._scope)
-        return f"CacheHook(scope={scope}, fingerprint={self._fingerprint[:12]}…, installed={self.installed})"
+        fingerprint = self._loader.fingerprint[:12]
+        return f"CacheHook(scope={scope}, fingerprint={fingerprint}…, installed={self.installed})"
 
     # -- installing ---------------------------------------------------------------------------------
 
@@ -402,14 +323,18 @@ class CacheHook:
         n = len(tokens)
         if n == 0 or n >= int(llm.n_ctx()):
             return  # llama-cpp-python raises or handles these itself
-        reused, source = self._load_prefix(tokens, call.scope)
+        reused, source = self._loader.load(tokens, call.scope)
         call.saved_upto = reused
         if self._save:
-            for point, priority in self._checkpoints(tokens, call):
+            ladder = self._ladder if call.ladder else []
+            plan = checkpoint_plan(
+                tokens, ladder=ladder, chat_prefix=call.chat_prefix, priority=self._priority, after=reused
+            )
+            for point, priority in plan:
                 if point - call.saved_upto < self._min_tokens:
                     continue
                 llm.eval(tokens[int(llm.n_tokens) : point].tolist())
-                if self._save_context(call.scope, priority):
+                if self._loader.save(call.scope, priority):
                     call.checkpoints += 1
                 call.saved_upto = point
         evaluated = n - min(reused, n - 1)
@@ -419,23 +344,12 @@ class CacheHook:
         if self._listener is not None:
             self._listener.restored(call.scope, call.restore)
 
-    def _checkpoints(self, tokens: TokenArray, call: _Call) -> list[tuple[int, int]]:
-        """(prefix length, priority) to save on the way through this prompt, ascending, all short of
-        its last token; ladder points go one priority lower."""
-        n = len(tokens)
-        points = {p: _lower(self._priority) for p in self._ladder if p < n - 1} if call.ladder else {}
-        points[_align_down(n - 1)] = self._priority
-        prefix = call.chat_prefix
-        if prefix is not None and len(prefix) < n and np.array_equal(tokens[: len(prefix)], prefix):
-            points[len(prefix)] = self._priority
-        return sorted((p, priority) for p, priority in points.items() if p > call.saved_upto)
-
     def _finish(self, call: _Call) -> None:
         """Save the context after a completion, keyed by the tokens it holds (never the last sampled one)."""
         if not call.prepared:
             return
         if self._save and int(self._llm.n_tokens) - call.saved_upto >= self._min_tokens:
-            self._save_context(call.scope, self._priority)
+            self._loader.save(call.scope, self._priority)
         if self._listener is not None and call.restore is not None:
             generated = call.generated
             if call.last_token is not None and llama_cpp.llama_vocab_is_eog(
@@ -500,7 +414,7 @@ class CacheHook:
                 f"the prompt has {total} tokens, but this Llama's context holds {n_ctx} "
                 f"(and needs room for one more): create the Llama with n_ctx > {total}"
             )
-        key = SnapshotKey.for_tokens(self._fingerprint, scope, tokens)
+        key = SnapshotKey.for_tokens(self._loader.fingerprint, scope, tokens)
         existing = self._store.get(key)
         if existing is not None:
             if existing.priority != priority:
@@ -511,7 +425,7 @@ class CacheHook:
             return WarmResult(key, total, state_bytes, time.perf_counter() - started, True)
 
         llm = self._llm
-        self._load_prefix(tokens, scope)
+        self._loader.load(tokens, scope)
         done = int(llm.n_tokens)
         if progress is not None:
             progress(done, total)
@@ -538,7 +452,7 @@ class CacheHook:
                 f"the system prompt is too short to warm: chats with it share {len(shared)} tokens, "
                 f"and chat prefixes are cached in whole blocks of {CHECKPOINT_ALIGN} tokens"
             )
-        return as_token_array(shared[: _align_down(len(shared))])
+        return as_token_array(shared[: align_down(len(shared))])
 
     def _warm_tokens(self, prompt: str | Sequence[int] | TokenArray) -> TokenArray:
         if isinstance(prompt, str):
@@ -556,56 +470,6 @@ class CacheHook:
         scope = self._scope
         return validate_scope(scope() if callable(scope) else scope)
 
-    def _load_prefix(self, tokens: TokenArray, scope: str) -> tuple[int, Source | None]:
-        """Make the context hold the longest available prefix of `tokens`; return its length and source.
-
-        The Llama's own context wins when it already holds at least as long a prefix that it can be cut
-        back to; otherwise the store's longest prefix is restored.
-        """
-        llm = self._llm
-        live = self._reusable_context(tokens, scope)
-        setattr(llm, _CONTEXT_SCOPE_ATTRIBUTE, scope)
-        if live < len(tokens):
-            found = self._lookup(tokens, scope)
-            if found is not None and found[0].key.token_count > live:
-                snapshot, tier = found
-                if restore_sequence(llm, snapshot, tokens):
-                    return snapshot.key.token_count, tier
-                if int(llm.n_tokens) == 0:
-                    return 0, None  # empty: llama.cpp refused the state and the sequence was cleared
-                # Refused before any byte reached llama.cpp: the context is as it was; cut it back.
-        if live < int(llm.n_tokens) and not truncate_sequence(llm, live):
-            truncate_sequence(llm, 0)  # _reusable_context said it could; llama.cpp disagreed
-            live = 0
-        return live, "context" if live > 0 else None
-
-    def _reusable_context(self, tokens: TokenArray, scope: str) -> int:
-        """How many tokens of `tokens` the context holds for `scope` and can be cut back to."""
-        held = int(self._llm.n_tokens)
-        if held == 0 or vars(self._llm).get(_CONTEXT_SCOPE_ATTRIBUTE, scope) != scope:
-            return 0
-        common = common_prefix(np.asarray(self._llm.input_ids[:held]), tokens)
-        return common if can_truncate_to(self._llm, common) else 0
-
-    def _lookup(self, tokens: TokenArray, scope: str) -> tuple[Snapshot, Source] | None:
-        """The store's longest prefix of `tokens` and the tier that served it; None on a miss."""
-        try:
-            return self._store.lookup_with_tier(self._fingerprint, scope, tokens)
-        except (SnapcacheError, OSError) as exc:
-            _log.warning("snapshot lookup failed, reading the prompt in full: %s", exc)
-            return None
-
-    def _save_context(self, scope: str, priority: int) -> bool:
-        """Capture the context's state into the store; False (logged) when that fails."""
-        try:
-            captured = capture_sequence(self._llm)
-            key = SnapshotKey.for_tokens(self._fingerprint, scope, captured.tokens)
-            stored = self._store.put(key, captured.tokens, captured.state, priority, captured.logits)
-        except (SnapcacheError, OSError) as exc:
-            _log.warning("could not save the state of %d tokens: %s", int(self._llm.n_tokens), exc)
-            return False
-        return stored is not None
-
     # -- chat templates -----------------------------------------------------------------------------
 
     def _chat_checkpoint(
@@ -620,7 +484,7 @@ class CacheHook:
         shared = self._shared_chat_tokens(list(messages[:head]), render_options(kwargs))
         if shared is None or len(shared) < CHECKPOINT_ALIGN:
             return None
-        return as_token_array(shared[: _align_down(len(shared))])
+        return as_token_array(shared[: align_down(len(shared))])
 
     def _shared_chat_tokens(
         self, head: list[Mapping[str, Any]], options: dict[str, Any]
@@ -651,25 +515,3 @@ def _add_cached_tokens(result: dict[str, Any], cached_tokens: int) -> None:
         details = usage.setdefault("prompt_tokens_details", {})
         if isinstance(details, dict):
             details["cached_tokens"] = cached_tokens
-
-
-def _ladder_points(step: int, reuse: float, limit: int) -> list[int]:
-    """Multiples of `step` below `limit`, each the largest at most 1/reuse times the one before.
-
-    Any length L has a point p <= L with p >= reuse * L or p > L - step: a later prompt sharing L
-    tokens restores at least `reuse` of them once L >= step / (1 - reuse), and all but `step` before.
-    """
-    points = []
-    point = step
-    while point < limit:
-        points.append(point)
-        point = max(point + step, int(point / reuse) // step * step)
-    return points
-
-
-def _align_down(n_tokens: int) -> int:
-    return n_tokens // CHECKPOINT_ALIGN * CHECKPOINT_ALIGN
-
-
-def _lower(priority: int) -> int:
-    return max(-MAX_PRIORITY, priority - 1)

@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from snapcache.llama.hook import CompletionReport, RestoreInfo
+from snapcache.llama.reports import CompletionReport, RestoreInfo
 from snapcache.savings import MIN_TIMED_TOKENS, SavingsLedger, ScopeSavings
 from snapcache.server.request import current_record
 from snapcache.store import SnapshotStore

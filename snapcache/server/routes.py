@@ -19,7 +19,8 @@ from starlette.concurrency import run_in_threadpool
 
 from snapcache.errors import InvalidArgument
 from snapcache.key import DEFAULT_SCOPE
-from snapcache.llama.hook import CacheHook, WarmResult
+from snapcache.llama.hook import CacheHook
+from snapcache.llama.reports import WarmResult
 from snapcache.server.middleware import error_document
 from snapcache.server.monitor import ServeMonitor
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 from chat_support import GREEDY, N_CTX, SYSTEM, chat, chat_reply, cold_chat, context_of
+from llama_cpp import llama_chat_format
 
 import snapcache
 from snapcache import InvalidArgument
@@ -83,3 +86,33 @@ def test_a_scope_function_picks_each_completions_scope(make_llama, tiny_model_pa
     assert hook.last_restore is not None
     assert hook.last_restore.restored_tokens == 0  # neither agent-a's snapshots nor its context
     assert {entry.key.scope for entry in store.entries()} == {"agent-a", "agent-b"}
+
+
+class _TextOnlyLlava(llama_chat_format.Llava15ChatHandler):
+    """A multimodal handler without a vision model: it renders text as the llama-2 format does."""
+
+    def __init__(self) -> None:  # no CLIP model to load
+        pass
+
+    def __call__(self, **kwargs):
+        return llama_chat_format.get_chat_completion_handler("llama-2")(**kwargs)
+
+
+def test_multimodal_chat_handlers_pass_through_uncached(make_llama, tiny_model_path, store, caplog) -> None:
+    llm = make_llama(tiny_model_path, n_ctx=N_CTX, chat_handler=_TextOnlyLlava())
+    hook = snapcache.attach(llm, store)
+    with caplog.at_level(logging.WARNING, logger="snapcache"):
+        for question in ("Hello.", "And now?"):
+            reply = llm.create_chat_completion(messages=chat(SYSTEM, question), **GREEDY)
+            assert reply["usage"]["completion_tokens"] > 0
+    assert hook.last_restore is None
+    assert store.entries() == []
+    assert caplog.text.count("_TextOnlyLlava evaluates images itself") == 1  # one reason, logged once
+    llm.create_completion(SYSTEM + "Plain text is still cached.", **GREEDY)
+    assert store.entries() != []
+
+
+def test_embedding_llamas_are_refused(make_llama, tiny_model_path, store) -> None:
+    llm = make_llama(tiny_model_path, embedding=True)
+    with pytest.raises(InvalidArgument, match="embedding=True"):
+        snapcache.attach(llm, store)

@@ -86,9 +86,11 @@ class _Call:
 
 @dataclass(frozen=True, slots=True)
 class _ChatTurn:
-    """A chat handler is about to call `create_completion`: the checkpoint its messages share."""
+    """A chat handler is about to call `create_completion`: the checkpoint its messages share, or
+    why its completion must not be cached."""
 
     prefix: TokenArray | None
+    uncached_because: str | None = None
 
 
 class CacheHook:
@@ -117,6 +119,8 @@ class CacheHook:
             raise InvalidArgument(f"llm must be a llama_cpp.Llama, got {type(llm).__name__}")
         if not isinstance(store, SnapshotStore):
             raise InvalidArgument(f"store must be a SnapshotStore, got {type(store).__name__}")
+        if getattr(llm.context_params, "embeddings", False):
+            raise InvalidArgument("this Llama was built with embedding=True: it has no completions to cache")
         if not callable(scope):
             validate_scope(scope)
         if isinstance(min_tokens, bool) or not isinstance(min_tokens, int) or min_tokens < 1:
@@ -141,6 +145,7 @@ class CacheHook:
         self._completion_entry = self._create_completion
         self._chat_entry = self._handle_chat
         self.last_restore: RestoreInfo | None = None
+        self._told: set[str] = set()
 
     # -- properties ---------------------------------------------------------------------------------
 
@@ -230,6 +235,9 @@ class CacheHook:
         if self._rendering:
             return original(*args, **kwargs)
         turn, self._chat_turn = self._chat_turn, None
+        if turn is not None and turn.uncached_because is not None:
+            self.last_restore = None
+            return original(*args, **kwargs)
         if kwargs.get("echo") and kwargs.get("logprobs") is not None:
             # Echoed log-probabilities need the logits of every prompt token; a state has none.
             self.last_restore = None
@@ -245,7 +253,12 @@ class CacheHook:
         handler = self._original_chat_handler()
         if self._rendering or llama is not self._llm:
             return handler(llama=llama, messages=messages, **kwargs)
-        turn = _ChatTurn(self._chat_checkpoint(messages, kwargs))
+        reason = _uncacheable_handler(handler)
+        if reason is not None:
+            self._tell_once(f"chat completions are not cached: {reason}")
+            turn = _ChatTurn(None, reason)
+        else:
+            turn = _ChatTurn(self._chat_checkpoint(messages, kwargs))
         self._chat_turn = turn
         try:
             return handler(llama=llama, messages=messages, **kwargs)
@@ -262,6 +275,11 @@ class CacheHook:
             or llm._chat_handlers.get(chat_format)
             or llama_chat_format.get_chat_completion_handler(chat_format)
         )
+
+    def _tell_once(self, message: str) -> None:
+        if message not in self._told:
+            self._told.add(message)
+            _log.warning("%s", message)
 
     # -- one completion -----------------------------------------------------------------------------
 
@@ -500,6 +518,20 @@ class CacheHook:
 
 
 # -- module helpers ----------------------------------------------------------------------------------
+
+
+def _uncacheable_handler(handler: Any) -> str | None:
+    """Why completions through this chat handler must not be cached, if they must not.
+
+    Multimodal handlers (llava, mtmd) evaluate image embeddings into the context themselves and then
+    complete from placeholder token ids: those ids do not say what the context holds.
+    """
+    multimodal = (llama_chat_format.Llava15ChatHandler, getattr(llama_chat_format, "MTMDChatHandler", ()))
+    if isinstance(handler, multimodal):
+        return (
+            f"{type(handler).__name__} evaluates images itself, and its prompt tokens do not say what it read"
+        )
+    return None
 
 
 def attached_hook(llm: llama_cpp.Llama) -> CacheHook | None:

@@ -584,12 +584,12 @@ def test_lookup_with_tier_of_a_disk_only_store_says_disk(directory: Path) -> Non
 def test_a_transient_disk_read_failure_does_not_hide_the_entry(
     directory: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from snapcache import disk_tier as disk_tier_module
+    from snapcache import _disk_files as disk_files
 
     with SnapshotStore(directory, ram_bytes=0, background_writes=False) as store:
         add(store, 30)
         assert_right(store.lookup(FP, SCOPE, DOC[:100]), 30)  # the catalog is read and cached
-        real_read = disk_tier_module._read_file
+        real_read = disk_files.read_file
         failures = []
 
         def failing_read(path: Path) -> memoryview:
@@ -598,7 +598,7 @@ def test_a_transient_disk_read_failure_does_not_hide_the_entry(
                 raise PermissionError(13, "Permission denied")
             return real_read(path)
 
-        monkeypatch.setattr(disk_tier_module, "_read_file", failing_read)
+        monkeypatch.setattr(disk_files, "read_file", failing_read)
         assert store.lookup(FP, SCOPE, DOC[:100]) is None
         assert failures
         # The catalog has not changed, so it is not read again: the entry must still be in it.

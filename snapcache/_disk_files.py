@@ -20,12 +20,15 @@ import secrets
 import stat
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from snapcache._disk_format import EncodedFile
 from snapcache.errors import StoreUnavailable
-from snapcache.key import SnapshotKey
+
+if TYPE_CHECKING:
+    from snapcache._disk_format import EncodedFile
+    from snapcache.key import SnapshotKey
 
 logger = logging.getLogger("snapcache")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal, Protocol, TypeVar
 
 from snapcache.key import SnapshotKey
 from snapcache.snapshot import Snapshot
@@ -36,7 +36,10 @@ def eviction_rank(entry: EntryInfo) -> tuple[int, float, float]:
     return (entry.priority, entry.last_used_at, entry.created_at)
 
 
-def in_eviction_order(entries: Iterable[EntryInfo]) -> list[EntryInfo]:
+_E = TypeVar("_E", bound="EntryInfo")
+
+
+def in_eviction_order(entries: Iterable[_E]) -> list[_E]:
     """`entries` sorted in the order a tier would evict them: the first goes first."""
     return sorted(entries, key=eviction_rank)
 

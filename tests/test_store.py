@@ -524,7 +524,8 @@ def test_threads_share_a_store(directory: Path) -> None:
     assert stats.disk_used_bytes <= stats.disk_budget_bytes
     assert store._ram is not None
     assert stats.ram_used_bytes == sum(row.nbytes for row in store._ram.entries())
-    assert store._writes is not None and not list(store._writes.snapshots())
+    assert store._writes is not None
+    assert not list(store._writes.snapshots())
     assert set(store._memory_index.keys()) == {row.key for row in store._ram.entries()}
     for snap in store._ram.snapshots():
         assert snap.key.matches(snap.tokens)

@@ -9,6 +9,7 @@ import typer
 
 from ..formatting import render_pairs
 from ..settings import settings_of
+from .entries import SHORT_ID
 
 
 def check(
@@ -58,11 +59,12 @@ def check(
     else:
         pairs = [
             ("cache directory", str(directory)),
-            ("snapshots", f"{report.entries}{' verified' if verify else ''}"),
+            ("indexed", f"{report.entries} snapshot{'s' if report.entries != 1 else ''}"),
+            ("files verified", "all" if verify else "no (--no-verify)"),
             ("missing files", _listed(report.missing_files)),
             ("orphan files", _listed(report.orphan_files)),
             ("temporary files", _listed(report.temp_files)),
-            ("corrupt files", _listed(report.corrupt_files) if verify else "not checked (--no-verify)"),
+            ("corrupt files", _listed(report.corrupt_files) if verify else "-"),
         ]
         if report.unauthenticated_files:
             pairs.append(("other secret", f"{_listed(report.unauthenticated_files)} (kept)"))
@@ -81,7 +83,9 @@ def check(
 
 
 def _listed(names: tuple[str, ...], shown: int = 3) -> str:
+    """A count and the first few names, shortened as `snapcache ls` shortens key ids."""
     if not names:
         return "0"
-    more = f", … {len(names) - shown} more" if len(names) > shown else ""
-    return f"{len(names)} ({', '.join(names[:shown])}{more})"
+    short = [name if name.startswith(".") else name[:SHORT_ID] for name in names[:shown]]
+    more = f", and {len(names) - shown} more" if len(names) > shown else ""
+    return f"{len(names)} ({', '.join(short)}{more})"

@@ -1,24 +1,35 @@
-"""SnapshotStore: the façade over the RAM and disk tiers — put, get, longest-prefix lookup, spill, promote."""
+"""SnapshotStore: the façade over the RAM and disk tiers — put, get, longest-prefix lookup, spill, promote.
+
+The pieces it steps through: the RAM tier (ram_tier), the write-behind queue to the disk
+(_write_behind), the disk tier (disk_tier) and the store's copies of its catalogs (_disk_catalogs),
+arguments checked once (_store_inputs), and what it reports (_store_report).
+"""
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import enum
 import logging
 import os
 import threading
 import weakref
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import numpy as np
 import numpy.typing as npt
 
 from snapcache._disk_catalogs import DiskCatalogs
+from snapcache._store_inputs import (
+    DEFAULT_DIRECTORY,
+    Default,
+    copy_logits,
+    copy_state,
+    resolve_secret,
+    store_path,
+)
+from snapcache._store_report import Counters, StoreEntry, StoreStats, memory_row, merge_entries
 from snapcache._write_behind import PendingWrite, WriteBehind
 from snapcache.errors import InvalidArgument, KeyMismatch, StoreUnavailable
 from snapcache.key import (
@@ -44,6 +55,8 @@ if TYPE_CHECKING:
 
 _E = TypeVar("_E", bound=EntryInfo)
 
+__all__ = ["DEFAULT_DIRECTORY", "SnapshotStore", "StoreEntry", "StoreStats"]
+
 log = logging.getLogger("snapcache")
 
 # Snapshots waiting for the background writer outside the RAM tier may hold at most
@@ -51,64 +64,6 @@ log = logging.getLogger("snapcache")
 # with the writer's compression buffer, the process then stays within the RAM budget plus a tenth.
 _PENDING_SHARE = 0.05
 _MAX_PENDING_BYTES = 256 << 20
-
-
-class _Default(enum.Enum):
-    DIRECTORY = enum.auto()
-
-
-DEFAULT_DIRECTORY = _Default.DIRECTORY
-
-
-@dataclass(frozen=True, slots=True)
-class StoreStats:
-    """Counters since the store opened, and what each tier holds now."""
-
-    hits: int
-    misses: int
-    ram_hits: int
-    disk_hits: int
-    ram_misses: int
-    disk_misses: int
-    ram_used_bytes: int
-    disk_used_bytes: int
-    ram_budget_bytes: int
-    disk_budget_bytes: int
-    ram_entries: int
-    disk_entries: int
-    evictions: int
-    ram_evictions: int
-    disk_evictions: int
-    spills: int
-    promotions: int
-    dropped: int
-    write_errors: int
-    pending_write_bytes: int  # snapshots waiting for their disk write that RAM does not hold
-
-
-@dataclass(frozen=True, slots=True)
-class StoreEntry(EntryInfo):
-    """One stored key; `tiers` names every tier holding it, `tier` the one a get would read first.
-
-    `nbytes` is what the entry costs that first tier. A snapshot still waiting for its disk write is
-    reported in RAM.
-    """
-
-    tiers: tuple[TierName, ...]
-
-
-@dataclass(slots=True)
-class _Counters:
-    hits: int = 0
-    misses: int = 0
-    ram_hits: int = 0
-    disk_hits: int = 0
-    ram_misses: int = 0
-    disk_misses: int = 0
-    spills: int = 0
-    promotions: int = 0
-    dropped: int = 0
-    write_errors: int = 0
 
 
 class SnapshotStore:
@@ -138,7 +93,7 @@ class SnapshotStore:
 
     def __init__(
         self,
-        directory: str | os.PathLike[str] | _Default | None = DEFAULT_DIRECTORY,
+        directory: str | os.PathLike[str] | Default | None = DEFAULT_DIRECTORY,
         *,
         ram_bytes: int = 512 << 20,
         disk_bytes: int | None = None,
@@ -149,14 +104,14 @@ class SnapshotStore:
         ram_bytes = validate_budget("ram_bytes", ram_bytes)
         if disk_bytes is not None:
             disk_bytes = validate_budget("disk_bytes", disk_bytes)
-        path = _store_path(directory)
+        path = store_path(directory)
         if path is not None and disk_bytes == 0:
             path = None
         if path is None and ram_bytes == 0:
             raise InvalidArgument("ram_bytes=0 needs a disk tier: give a directory and disk_bytes > 0")
 
         self._lock = threading.Condition(threading.Lock())
-        self._counters = _Counters()
+        self._counters = Counters()
         self._closed = False
         self._evicted: list[Snapshot] = []
         self._ram = RamTier(ram_bytes, on_evict=self._evicted.append) if ram_bytes else None
@@ -175,7 +130,7 @@ class SnapshotStore:
             self._disk = DiskTier(
                 path,
                 disk_bytes,
-                secret=_resolve_secret(secret),
+                secret=resolve_secret(secret),
                 allow_shared_dir=allow_shared_dir,
                 on_change=self._on_disk_change,
             )
@@ -242,7 +197,7 @@ class SnapshotStore:
         array = as_token_array(tokens)
         if not key.matches(array):
             raise KeyMismatch(f"the {len(array)} tokens given do not hash to the key")
-        snapshot = Snapshot(key, array, _copy_state(state_bytes), _copy_logits(logits), priority)
+        snapshot = Snapshot(key, array, copy_state(state_bytes), copy_logits(logits), priority)
         self._check_open()
 
         ram, writes = self._ram, self._writes
@@ -382,17 +337,11 @@ class SnapshotStore:
             if self._writes is not None:
                 for snapshot in self._writes.snapshots():
                     if snapshot.key not in rows and wanted(snapshot.key):
-                        rows[snapshot.key] = _memory_row(snapshot)
+                        rows[snapshot.key] = memory_row(snapshot)
         disk_rows: list[EntryInfo] = []
         if self._disk is not None:
             disk_rows = self._disk_call("entries", self._disk.entries, model_fingerprint, scope, default=[])
-        on_disk = {row.key: row for row in disk_rows}
-        result: list[EntryInfo] = []
-        for key, row in rows.items():
-            tiers: tuple[TierName, ...] = ("ram", "disk") if key in on_disk else ("ram",)
-            result.append(_store_entry(row, tiers))
-        result.extend(_store_entry(row, ("disk",)) for key, row in on_disk.items() if key not in rows)
-        return result
+        return merge_entries(rows, disk_rows)
 
     def stats(self) -> StoreStats:
         """Hit and miss counters and what each tier holds now."""
@@ -653,77 +602,6 @@ class SnapshotStore:
     def _check_open(self) -> None:
         if self._closed:
             raise StoreUnavailable("the store is closed")
-
-
-def _store_path(directory: str | os.PathLike[str] | _Default | None) -> Path | None:
-    if directory is DEFAULT_DIRECTORY:
-        return SnapshotStore.default_directory()
-    if directory is None:
-        return None
-    if isinstance(directory, (str, os.PathLike)):
-        return Path(directory)
-    raise InvalidArgument(f"directory must be a path or None, got {directory!r}")
-
-
-def _resolve_secret(secret: bytes | str | None) -> bytes | None:
-    if secret is None:
-        secret = os.environ.get("SNAPCACHE_SECRET") or None
-    if isinstance(secret, str):
-        secret = secret.encode()
-    if secret is not None and not isinstance(secret, bytes):
-        raise InvalidArgument("secret must be bytes, str or None")
-    return secret or None
-
-
-def _copy_state(state: Buffer) -> bytes:
-    """One copy of the caller's buffer: callers reuse theirs."""
-    try:
-        view = memoryview(state)
-    except TypeError:
-        raise InvalidArgument(f"state_bytes must be bytes-like, got {type(state).__name__}") from None
-    if view.nbytes == 0:
-        raise InvalidArgument("state_bytes is empty")
-    return view.tobytes()
-
-
-def _copy_logits(logits: npt.ArrayLike | None) -> npt.NDArray[np.float32] | None:
-    if logits is None:
-        return None
-    try:
-        array = np.array(logits, dtype=np.float32)
-    except (TypeError, ValueError) as exc:
-        raise InvalidArgument(f"logits must be an array of floats: {exc}") from None
-    if array.ndim != 1 or array.size == 0:
-        raise InvalidArgument(f"logits must be a non-empty one-dimensional array, got shape {array.shape}")
-    array.flags.writeable = False
-    return array
-
-
-def _memory_row(snapshot: Snapshot) -> EntryInfo:
-    return EntryInfo(
-        key=snapshot.key,
-        tier="ram",
-        priority=snapshot.priority,
-        nbytes=snapshot.nbytes,
-        state_bytes=memoryview(snapshot.state).nbytes,
-        created_at=snapshot.created_at,
-        last_used_at=snapshot.created_at,
-        rolling_hash=rolling_hash(snapshot.tokens),
-    )
-
-
-def _store_entry(row: EntryInfo, tiers: tuple[TierName, ...]) -> StoreEntry:
-    return StoreEntry(
-        key=row.key,
-        tier=row.tier,
-        priority=row.priority,
-        nbytes=row.nbytes,
-        state_bytes=row.state_bytes,
-        created_at=row.created_at,
-        last_used_at=row.last_used_at,
-        rolling_hash=row.rolling_hash,
-        tiers=tiers,
-    )
 
 
 # Stores still open at interpreter exit are closed then, so that queued writes reach the disk.

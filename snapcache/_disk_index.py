@@ -332,18 +332,29 @@ class DiskIndex:
             return None
         return self._write("write", lambda: self._put(row, budget_bytes))
 
+    def admits(self, key_id: str, priority: int, file_bytes: int, budget_bytes: int) -> bool:
+        """Whether a put would find room now: a read-only check before writing the file."""
+        with self._lock, self._errors("read"):
+            return self._excess(key_id, priority, file_bytes, budget_bytes) is not None
+
+    def _excess(self, key_id: str, priority: int, file_bytes: int, budget_bytes: int) -> int | None:
+        """Bytes to evict for a row of `priority` and `file_bytes` to fit; None if that would take
+        evicting a higher priority."""
+        others, evictable = self._conn.execute(
+            "SELECT COALESCE(SUM(file_bytes), 0),"
+            " COALESCE(SUM(CASE WHEN priority <= ? THEN file_bytes ELSE 0 END), 0)"
+            " FROM entries WHERE key_id != ?",
+            (priority, key_id),
+        ).fetchone()
+        excess = int(others) + file_bytes - budget_bytes
+        return None if excess > int(evictable) else excess
+
     def _put(self, row: IndexRow, budget_bytes: int) -> Change | None:
         execute = self._conn.execute
         before = self._generation()
         previous = execute(f"SELECT {_COLUMNS} FROM entries WHERE key_id = ?", (row.key_id,)).fetchone()
-        others, evictable = execute(
-            "SELECT COALESCE(SUM(file_bytes), 0),"
-            " COALESCE(SUM(CASE WHEN priority <= ? THEN file_bytes ELSE 0 END), 0)"
-            " FROM entries WHERE key_id != ?",
-            (row.priority, row.key_id),
-        ).fetchone()
-        excess = int(others) + row.file_bytes - budget_bytes
-        if excess > int(evictable):
+        excess = self._excess(row.key_id, row.priority, row.file_bytes, budget_bytes)
+        if excess is None:
             return None  # the rest is of higher priority: this row stays out
         removed: list[IndexRow] = [] if previous is None else [_row(previous)]
         removed.extend(self._evict(excess, sparing=row.key_id))

@@ -159,10 +159,11 @@ class DiskTier:
         return isinstance(key, SnapshotKey) and self._open_index().get(key.id) is not None
 
     def put(self, snapshot: Snapshot) -> bool:
-        """Write `snapshot` durably; False (nothing evicted) when its file exceeds the whole budget.
+        """Write `snapshot` durably; False (nothing changed) when it does not fit.
 
-        Raises StoreUnavailable when the file cannot be written (a full disk, say); then no partial
-        file and no row remain.
+        It does not fit when its file exceeds the whole budget, or when room for it would take
+        evicting a snapshot of higher priority (`tier.may_evict`). Raises StoreUnavailable when the
+        file cannot be written (a full disk, say); then no partial file and no row remain.
         """
         index = self._open_index()
         key = snapshot.key
@@ -180,8 +181,10 @@ class DiskTier:
             shuffle=self._shuffle,
             mac_secret=self._mac_key,
         )
-        if encoded.size > self._budget:
-            return False
+        if encoded.size > self._budget or not index.admits(
+            key.id, snapshot.priority, encoded.size, self._budget
+        ):
+            return False  # decided again when the row commits: another process may write meanwhile
         file_name = files.new_file_name(key)
         path = self._files / file_name
         files.write_file(self._files, file_name, encoded)

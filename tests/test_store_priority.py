@@ -132,3 +132,5 @@ def test_the_disk_keeps_out_a_put_that_would_evict_a_higher_priority(
         for key in warm:
             assert held[key] == ("ram", "disk")
         assert store.stats().disk_evictions == 0
+        # Refused before its file was written: only the two warm files exist.
+        assert len(list((tmp_path / "cache" / "snapshots").iterdir())) == 2

@@ -26,8 +26,9 @@ from chat_support import (
 
 from snapcache.errors import InvalidArgument
 from snapcache.key import SnapshotKey, as_token_array
-from snapcache.llama.cached import CHECKPOINT_ALIGN, CachedLlama, _ladder_points
+from snapcache.llama.cached import CachedLlama
 from snapcache.llama.fingerprint import model_fingerprint
+from snapcache.llama.hook import CHECKPOINT_ALIGN, _ladder_points
 from snapcache.store import SnapshotStore
 
 pytestmark = pytest.mark.model

@@ -13,7 +13,7 @@ from typer.core import TyperGroup
 
 import snapcache
 
-from .commands import bench, doctor, entries, serve, warm
+from .commands import bench, check, doctor, entries, serve, warm
 from .errors import describe
 from .settings import Settings
 
@@ -114,6 +114,7 @@ app.command("prune")(entries.prune)
 app.command("clear")(entries.clear)
 app.command("stats")(entries.stats)
 app.command("doctor")(doctor.doctor)
+app.command("check")(check.check)
 app.command("bench")(bench.bench)
 app.command("serve")(serve.serve)
 

@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 from snapcache.errors import StoreUnavailable
 from snapcache.key import SnapshotKey
+from snapcache.tier import EVICTION_ORDER
 
 _T = TypeVar("_T")
 
@@ -75,6 +76,7 @@ _SCHEMA = (
         BEGIN UPDATE generation SET value = value + 1; END""",
 )
 _GENERATION = "SELECT value FROM generation"
+_BY_EVICTION = ", ".join(f"{column} ASC" for column in EVICTION_ORDER)
 _CATALOG = "SELECT token_count, prefix_hash, rolling_hash FROM entries WHERE fingerprint = ? AND scope = ?"
 
 
@@ -301,6 +303,11 @@ class DiskIndex:
                 self._conn.execute("COMMIT")
         return generation, [(count, prefix, rolling % _UINT64) for count, prefix, rolling in rows]
 
+    def file_names(self) -> set[str]:
+        """The file name of every row."""
+        with self._lock, self._errors("read"):
+            return {str(name) for (name,) in self._conn.execute("SELECT file_name FROM entries")}
+
     def count(self) -> int:
         with self._lock, self._errors("read"):
             return int(self._conn.execute("SELECT COUNT(*) FROM entries").fetchone()[0])
@@ -318,34 +325,48 @@ class DiskIndex:
     def put(self, row: IndexRow, budget_bytes: int) -> Change | None:
         """Commit `row`, evicting lowest priority then least recently used rows until it fits.
 
-        None (nothing changed) when the file alone exceeds the budget.
+        None (nothing changed) when the file alone exceeds the budget, or when room for it would
+        take evicting a row of higher priority than `row.priority` (`tier.may_evict`).
         """
         if row.file_bytes > budget_bytes:
             return None
         return self._write("write", lambda: self._put(row, budget_bytes))
 
-    def _put(self, row: IndexRow, budget_bytes: int) -> Change:
+    def admits(self, key_id: str, priority: int, file_bytes: int, budget_bytes: int) -> bool:
+        """Whether a put would find room now: a read-only check before writing the file."""
+        with self._lock, self._errors("read"):
+            return self._excess(key_id, priority, file_bytes, budget_bytes) is not None
+
+    def _excess(self, key_id: str, priority: int, file_bytes: int, budget_bytes: int) -> int | None:
+        """Bytes to evict for a row of `priority` and `file_bytes` to fit; None if that would take
+        evicting a higher priority."""
+        others, evictable = self._conn.execute(
+            "SELECT COALESCE(SUM(file_bytes), 0),"
+            " COALESCE(SUM(CASE WHEN priority <= ? THEN file_bytes ELSE 0 END), 0)"
+            " FROM entries WHERE key_id != ?",
+            (priority, key_id),
+        ).fetchone()
+        excess = int(others) + file_bytes - budget_bytes
+        return None if excess > int(evictable) else excess
+
+    def _put(self, row: IndexRow, budget_bytes: int) -> Change | None:
         execute = self._conn.execute
         before = self._generation()
         previous = execute(f"SELECT {_COLUMNS} FROM entries WHERE key_id = ?", (row.key_id,)).fetchone()
-        others = int(
-            execute(
-                "SELECT COALESCE(SUM(file_bytes), 0) FROM entries WHERE key_id != ?",
-                (row.key_id,),
-            ).fetchone()[0]
-        )
+        excess = self._excess(row.key_id, row.priority, row.file_bytes, budget_bytes)
+        if excess is None:
+            return None  # the rest is of higher priority: this row stays out
         removed: list[IndexRow] = [] if previous is None else [_row(previous)]
-        removed.extend(self._evict(others + row.file_bytes - budget_bytes, sparing=row.key_id))
+        removed.extend(self._evict(excess, sparing=row.key_id))
         execute(_INSERT, row.params())
         return Change(before, self._generation(), row, tuple(removed))
 
     def _evict(self, excess: int, sparing: str = "") -> list[IndexRow]:
-        """Delete lowest priority, then least recently used rows (not `sparing`) totalling `excess`."""
+        """Delete rows (not `sparing`) in eviction order until they total `excess` bytes."""
         if excess <= 0:
             return []
         cursor = self._conn.execute(
-            f"SELECT {_COLUMNS} FROM entries WHERE key_id != ?"
-            " ORDER BY priority ASC, last_used_at ASC, created_at ASC",
+            f"SELECT {_COLUMNS} FROM entries WHERE key_id != ? ORDER BY {_BY_EVICTION}",
             (sparing,),
         )
         evicted: list[IndexRow] = []

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import platformdirs
 
+from snapcache._disk_files import FILES_DIR, INDEX_NAME, SNAPSHOT_SUFFIX
 from snapcache.errors import InsecureDirectory, StoreUnavailable
 
 ENV_DIR = "SNAPCACHE_DIR"
@@ -84,6 +85,39 @@ def inspect_cache_dir(path: Path, allow_shared: bool = False) -> list[DirProblem
     if not os.access(path, os.W_OK | os.X_OK):
         problems.append(DirProblem(f"cannot use cache directory {path}: not writable"))
     return problems
+
+
+@dataclass(frozen=True, slots=True)
+class DirectoryReport:
+    """What a cache directory holds, and what would stop a store from opening there.
+
+    Found without creating or changing anything: `exists` is False for a directory not made yet,
+    `indexed` tells whether it has a snapshot index, `snapshot_files` counts the snapshot files
+    (those an index will be rebuilt from when there is none).
+    """
+
+    path: Path
+    problems: tuple[DirProblem, ...]
+    exists: bool
+    indexed: bool
+    snapshot_files: int
+
+    @property
+    def usable(self) -> bool:
+        """True when a store can open here (or create the directory)."""
+        return not self.problems
+
+
+def inspect_store_dir(path: Path, allow_shared: bool = False) -> DirectoryReport:
+    """`inspect_cache_dir`, plus what the directory holds."""
+    path = Path(path).expanduser()
+    problems = tuple(inspect_cache_dir(path, allow_shared))
+    folder = path / FILES_DIR
+    try:
+        count = sum(1 for name in os.listdir(folder) if name.endswith(SNAPSHOT_SUFFIX))
+    except OSError:  # absent, or unreadable: the problems say why when it matters
+        count = 0
+    return DirectoryReport(path, problems, path.is_dir(), (path / INDEX_NAME).is_file(), count)
 
 
 def _creation_problems(path: Path) -> list[DirProblem]:

@@ -1,45 +1,40 @@
-"""Snapshots as compressed files under a byte budget, indexed in SQLite, shared by processes.
-
-Directory layout::
-
-    index.sqlite3          one row per snapshot; a committed row is the commit point of a put
-    index.sqlite3.lock     held while a process opens (and, if need be, rebuilds) the index
-    snapshots/<key id>-<random>.snap
-    snapshots/.tmp-<random>.partial    a write in flight (or left by a crash)
-    quarantine/index.sqlite3.<time>    a damaged index, moved aside
+"""The disk tier: snapshots as compressed files under a byte budget, indexed in SQLite, shared by
+processes.
 
 A put writes a temporary file, fsyncs it, renames it to a fresh name, fsyncs the directory and only
 then commits the row; files it replaced or evicted are deleted after the commit. Readers tolerate a
 file vanishing under them (a miss). A file that fails verification is deleted, logged, and a miss;
 an intact file authenticated under another secret (or none) is a miss that stays, since processes
-configured otherwise may share the directory. A damaged index is moved to quarantine/ and rebuilt
-from the headers of the snapshot files, as is a missing one when files exist.
+configured otherwise may share the directory. Opening the tier (under the directory's lock) rebuilds
+a damaged or missing index from the files and reclaims debris of interrupted writes (_disk_repair).
+The directory's layout is in _disk_files; the file format in _disk_format.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import enum
-import errno
 import logging
 import math
-import os
-import re
-import secrets
-import stat
 import threading
 import time
-from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
+from snapcache import _disk_files as files
 from snapcache import codec
-from snapcache._disk_format import EncodedFile, FileHeader, MacMismatch, decode, encode, mac_key, read_header
-from snapcache._disk_index import CatalogRow, Change, DiskIndex, IndexDamaged, IndexRow
+from snapcache._disk_files import FILES_DIR, INDEX_NAME, LOCK_NAME, QUARANTINE_DIR, TEMP_PREFIX
+from snapcache._disk_format import MacMismatch, decode, encode, mac_key
+from snapcache._disk_index import CatalogRow, Change, DiskIndex, IndexRow
+from snapcache._disk_repair import (
+    DEFAULT_GRACE_S,
+    CheckReport,
+    Verdict,
+    open_or_rebuild,
+    reclaim_debris,
+    survey,
+)
 from snapcache.cache_dir import prepare_cache_dir
 from snapcache.errors import CorruptSnapshot, InvalidArgument, KeyMismatch, StoreUnavailable
 from snapcache.key import SnapshotKey, rolling_hash, validate_budget, validate_priority
@@ -48,46 +43,26 @@ from snapcache.tier import EntryInfo, TierName
 
 logger = logging.getLogger("snapcache")
 
-INDEX_NAME = "index.sqlite3"
-LOCK_NAME = INDEX_NAME + ".lock"
-FILES_DIR = "snapshots"
-QUARANTINE_DIR = "quarantine"
-_INDEX_SUFFIXES = ("", "-wal", "-shm", "-journal")
-TEMP_PREFIX = ".tmp-"
-TEMP_SUFFIX = ".partial"
 # The budget of a directory that records none, for a store given none.
 DEFAULT_BUDGET_BYTES = 8 << 30
-# check() leaves younger temp and orphan files alone: another process may be writing them.
-DEFAULT_GRACE_S = 600.0
-_FILE_NAME = re.compile(r"[0-9a-f]{64}-[0-9a-f]{12}\.snap")
-_O_BINARY = getattr(os, "O_BINARY", 0)
-_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 # Files this process found authenticated otherwise: warned about once, not on every lookup.
 _MAX_WARNED = 10_000
 _warned_unauthenticated: set[str] = set()
 _warned_lock = threading.Lock()
 
-__all__ = ["Catalog", "CatalogRow", "Change", "CheckReport", "DiskTier", "Miss"]
-
-
-@dataclass(frozen=True, slots=True)
-class CheckReport:
-    """What check() found; with `repaired`, every listed problem was removed."""
-
-    entries: int
-    missing_files: tuple[str, ...]  # key ids whose row names a file that does not exist
-    orphan_files: tuple[str, ...]  # snapshot files no row names
-    temp_files: tuple[str, ...]  # temporary files left by interrupted writes
-    corrupt_files: tuple[str, ...]  # files failing verification (only with verify=True)
-    repaired: bool
-    # Intact files failing only their MAC under this tier's secret (only with verify=True): another
-    # configuration may own them, so repair keeps them and `ok` does not count them.
-    unauthenticated_files: tuple[str, ...] = ()
-
-    @property
-    def ok(self) -> bool:
-        """True when nothing needing repair was found."""
-        return not (self.missing_files or self.orphan_files or self.temp_files or self.corrupt_files)
+__all__ = [
+    "DEFAULT_GRACE_S",
+    "FILES_DIR",
+    "INDEX_NAME",
+    "QUARANTINE_DIR",
+    "TEMP_PREFIX",
+    "Catalog",
+    "CatalogRow",
+    "Change",
+    "CheckReport",
+    "DiskTier",
+    "Miss",
+]
 
 
 class Miss(enum.Enum):
@@ -132,6 +107,7 @@ class DiskTier:
         compression_level: int = codec.DEFAULT_LEVEL,
         shuffle: bool = codec.DEFAULT_SHUFFLE,
         on_change: Callable[[Change], None] | None = None,
+        debris_grace_s: float = DEFAULT_GRACE_S,
     ) -> None:
         if budget_bytes is not None:
             budget_bytes = validate_budget("budget_bytes", budget_bytes)
@@ -147,8 +123,12 @@ class DiskTier:
         except OSError as exc:
             raise StoreUnavailable(f"cannot create {self._files}: {exc.strerror or exc}") from None
         self._on_change = on_change
-        with _open_lock(self.directory / LOCK_NAME):
-            self._index = self._open_or_rebuild(self.directory / INDEX_NAME)
+        with files.open_lock(self.directory / LOCK_NAME):
+            self._index = open_or_rebuild(self.directory, self._mac_key)
+            try:
+                reclaim_debris(self._index, self._files, debris_grace_s)
+            except StoreUnavailable as exc:  # the store still works; check() can try again
+                logger.warning("could not reclaim debris in %s: %s", self._files, exc)
         self._store_id = self._index.store_id
         self._lock = threading.Lock()
         self._evictions = 0
@@ -179,10 +159,11 @@ class DiskTier:
         return isinstance(key, SnapshotKey) and self._open_index().get(key.id) is not None
 
     def put(self, snapshot: Snapshot) -> bool:
-        """Write `snapshot` durably; False (nothing evicted) when its file exceeds the whole budget.
+        """Write `snapshot` durably; False (nothing changed) when it does not fit.
 
-        Raises StoreUnavailable when the file cannot be written (a full disk, say); then no partial
-        file and no row remain.
+        It does not fit when its file exceeds the whole budget, or when room for it would take
+        evicting a snapshot of higher priority (`tier.may_evict`). Raises StoreUnavailable when the
+        file cannot be written (a full disk, say); then no partial file and no row remain.
         """
         index = self._open_index()
         key = snapshot.key
@@ -200,11 +181,13 @@ class DiskTier:
             shuffle=self._shuffle,
             mac_secret=self._mac_key,
         )
-        if encoded.size > self._budget:
-            return False
-        file_name = f"{key.id}-{secrets.token_hex(6)}.snap"
+        if encoded.size > self._budget or not index.admits(
+            key.id, snapshot.priority, encoded.size, self._budget
+        ):
+            return False  # decided again when the row commits: another process may write meanwhile
+        file_name = files.new_file_name(key)
         path = self._files / file_name
-        self._write_file(path, encoded)
+        files.write_file(self._files, file_name, encoded)
         now = time.time()
         row = IndexRow.of(
             key,
@@ -219,10 +202,10 @@ class DiskTier:
         try:
             change = index.put(row, self._budget)
         except BaseException:
-            _unlink(path)
+            files.unlink(path)
             raise
-        if change is None:
-            _unlink(path)
+        if change is None:  # too large, or no room without evicting a higher priority
+            files.unlink(path)
             return False
         for old in change.removed:
             self._unlink_row_file(old)
@@ -247,11 +230,11 @@ class DiskTier:
             for _attempt in range(3):
                 if row is None:
                     return Miss.ABSENT
-                if not _FILE_NAME.fullmatch(row.file_name):
+                if not files.is_snapshot_name(row.file_name):
                     self._discard(row, "the index names an invalid file", unlink=False)
                     return Miss.DISCARDED
                 try:
-                    data = _read_file(self._files / row.file_name)
+                    data = files.read_file(self._files / row.file_name)
                 except FileNotFoundError:
                     current = index.get(key.id)
                     if current is not None and current.file_name != row.file_name:
@@ -338,69 +321,37 @@ class DiskTier:
         be writing them). `verify` also reads and verifies every file.
         """
         index = self._open_index()
-        rows = index.rows()
-        try:
-            names = set(os.listdir(self._files))
-        except OSError as exc:
-            raise StoreUnavailable(f"cannot list {self._files}: {exc.strerror or exc}") from None
-        named = {row.file_name for row in rows}
-        cutoff = time.time() - grace_seconds
-
-        missing = []
-        for row in rows:
-            if row.file_name not in names:
-                current = index.get(row.key_id)  # a concurrent put may have replaced it
-                if current is not None and not (self._files / current.file_name).exists():
-                    missing.append(current)
-        temp = sorted(
-            name for name in names if name.startswith(TEMP_PREFIX) and self._older_than(name, cutoff)
-        )
-        orphans = sorted(
-            name
-            for name in names
-            if name.endswith(".snap") and name not in named and self._older_than(name, cutoff)
-        )
-        corrupt: list[IndexRow] = []
-        unauthenticated: list[IndexRow] = []
-        if verify:
-            for row in rows:
-                if row.file_name in names:
-                    verdict = self._verdict(row)
-                    if verdict == "corrupt":
-                        corrupt.append(row)
-                    elif verdict == "unauthenticated":
-                        unauthenticated.append(row)
-
+        found = survey(index, self._files, grace_seconds, self._verdict if verify else None)
         if repair:
-            for row in missing:
+            for row in found.missing:
                 self._announce(index.delete(row.key_id, row.file_name))
-            for name in (*temp, *orphans):
-                _unlink(self._files / name)
-            for row in corrupt:
+            for name in (*found.temp, *found.orphans):
+                files.unlink(self._files / name)
+            for row in found.corrupt:
                 self._discard(row, "failed verification during check")
         report = CheckReport(
-            entries=len(rows) - (len(missing) + len(corrupt) if repair else 0),
-            missing_files=tuple(row.key_id for row in missing),
-            orphan_files=tuple(orphans),
-            temp_files=tuple(temp),
-            corrupt_files=tuple(row.file_name for row in corrupt),
+            entries=len(found.rows) - (len(found.missing) + len(found.corrupt) if repair else 0),
+            missing_files=tuple(row.key_id for row in found.missing),
+            orphan_files=tuple(found.orphans),
+            temp_files=tuple(found.temp),
+            corrupt_files=tuple(row.file_name for row in found.corrupt),
             repaired=repair,
-            unauthenticated_files=tuple(row.file_name for row in unauthenticated),
+            unauthenticated_files=tuple(row.file_name for row in found.unauthenticated),
         )
-        if unauthenticated:
+        if found.unauthenticated:
             logger.warning(
                 "disk tier check of %s: %d file(s) authenticated under another secret (or none) kept",
                 self.directory,
-                len(unauthenticated),
+                len(found.unauthenticated),
             )
         if not report.ok:
             logger.warning(
                 "disk tier check of %s: %d missing, %d orphan, %d temporary, %d corrupt file(s)%s",
                 self.directory,
-                len(missing),
-                len(orphans),
-                len(temp),
-                len(corrupt),
+                len(found.missing),
+                len(found.orphans),
+                len(found.temp),
+                len(found.corrupt),
                 ", repaired" if repair else "",
             )
         return report
@@ -434,29 +385,6 @@ class DiskTier:
             raise StoreUnavailable(f"the disk tier on {self.directory} is closed")
         return self._index
 
-    def _write_file(self, path: Path, encoded: EncodedFile) -> None:
-        temp = self._files / f"{TEMP_PREFIX}{secrets.token_hex(8)}{TEMP_SUFFIX}"
-        renamed = False
-        try:
-            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_BINARY | _O_CLOEXEC, 0o600)
-            try:
-                for part in encoded.parts:
-                    _write_all(fd, part)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(temp, path)
-            renamed = True
-            _fsync_dir(self._files)
-        except OSError as exc:
-            _unlink(temp)
-            if renamed:
-                _unlink(path)
-            reason = "the disk is full" if exc.errno == errno.ENOSPC else (exc.strerror or str(exc))
-            raise StoreUnavailable(
-                f"cannot write a snapshot of {encoded.size} bytes to {self._files}: {reason}"
-            ) from None
-
     def _verify(self, row: IndexRow, data: memoryview, key: SnapshotKey) -> Snapshot:
         if len(data) != row.file_bytes:
             raise CorruptSnapshot(f"file is {len(data)} bytes, the index recorded {row.file_bytes}")
@@ -476,13 +404,13 @@ class DiskTier:
             raise CorruptSnapshot("state size differs from the index")
         return snapshot
 
-    def _verdict(self, row: IndexRow) -> str:
+    def _verdict(self, row: IndexRow) -> Verdict:
         """One of ok, corrupt, or unauthenticated (intact, but under another secret or none)."""
         try:
             key = row.key()
-            if not _FILE_NAME.fullmatch(row.file_name):
+            if not files.is_snapshot_name(row.file_name):
                 return "corrupt"
-            self._verify(row, _read_file(self._files / row.file_name), key)
+            self._verify(row, files.read_file(self._files / row.file_name), key)
         except FileNotFoundError:
             return "ok"  # replaced or removed meanwhile: nothing to verify
         except MacMismatch:
@@ -505,153 +433,15 @@ class DiskTier:
         else:
             self._announce(change)
         if unlink:
-            _unlink(self._files / row.file_name)
+            files.unlink(self._files / row.file_name)
 
     def _announce(self, change: Change | None) -> None:
         if change is not None and self._on_change is not None:
             self._on_change(change)
 
-    # -- opening, and rebuilding a lost index --------------------------------------------------------
-
-    def _open_or_rebuild(self, index_path: Path) -> DiskIndex:
-        """Open the index; move a damaged one to quarantine/; rebuild a new one from the files."""
-        try:
-            if index_path.exists() and not index_path.is_file():
-                raise IndexDamaged(f"{index_path} is not a file")
-            _create_private(index_path)
-            index = DiskIndex(index_path)
-        except IndexDamaged as exc:
-            moved = self._quarantine(index_path)
-            logger.warning(
-                "the snapshot index of %s is damaged (%s); moved it to %s and rebuilding it from the "
-                "snapshot files",
-                self.directory,
-                exc,
-                moved,
-            )
-            _create_private(index_path)
-            index = DiskIndex(index_path)
-            rebuild = True
-        else:
-            rebuild = index.created
-        if rebuild:
-            try:
-                self._rebuild(index)
-            except BaseException:
-                index.close()
-                raise
-        return index
-
-    def _quarantine(self, index_path: Path) -> Path:
-        """Move the index and its journal files into quarantine/ under a time-stamped name."""
-        folder = self.directory / QUARANTINE_DIR
-        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
-        target = folder / f"{index_path.name}.{stamp}"
-        try:
-            folder.mkdir(mode=0o700, exist_ok=True)
-            for suffix in _INDEX_SUFFIXES:
-                source = index_path.with_name(index_path.name + suffix)
-                if source.exists() or source.is_symlink():
-                    os.replace(source, target.with_name(target.name + suffix))
-        except OSError as exc:
-            raise StoreUnavailable(
-                f"the snapshot index {index_path} is damaged and cannot be moved aside: {exc.strerror or exc}"
-            ) from None
-        return target
-
-    def _rebuild(self, index: DiskIndex) -> None:
-        """Re-insert a row for every snapshot file whose head and tokens check out.
-
-        Files intact but authenticated under another secret (or none) get their rows too: processes
-        configured otherwise may share the directory, and get() checks the MAC before serving. Only
-        files that verify here decide which store the index now belongs to.
-        """
-        found: dict[str, tuple[str, FileHeader, float]] = {}  # key id -> newest file
-        unusable = 0
-        for name, header, mtime in self._scan_files():
-            if header is None or not name.startswith(header.key.id + "-"):  # moved to another key's name
-                unusable += 1
-                continue
-            newest = found.get(header.key.id)
-            if newest is None or mtime > newest[2]:
-                found[header.key.id] = (name, header, mtime)
-        if not (found or unusable):
-            return  # a new directory
-        # The files name the store that wrote them; planted files of another store stay orphans.
-        voters = [h for _, h, _ in found.values() if h.authenticated] or [h for _, h, _ in found.values()]
-        votes = Counter(header.store_id for header in voters)
-        store_id = max(votes, key=lambda sid: (votes[sid], sid)) if votes else index.store_id
-        rows = [
-            IndexRow.of(
-                header.key,
-                rolling_hash=rolling_hash(header.tokens),
-                priority=header.priority,
-                file_name=name,
-                file_bytes=header.file_bytes,
-                state_bytes=header.state_bytes,
-                created_at=header.created_at,
-                last_used_at=mtime,
-            )
-            for name, header, mtime in found.values()
-            if header.store_id == store_id
-        ]
-        index.rebuild(rows, store_id)
-        logger.warning(
-            "rebuilt the snapshot index of %s from its files: %d snapshot(s) recovered, %d file(s) "
-            "left out (damaged, foreign or superseded)",
-            self.directory,
-            len(rows),
-            unusable + len(found) - len(rows),
-        )
-
-    def _scan_files(self) -> Iterator[tuple[str, FileHeader | None, float]]:
-        """Each snapshot file's name, checked head (None if unusable) and modification time."""
-        try:
-            names = sorted(os.listdir(self._files))
-        except OSError as exc:
-            raise StoreUnavailable(f"cannot list {self._files}: {exc.strerror or exc}") from None
-        for name in names:
-            if not _FILE_NAME.fullmatch(name):
-                continue
-            try:
-                with open(self._files / name, "rb") as file:
-                    info = os.fstat(file.fileno())
-                    header = read_header(file, info.st_size, mac_secret=self._mac_key)
-            # CorruptSnapshot and InvalidArgument are ValueErrors; ArithmeticError backs up a
-            # crafted header the checks did not foresee.
-            except (ValueError, ArithmeticError, OSError):
-                yield name, None, 0.0
-                continue
-            yield name, header, info.st_mtime
-
     def _unlink_row_file(self, row: IndexRow) -> None:
-        if _FILE_NAME.fullmatch(row.file_name):
-            _unlink(self._files / row.file_name)
-
-    def _older_than(self, name: str, cutoff: float) -> bool:
-        try:
-            return (self._files / name).stat().st_mtime < cutoff
-        except OSError:
-            return False
-
-
-@contextlib.contextmanager
-def _open_lock(path: Path) -> Iterator[None]:
-    """Hold an exclusive lock on `path` (POSIX): one process at a time opens or rebuilds the index."""
-    try:
-        import fcntl
-    except ImportError:  # Windows: SQLite's own locking still keeps the index consistent
-        yield
-        return
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o600)
-    except OSError as exc:
-        raise StoreUnavailable(f"cannot create the lock file {path}: {exc.strerror or exc}") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
+        if files.is_snapshot_name(row.file_name):
+            files.unlink(self._files / row.file_name)
 
 
 def _warn_unauthenticated(path: Path, reason: str) -> None:
@@ -668,57 +458,3 @@ def _warn_unauthenticated(path: Path, reason: str) -> None:
         path.name,
         reason,
     )
-
-
-def _read_file(path: Path) -> memoryview:
-    # numpy's empty buffer skips the zero-fill a bytearray would pay for.
-    with open(path, "rb", buffering=0) as file:
-        size = os.fstat(file.fileno()).st_size
-        data = np.empty(size, dtype=np.uint8).data
-        filled = 0
-        while filled < size:
-            count = file.readinto(data[filled:])
-            if not count:
-                break
-            filled += count
-    return data[:filled]  # shorter when the file shrank while read: verification rejects it
-
-
-def _write_all(fd: int, part: bytes | bytearray | memoryview) -> None:
-    view = memoryview(part).cast("B")
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
-
-
-def _fsync_dir(directory: Path) -> None:
-    if os.name != "posix":  # directories cannot be opened for fsync on Windows
-        return
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _unlink(path: Path) -> None:
-    try:
-        path.unlink()
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        logger.warning("could not delete %s: %s", path, exc)
-
-
-def _create_private(index_path: Path) -> None:
-    """Create the index file with mode 0600 before SQLite does: its journal files copy that mode."""
-    try:
-        fd = os.open(index_path, os.O_RDWR | os.O_CREAT | _O_BINARY | _O_CLOEXEC, 0o600)
-        os.close(fd)
-        if os.name == "posix":
-            for suffix in ("", "-wal", "-shm"):
-                path = index_path.with_name(index_path.name + suffix)
-                if path.exists() and stat.S_IMODE(path.stat().st_mode) & 0o077:
-                    os.chmod(path, 0o600)
-    except OSError as exc:
-        raise StoreUnavailable(f"cannot create the index {index_path}: {exc.strerror or exc}") from None

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from snapcache.key import SnapshotKey, rolling_hash, validate_budget
 from snapcache.snapshot import Snapshot
-from snapcache.tier import EntryInfo, TierName
+from snapcache.tier import EntryInfo, TierName, may_evict
 
 # Rebuild the heap once stale items outnumber live ones by this factor (plus a small floor).
 _COMPACT_FACTOR = 2
@@ -29,8 +29,10 @@ class _Entry:
 class RamTier:
     """A bounded in-memory map from key to snapshot.
 
-    Not thread-safe: the store serializes access. `on_evict` is called with every snapshot a `put`
-    pushes out to make room (not for replacements or removals), before `put` returns.
+    A put may evict only entries of its own priority or lower (`tier.may_evict`); one that would
+    need more is refused. Not thread-safe: the store serializes access. `on_evict` is called with
+    every snapshot a `put` pushes out to make room (not for replacements or removals), before `put`
+    returns.
     """
 
     name: TierName = "ram"
@@ -45,6 +47,7 @@ class RamTier:
         self._ticks = itertools.count()
         self._used = 0
         self._evictions = 0
+        self._bytes_by_priority: dict[int, int] = {}  # what a put of each priority could evict
 
     @property
     def budget_bytes(self) -> int:
@@ -65,20 +68,30 @@ class RamTier:
         return key in self._entries
 
     def put(self, snapshot: Snapshot) -> bool:
-        """Store `snapshot`, evicting others as needed; False (nothing evicted) if it can never fit."""
+        """Store `snapshot`, evicting others as needed; False (nothing changed) if it does not fit.
+
+        It does not fit when it exceeds the budget, or when room for it would take evicting an entry
+        of higher priority. An older entry under the same key counts as free room.
+        """
         nbytes = snapshot.nbytes
         if nbytes > self._budget:
             return False
         key = snapshot.key
-        old = self._entries.pop(key, None)
+        old = self._entries.get(key)
+        freed = 0 if old is None else old.nbytes
+        excess = self._used - freed + nbytes - self._budget
+        if excess > 0 and self._evictable(snapshot.priority, old) < excess:
+            return False
         if old is not None:
-            self._used -= old.nbytes
+            self._forget(key)
         while self._used + nbytes > self._budget:
             self._evict_one()
         tick = next(self._ticks)
         self._entries[key] = _Entry(snapshot, nbytes, tick, time.time(), rolling_hash(snapshot.tokens))
         self._used += nbytes
-        self._push(snapshot.priority, tick, key)
+        priority = snapshot.priority
+        self._bytes_by_priority[priority] = self._bytes_by_priority.get(priority, 0) + nbytes
+        self._push(priority, tick, key)
         return True
 
     def get(self, key: SnapshotKey) -> Snapshot | None:
@@ -97,11 +110,7 @@ class RamTier:
         return None if entry is None else entry.snapshot
 
     def remove(self, key: SnapshotKey) -> bool:
-        entry = self._entries.pop(key, None)
-        if entry is None:
-            return False
-        self._used -= entry.nbytes
-        return True
+        return self._forget(key) is not None
 
     def snapshots(self) -> list[Snapshot]:
         """Every snapshot held, least valuable first (the order eviction would take them)."""
@@ -126,7 +135,27 @@ class RamTier:
     def close(self) -> None:
         self._entries.clear()
         self._heap.clear()
+        self._bytes_by_priority.clear()
         self._used = 0
+
+    def _evictable(self, priority: int, sparing: _Entry | None) -> int:
+        """Bytes a put of `priority` may evict, not counting the entry it replaces."""
+        total = sum(nbytes for p, nbytes in self._bytes_by_priority.items() if may_evict(priority, p))
+        if sparing is not None and may_evict(priority, sparing.snapshot.priority):
+            total -= sparing.nbytes
+        return total
+
+    def _forget(self, key: SnapshotKey) -> _Entry | None:
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            self._used -= entry.nbytes
+            priority = entry.snapshot.priority
+            left = self._bytes_by_priority[priority] - entry.nbytes
+            if left:
+                self._bytes_by_priority[priority] = left
+            else:
+                del self._bytes_by_priority[priority]
+        return entry
 
     def _push(self, priority: int, tick: int, key: SnapshotKey) -> None:
         heapq.heappush(self._heap, (priority, tick, key))
@@ -140,8 +169,7 @@ class RamTier:
             entry = self._entries.get(key)
             if entry is not None and entry.tick == tick:
                 break
-        del self._entries[key]
-        self._used -= entry.nbytes
+        self._forget(key)
         self._evictions += 1
         if self._on_evict is not None:
             self._on_evict(entry.snapshot)

@@ -1,24 +1,36 @@
-"""SnapshotStore: the façade over the RAM and disk tiers — put, get, longest-prefix lookup, spill, promote."""
+"""SnapshotStore: the façade over the RAM and disk tiers — put, get, longest-prefix lookup, spill, promote.
+
+The pieces it steps through: the RAM tier (ram_tier), the write-behind queue to the disk
+(_write_behind), the disk tier (disk_tier) and the store's copies of its catalogs (_disk_catalogs),
+arguments checked once (_store_inputs), and what it reports (_store_report).
+"""
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import enum
 import logging
 import os
-import queue
 import threading
 import weakref
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import numpy as np
 import numpy.typing as npt
 
+from snapcache._disk_catalogs import DiskCatalogs
+from snapcache._store_inputs import (
+    DEFAULT_DIRECTORY,
+    Default,
+    copy_logits,
+    copy_state,
+    resolve_secret,
+    store_path,
+)
+from snapcache._store_report import Counters, StoreEntry, StoreStats, memory_row, merge_entries
+from snapcache._write_behind import PendingWrite, WriteBehind
 from snapcache.errors import InvalidArgument, KeyMismatch, StoreUnavailable
 from snapcache.key import (
     SnapshotKey,
@@ -34,10 +46,16 @@ from snapcache.key import (
 from snapcache.prefix_index import PrefixIndex, iter_prefix_matches
 from snapcache.ram_tier import RamTier
 from snapcache.snapshot import Buffer, Snapshot
-from snapcache.tier import EntryInfo, Tier, TierName
+from snapcache.tier import EntryInfo, TierName, in_eviction_order
 
 if TYPE_CHECKING:
-    from snapcache.disk_tier import Catalog, Change, Miss
+    from snapcache._disk_repair import CheckReport
+    from snapcache.cache_dir import DirectoryReport
+    from snapcache.disk_tier import Change, DiskTier, Miss
+
+_E = TypeVar("_E", bound=EntryInfo)
+
+__all__ = ["DEFAULT_DIRECTORY", "SnapshotStore", "StoreEntry", "StoreStats"]
 
 log = logging.getLogger("snapcache")
 
@@ -46,85 +64,6 @@ log = logging.getLogger("snapcache")
 # with the writer's compression buffer, the process then stays within the RAM budget plus a tenth.
 _PENDING_SHARE = 0.05
 _MAX_PENDING_BYTES = 256 << 20
-
-
-class _Default(enum.Enum):
-    DIRECTORY = enum.auto()
-
-
-DEFAULT_DIRECTORY = _Default.DIRECTORY
-
-
-class _DiskTier(Tier, Protocol):
-    """What the store needs of the disk tier beyond the Tier contract."""
-
-    def entries(self, model_fingerprint: str | None = None, scope: str | None = None) -> list[EntryInfo]: ...
-
-    def read(self, key: SnapshotKey) -> Snapshot | Miss: ...
-
-    def data_version(self) -> int: ...
-
-    def catalog(self, model_fingerprint: str, scope: str) -> Catalog: ...
-
-    def check(self, repair: bool = True, *, verify: bool = False, grace_seconds: float = ...) -> Any: ...
-
-
-@dataclass(frozen=True, slots=True)
-class StoreStats:
-    """Counters since the store opened, and what each tier holds now."""
-
-    hits: int
-    misses: int
-    ram_hits: int
-    disk_hits: int
-    ram_misses: int
-    disk_misses: int
-    ram_used_bytes: int
-    disk_used_bytes: int
-    ram_budget_bytes: int
-    disk_budget_bytes: int
-    ram_entries: int
-    disk_entries: int
-    evictions: int
-    ram_evictions: int
-    disk_evictions: int
-    spills: int
-    promotions: int
-    dropped: int
-    write_errors: int
-    pending_write_bytes: int  # snapshots waiting for their disk write that RAM does not hold
-
-
-@dataclass(frozen=True, slots=True)
-class StoreEntry(EntryInfo):
-    """One stored key; `tiers` names every tier holding it, `tier` the one a get would read first.
-
-    `nbytes` is what the entry costs that first tier. A snapshot still waiting for its disk write is
-    reported in RAM.
-    """
-
-    tiers: tuple[TierName, ...]
-
-
-@dataclass(slots=True)
-class _Counters:
-    hits: int = 0
-    misses: int = 0
-    ram_hits: int = 0
-    disk_hits: int = 0
-    ram_misses: int = 0
-    disk_misses: int = 0
-    spills: int = 0
-    promotions: int = 0
-    dropped: int = 0
-    write_errors: int = 0
-
-
-@dataclass(slots=True)
-class _PendingWrite:
-    snapshot: Snapshot
-    spill: bool  # evicted from RAM before reaching the disk: its write counts as a spill
-    only_if_missing: bool  # queued by an eviction: skip the write when the disk holds the key
 
 
 class SnapshotStore:
@@ -136,17 +75,25 @@ class SnapshotStore:
     a tool opening the directory does not shrink what an application keeps in it. `secret`
     (default: `SNAPCACHE_SECRET`) signs the files so that ones written without it are refused.
     Writes to disk happen on a background thread unless `background_writes=False`; `flush()` waits
-    for them and `close()` leaves every RAM entry on disk. Thread-safe.
+    for them and `close()` leaves every RAM entry on disk (save those the disk refuses). Opening
+    reclaims temporary and orphan files that crashed writers left, once they are older than 10
+    minutes. Thread-safe.
+
+    Priority decides admission as well as eviction: a put of priority p evicts only entries of
+    priority p or lower, in either tier. A snapshot that cannot fit in RAM without evicting a higher
+    priority is kept out of RAM (and still written to disk when the disk tier is on); one that cannot
+    fit on disk so is not written there. A snapshot kept by no tier is dropped with a logged warning.
 
     Snapshots waiting for their disk write stay in memory until written, also those the RAM tier
-    does not hold (evicted, too large for it, or `ram_bytes=0`). Beyond the RAM budget they hold
-    at most a twentieth of `ram_bytes` (256 MiB at most), or the one snapshot in flight: `put` waits
-    for the writer otherwise. `stats().pending_write_bytes` reports them.
+    does not hold (evicted, kept out, too large for it, or `ram_bytes=0`). Beyond the RAM budget they
+    hold at most a twentieth of `ram_bytes` (256 MiB at most), or the one snapshot in flight: `put`
+    waits for the writer otherwise. `stats().pending_write_bytes` reports them. An entry evicted from
+    RAM that the disk already holds is simply dropped from RAM, never queued again.
     """
 
     def __init__(
         self,
-        directory: str | os.PathLike[str] | _Default | None = DEFAULT_DIRECTORY,
+        directory: str | os.PathLike[str] | Default | None = DEFAULT_DIRECTORY,
         *,
         ram_bytes: int = 512 << 20,
         disk_bytes: int | None = None,
@@ -157,56 +104,46 @@ class SnapshotStore:
         ram_bytes = validate_budget("ram_bytes", ram_bytes)
         if disk_bytes is not None:
             disk_bytes = validate_budget("disk_bytes", disk_bytes)
-        if directory is DEFAULT_DIRECTORY:
-            from snapcache.cache_dir import default_cache_dir
-
-            path: Path | None = Path(default_cache_dir())
-        elif directory is None:
-            path = None
-        elif isinstance(directory, (str, os.PathLike)):
-            path = Path(directory)
-        else:
-            raise InvalidArgument(f"directory must be a path or None, got {directory!r}")
+        path = store_path(directory)
         if path is not None and disk_bytes == 0:
             path = None
         if path is None and ram_bytes == 0:
             raise InvalidArgument("ram_bytes=0 needs a disk tier: give a directory and disk_bytes > 0")
 
-        self._lock = threading.Lock()
-        self._writable = threading.Condition(self._lock)
-        self._counters = _Counters()
+        self._lock = threading.Condition(threading.Lock())
+        self._counters = Counters()
         self._closed = False
         self._evicted: list[Snapshot] = []
         self._ram = RamTier(ram_bytes, on_evict=self._evicted.append) if ram_bytes else None
         # Keys held in RAM or waiting for their disk write; the disk keeps its own catalog.
         self._memory_index = PrefixIndex()
-        # Per (fingerprint, scope): the disk's entries and the catalog generation they are current at.
-        self._catalogs: dict[tuple[str, str], tuple[int, PrefixIndex]] = {}
-        self._pending: dict[SnapshotKey, _PendingWrite] = {}
-        self._pending_bytes = 0  # all of them, those in RAM too
-        self._pending_limit = min(int(ram_bytes * _PENDING_SHARE), _MAX_PENDING_BYTES)
-        # One thread at a time writes queued snapshots: _writing names the key it is writing.
-        self._write_lock = threading.Lock()
-        self._writing: SnapshotKey | None = None
-        self._removed_while_writing = False
+        # RAM keys whose snapshot this store knows the disk to hold: evicting them writes nothing.
+        self._on_disk: set[SnapshotKey] = set()
         self._remove_epoch = 0
         self._directory = path
-        self._disk: _DiskTier | None = None
-        self._queue: queue.Queue[SnapshotKey | None] = queue.Queue()
-        self._writer: threading.Thread | None = None
+        self._catalogs = DiskCatalogs(self._lock)
+        self._disk: DiskTier | None = None
+        self._writes: WriteBehind | None = None
         if path is not None:
             from snapcache.disk_tier import DiskTier
 
             self._disk = DiskTier(
                 path,
                 disk_bytes,
-                secret=_resolve_secret(secret),
+                secret=resolve_secret(secret),
                 allow_shared_dir=allow_shared_dir,
                 on_change=self._on_disk_change,
             )
-            if background_writes:
-                self._writer = threading.Thread(target=self._write_loop, name="snapcache-writer", daemon=True)
-                self._writer.start()
+            self._catalogs.attach(self._disk)
+            self._writes = WriteBehind(
+                self._lock,
+                write=self._write_to_disk,
+                settle=self._settle_write,
+                undo=self._undo_write,
+                held_in_ram=self._holds,
+                limit_bytes=min(int(ram_bytes * _PENDING_SHARE), _MAX_PENDING_BYTES),
+                background=background_writes,
+            )
         _open_stores.add(self)
 
     # -- public API ---------------------------------------------------------------------------------
@@ -216,6 +153,30 @@ class SnapshotStore:
         """The disk tier's directory, or None for a RAM-only store."""
         return self._directory
 
+    @staticmethod
+    def default_directory() -> Path:
+        """Where a store opened without a directory keeps its files: $SNAPCACHE_DIR, else the user
+        cache directory."""
+        from snapcache.cache_dir import default_cache_dir
+
+        return Path(default_cache_dir())
+
+    @staticmethod
+    def inspect_directory(
+        directory: str | os.PathLike[str] | None = None, *, allow_shared_dir: bool = False
+    ) -> DirectoryReport:
+        """What `directory` (default: `default_directory()`) holds and whether a store could open
+        there, found without creating or changing anything."""
+        from snapcache.cache_dir import inspect_store_dir
+
+        path = SnapshotStore.default_directory() if directory is None else Path(directory)
+        return inspect_store_dir(path, allow_shared_dir)
+
+    @staticmethod
+    def eviction_order(entries: Iterable[_E]) -> list[_E]:
+        """`entries` in the order the tiers evict: lowest priority, then least recently used, first."""
+        return in_eviction_order(entries)
+
     def put(
         self,
         key: SnapshotKey,
@@ -224,9 +185,9 @@ class SnapshotStore:
         priority: int = 0,
         logits: npt.ArrayLike | None = None,
     ) -> Snapshot | None:
-        """Store a copy of `state_bytes` under `key`; None if it is too large for every tier.
+        """Store a copy of `state_bytes` under `key`; None if no tier keeps it.
 
-        With background writes, a snapshot too large for RAM is handed to the disk writer and
+        With background writes, a snapshot RAM does not keep is handed to the disk writer and
         returned; should the disk refuse it too, it is dropped then with a logged warning.
         Raises KeyMismatch when `tokens` do not hash to `key`.
         """
@@ -236,41 +197,46 @@ class SnapshotStore:
         array = as_token_array(tokens)
         if not key.matches(array):
             raise KeyMismatch(f"the {len(array)} tokens given do not hash to the key")
-        snapshot = Snapshot(key, array, _copy_state(state_bytes), _copy_logits(logits), priority)
+        snapshot = Snapshot(key, array, copy_state(state_bytes), copy_logits(logits), priority)
         self._check_open()
 
-        ram, disk = self._ram, self._disk
-        if disk is None and ram is not None and snapshot.nbytes > ram.budget_bytes:
-            with self._lock:
-                # An older state under the same key must not outlive this one.
-                ram.remove(key)
-                self._memory_index.remove(key)
-            self._drop(snapshot, "larger than the RAM budget and there is no disk tier")
-            return None
+        ram, writes = self._ram, self._writes
         with self._lock:
-            if disk is not None and self._writer is not None:
-                # Back-pressure: callers wait while the writer is behind by more than the limit.
-                while not self._closed and self._pending_bytes + snapshot.nbytes > self._pending_limit:
-                    outside = self._pending_outside_ram()
-                    if not outside or outside + snapshot.nbytes <= self._pending_limit:
-                        break
-                    self._writable.wait()
+            if writes is not None:
+                writes.wait_for_room(snapshot.nbytes, lambda: self._closed)
             if self._closed:  # closed while this put waited, or just before it took the lock
                 raise StoreUnavailable("the store is closed")
             in_ram = False
+            self._on_disk.discard(key)  # whatever the disk holds under this key is older
             if ram is not None:
                 in_ram = ram.put(snapshot)
                 if not in_ram:
                     ram.remove(key)  # an older state under the same key must not outlive this one
-            if in_ram or disk is not None:
+            if in_ram or writes is not None:
                 self._memory_index.add(key, rolling_hash(array))
-            if disk is not None:
-                self._queue_write(snapshot, spill=False)
+            else:
+                self._memory_index.remove(key)
+            if writes is not None:
+                writes.add(snapshot, spill=False)
             self._handle_evictions()
-        if disk is not None and self._writer is None:
-            self._drain_sync()
+        if writes is None:
+            if not in_ram:
+                assert ram is not None
+                too_large = snapshot.nbytes > ram.budget_bytes
+                why = (
+                    "larger than the RAM budget"
+                    if too_large
+                    else "no room without evicting a higher priority"
+                )
+                self._drop(snapshot, f"{why} and there is no disk tier")
+                return None
+            return snapshot
+        if not writes.background:
+            writes.drain()
+            disk = self._disk
+            assert disk is not None
             with self._lock:
-                in_memory = self._ram is not None and key in self._ram
+                in_memory = ram is not None and key in ram
             if not in_memory and not self._disk_call("contains", disk.__contains__, key, default=False):
                 return None
         return snapshot
@@ -313,7 +279,7 @@ class SnapshotStore:
         self._check_open()
         indexes = [self._memory_index]
         if self._disk is not None:
-            indexes.append(self._disk_catalog(model_fingerprint, scope))
+            indexes.append(self._catalogs.get(model_fingerprint, scope))
         hashes = rolling_prefix_hashes(query)
         tried: set[SnapshotKey] = set()
         while True:
@@ -345,18 +311,14 @@ class SnapshotStore:
         self._check_open()
         with self._lock:
             found = self._ram is not None and self._ram.remove(key)
-            job = self._pending.pop(key, None)
-            if job is not None:
-                self._pending_bytes -= job.snapshot.nbytes
-                self._writable.notify_all()
+            if self._writes is not None and self._writes.discard(key):
                 found = True
-            if self._writing == key:
-                self._removed_while_writing = True
+            self._on_disk.discard(key)
             self._memory_index.remove(key)
             self._remove_epoch += 1
         if self._disk is not None:
             found = self._disk_call("remove", self._disk.remove, key, default=False) or found
-            self._forget_in_catalogs(key)
+            self._catalogs.forget(key)
         return found
 
     def entries(self, model_fingerprint: str | None = None, scope: str | None = None) -> list[EntryInfo]:
@@ -372,19 +334,14 @@ class SnapshotStore:
         with self._lock:
             if self._ram is not None:
                 rows.update((row.key, row) for row in self._ram.entries() if wanted(row.key))
-            for key, job in self._pending.items():
-                if key not in rows and wanted(key):
-                    rows[key] = _memory_row(job.snapshot)
+            if self._writes is not None:
+                for snapshot in self._writes.snapshots():
+                    if snapshot.key not in rows and wanted(snapshot.key):
+                        rows[snapshot.key] = memory_row(snapshot)
         disk_rows: list[EntryInfo] = []
         if self._disk is not None:
             disk_rows = self._disk_call("entries", self._disk.entries, model_fingerprint, scope, default=[])
-        on_disk = {row.key: row for row in disk_rows}
-        result: list[EntryInfo] = []
-        for key, row in rows.items():
-            tiers: tuple[TierName, ...] = ("ram", "disk") if key in on_disk else ("ram",)
-            result.append(_store_entry(row, tiers))
-        result.extend(_store_entry(row, ("disk",)) for key, row in on_disk.items() if key not in rows)
-        return result
+        return merge_entries(rows, disk_rows)
 
     def stats(self) -> StoreStats:
         """Hit and miss counters and what each tier holds now."""
@@ -417,20 +374,23 @@ class SnapshotStore:
                 promotions=c.promotions,
                 dropped=c.dropped,
                 write_errors=c.write_errors,
-                pending_write_bytes=self._pending_outside_ram(),
+                pending_write_bytes=0 if self._writes is None else self._writes.outside_ram_bytes(),
             )
 
     def flush(self) -> None:
         """Wait until every write queued so far has reached the disk (or failed with a warning)."""
-        if self._writer is not None and self._writer.is_alive():
-            self._queue.join()
+        if self._writes is not None:
+            self._writes.flush()
 
-    def check(self, repair: bool = True, *, verify: bool = False, grace_seconds: float | None = None) -> Any:
+    def check(
+        self, repair: bool = True, *, verify: bool = False, grace_seconds: float | None = None
+    ) -> CheckReport:
         """Compare the disk index with the files and, with `repair`, remove what is broken.
 
-        `verify` also reads and verifies every file; temporary files younger than `grace_seconds`
-        (default: the disk tier's) are left to the writers that may still own them. Waits for queued
-        writes first. Returns the disk tier's report; InvalidArgument for a store without a disk tier.
+        `verify` also reads and verifies every file; temporary and orphan files younger than
+        `grace_seconds` (default: 10 minutes) are left to the writers that may still own them. Waits
+        for queued writes first. Returns a report (`ok`, `problems`, and the names found);
+        InvalidArgument for a store without a disk tier.
         """
         if self._disk is None:
             raise InvalidArgument("this store has no disk tier to check")
@@ -441,27 +401,31 @@ class SnapshotStore:
         return self._disk.check(repair, verify=verify, grace_seconds=grace_seconds)
 
     def close(self) -> None:
-        """Flush, leave every RAM entry on disk (when the disk tier is on) and release the tiers."""
+        """Flush, leave every RAM entry on disk (when the disk tier is on) and release the tiers.
+
+        Once closed, no get or lookup promotes into RAM: what RAM holds at the final write-out is
+        what it held when close began, less evictions already queued as writes.
+        """
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-            self._writable.notify_all()
+            self._lock.notify_all()
         _open_stores.discard(self)
-        self.flush()
-        if self._writer is not None:
-            self._queue.put(None)
-            self._writer.join()
-        disk, ram = self._disk, self._ram
+        disk, ram, writes = self._disk, self._ram, self._writes
+        if writes is not None:
+            writes.stop()
         if disk is not None:
-            self._drain_sync()
             if ram is not None:
-                for snapshot in ram.snapshots():  # least valuable first: the most valuable stay
+                with self._lock:
+                    held = ram.snapshots()  # least valuable first: the most valuable stay
+                for snapshot in held:
                     if not self._disk_call("contains", disk.__contains__, snapshot.key, default=True):
                         self._write_to_disk(snapshot)
             disk.close()
         if ram is not None:
-            ram.close()
+            with self._lock:
+                ram.close()
 
     def __enter__(self) -> SnapshotStore:
         return self
@@ -483,9 +447,8 @@ class SnapshotStore:
     def _get_memory(self, key: SnapshotKey, *, count_miss: bool = True) -> Snapshot | None:
         """RAM, else a snapshot waiting for its disk write; counts a hit. Call with the lock held."""
         snapshot = None if self._ram is None else self._ram.get(key)
-        if snapshot is None:
-            job = self._pending.get(key)
-            snapshot = None if job is None else job.snapshot
+        if snapshot is None and self._writes is not None:
+            snapshot = self._writes.get(key)
         if snapshot is None:
             if count_miss and self._ram is not None:
                 self._counters.ram_misses += 1
@@ -508,7 +471,7 @@ class SnapshotStore:
         if found is not None and not isinstance(found, Snapshot) and found.lasting:
             # Gone, damaged or another secret's: the catalog stops offering it. A transient failure
             # (None, or Miss.UNAVAILABLE) leaves it there for the next lookup to try again.
-            self._forget_in_catalogs(key)
+            self._catalogs.forget(key)
         with self._lock:
             if snapshot is None:
                 if count_miss:
@@ -516,15 +479,25 @@ class SnapshotStore:
                 return None
             self._counters.hits += 1
             self._counters.disk_hits += 1
-            # A remove() since the read began must not be undone by the promotion.
-            if self._ram is not None and epoch == self._remove_epoch and key not in self._ram:
-                if self._ram.put(snapshot):
-                    self._counters.promotions += 1
-                    self._memory_index.add(key, rolling_hash(snapshot.tokens))
-                self._handle_evictions()
-        if self._writer is None:
-            self._drain_sync()  # spills of the promotion's evictions
+            self._promote(snapshot, epoch)
+        if self._writes is not None and not self._writes.background:
+            self._writes.drain()  # spills of the promotion's evictions
         return snapshot
+
+    def _promote(self, snapshot: Snapshot, epoch: int) -> None:
+        """Copy a disk hit into RAM. Call with the lock held.
+
+        Never once close() began (its final write-out would miss what the promotion evicts), nor
+        after a remove() since the read began (the promotion would undo it).
+        """
+        ram, key = self._ram, snapshot.key
+        if ram is None or self._closed or epoch != self._remove_epoch or key in ram:
+            return
+        if ram.put(snapshot):
+            self._counters.promotions += 1
+            self._memory_index.add(key, rolling_hash(snapshot.tokens))
+            self._on_disk.add(key)
+        self._handle_evictions()
 
     def _count_miss(self) -> None:
         """A lookup that found nothing anywhere. Call with the lock held."""
@@ -534,160 +507,61 @@ class SnapshotStore:
         if self._disk is not None:
             self._counters.disk_misses += 1
 
-    def _disk_catalog(self, model_fingerprint: str, scope: str) -> PrefixIndex:
-        """The disk's entries of one fingerprint and scope, re-read when the disk's catalog changed.
-
-        Changes of this store's own making are applied in place (_on_disk_change); a re-read reuses
-        the keys of the catalog it replaces.
-        """
-        disk = self._disk
-        assert disk is not None
-        group = (model_fingerprint, scope)
-        version = self._disk_call("data_version", disk.data_version, default=None)
-        with self._lock:
-            cached = self._catalogs.get(group)
-        if cached is not None and cached[0] == version:
-            return cached[1]
-        fresh: Catalog | None = self._disk_call(
-            "catalog", disk.catalog, model_fingerprint, scope, default=None
-        )
-        if fresh is None:
-            return PrefixIndex() if cached is None else cached[1]
-        # Built outside the lock: of_group only looks keys up in the old catalog, never iterates its
-        # maps, so a concurrent _on_disk_change to it is harmless.
-        catalog = PrefixIndex.of_group(
-            model_fingerprint, scope, fresh.rows, None if cached is None else cached[1]
-        )
-        with self._lock:
-            current = self._catalogs.get(group)
-            if current is None or current[0] <= fresh.generation:
-                self._catalogs[group] = (fresh.generation, catalog)
-        return catalog
-
     def _on_disk_change(self, change: Change) -> None:
-        """Apply one committed disk transaction of ours to the catalogs current just before it.
-
-        The disk tier reports the catalog generation read inside the transaction, before and after
-        its writes, so a catalog at `before` is exactly current at `after` once the change is applied,
-        whatever the step between them. A catalog at any other generation is left stale: the next
-        lookup re-reads it.
-        """
-        with self._lock:
-            for group, (version, catalog) in list(self._catalogs.items()):
-                if version != change.before:
-                    continue
+        """A committed disk transaction of ours: the catalogs follow it, and RAM keys whose disk
+        copy it removed (evicted, replaced) are no longer known to be on disk."""
+        self._catalogs.apply(change)
+        if change.removed:
+            with self._lock:
                 for row in change.removed:
-                    if (row.fingerprint, row.scope) == group:
-                        with contextlib.suppress(InvalidArgument):  # a row no put could have written
-                            catalog.remove(row.key())
-                added = change.added
-                if added is not None and (added.fingerprint, added.scope) == group:
-                    catalog.add(added.key(), added.rolling_hash)
-                self._catalogs[group] = (change.after, catalog)
-
-    def _forget_in_catalogs(self, key: SnapshotKey) -> None:
-        """Drop `key` from the cached disk catalogs: the disk no longer serves it to this store."""
-        with self._lock:
-            cached = self._catalogs.get((key.model_fingerprint, key.scope))
-            if cached is not None:
-                cached[1].remove(key)
+                    with contextlib.suppress(InvalidArgument):  # a row no put could have written
+                        self._on_disk.discard(row.key())
 
     # -- writing ------------------------------------------------------------------------------------
 
-    def _queue_write(self, snapshot: Snapshot, *, spill: bool) -> None:
-        """Hand `snapshot` to the disk writer. Call with the lock held."""
-        old = self._pending.get(snapshot.key)
-        if old is not None:
-            self._pending_bytes -= old.snapshot.nbytes
-        self._pending[snapshot.key] = _PendingWrite(snapshot, spill, only_if_missing=spill)
-        self._pending_bytes += snapshot.nbytes
-        # Always queue: a job for this key may be mid-write with the older snapshot.
-        self._queue.put(snapshot.key)
-
-    def _pending_outside_ram(self) -> int:
-        """Bytes of snapshots waiting for their write that the RAM tier does not hold. Lock held."""
-        ram = self._ram
-        if ram is None:
-            return self._pending_bytes
-        return sum(
-            job.snapshot.nbytes for key, job in self._pending.items() if ram.peek(key) is not job.snapshot
-        )
-
     def _handle_evictions(self) -> None:
-        """Spill what the RAM tier just evicted. Call with the lock held."""
+        """Spill what the RAM tier just evicted, unless the disk holds it already. Lock held."""
         evicted = self._evicted[:]
         self._evicted.clear()
+        writes = self._writes
         for snapshot in evicted:
             key = snapshot.key
-            job = self._pending.get(key)
-            if job is not None:
-                job.spill = True  # its write is still queued: that write is now the spill
-                continue
-            if self._disk is None:
+            if writes is None:
                 self._memory_index.remove(key)
+            elif writes.mark_spill(key):
+                continue  # its write is still queued: that write is now the spill
+            elif key in self._on_disk:
+                self._on_disk.discard(key)
+                self._memory_index.remove(key)  # the disk's catalog serves it from now on
             else:
-                # The writer checks whether the disk has it already and writes only if not.
-                self._queue_write(snapshot, spill=True)
+                writes.add(snapshot, spill=True)
 
-    def _write_loop(self) -> None:
-        while True:
-            key = self._queue.get()
-            try:
-                if key is None:
-                    return
-                with self._write_lock:
-                    self._write_pending(key)
-            except Exception:  # the writer must survive anything one snapshot does to it
-                log.exception("snapcache: background write failed")
-            finally:
-                self._queue.task_done()
+    def _holds(self, job: PendingWrite) -> bool:
+        """Whether RAM holds the very snapshot `job` writes. Lock held."""
+        return self._ram is not None and self._ram.peek(job.snapshot.key) is job.snapshot
 
-    def _drain_sync(self) -> None:
-        """Write everything queued, on this thread (no background writer)."""
-        with self._write_lock:
-            while True:
-                try:
-                    key = self._queue.get_nowait()
-                except queue.Empty:
-                    return
-                if key is not None:
-                    self._write_pending(key)
-                self._queue.task_done()
+    def _settle_write(self, job: PendingWrite, stored: bool, current: bool) -> None:
+        """A queued write is done. Lock held."""
+        key = job.snapshot.key
+        if stored and job.spill:
+            self._counters.spills += 1
+        if not current:
+            return  # a newer snapshot under the key waits for its own write
+        if self._holds(job):
+            if stored:
+                self._on_disk.add(key)
+            return
+        if self._ram is None or key not in self._ram:
+            self._memory_index.remove(key)
+            if not stored:
+                self._counters.dropped += 1
 
-    def _write_pending(self, key: SnapshotKey) -> None:
+    def _undo_write(self, key: SnapshotKey) -> None:
+        """remove() ran while `key` was being written: remove what the write left on disk."""
         disk = self._disk
         assert disk is not None
-        with self._lock:
-            job = self._pending.get(key)
-            if job is None:
-                return  # removed, or written by an earlier job
-            self._writing = key
-            self._removed_while_writing = False
-        stored = False
-        try:
-            if job.only_if_missing and self._disk_call("contains", disk.__contains__, key, default=False):
-                stored = True
-            else:
-                stored = self._write_to_disk(job.snapshot)
-                if stored and job.spill:
-                    with self._lock:
-                        self._counters.spills += 1
-        finally:
-            with self._lock:
-                self._writing = None
-                removed = self._removed_while_writing
-                if self._pending.get(key) is job:
-                    del self._pending[key]
-                    self._pending_bytes -= job.snapshot.nbytes
-                    self._writable.notify_all()
-                    in_ram = self._ram is not None and key in self._ram
-                    if not in_ram:
-                        self._memory_index.remove(key)
-                        if not stored:
-                            self._counters.dropped += 1
-        if removed:
-            self._disk_call("remove", disk.remove, key, default=False)
-            self._forget_in_catalogs(key)
+        self._disk_call("remove", disk.remove, key, default=False)
+        self._catalogs.forget(key)
 
     def _write_to_disk(self, snapshot: Snapshot) -> bool:
         """disk.put with failures logged and counted; True if the disk kept it."""
@@ -702,9 +576,11 @@ class SnapshotStore:
             return False
         if not stored:
             log.warning(
-                "snapcache: snapshot %s (%d bytes) is larger than the disk budget; not kept on disk",
+                "snapcache: snapshot %s (%d bytes, priority %d) not kept on disk: larger than the disk "
+                "budget, or no room without evicting a higher priority",
                 snapshot.key.id[:16],
                 snapshot.nbytes,
+                snapshot.priority,
             )
         return stored
 
@@ -726,67 +602,6 @@ class SnapshotStore:
     def _check_open(self) -> None:
         if self._closed:
             raise StoreUnavailable("the store is closed")
-
-
-def _resolve_secret(secret: bytes | str | None) -> bytes | None:
-    if secret is None:
-        secret = os.environ.get("SNAPCACHE_SECRET") or None
-    if isinstance(secret, str):
-        secret = secret.encode()
-    if secret is not None and not isinstance(secret, bytes):
-        raise InvalidArgument("secret must be bytes, str or None")
-    return secret or None
-
-
-def _copy_state(state: Buffer) -> bytes:
-    """One copy of the caller's buffer: callers reuse theirs."""
-    try:
-        view = memoryview(state)
-    except TypeError:
-        raise InvalidArgument(f"state_bytes must be bytes-like, got {type(state).__name__}") from None
-    if view.nbytes == 0:
-        raise InvalidArgument("state_bytes is empty")
-    return view.tobytes()
-
-
-def _copy_logits(logits: npt.ArrayLike | None) -> npt.NDArray[np.float32] | None:
-    if logits is None:
-        return None
-    try:
-        array = np.array(logits, dtype=np.float32)
-    except (TypeError, ValueError) as exc:
-        raise InvalidArgument(f"logits must be an array of floats: {exc}") from None
-    if array.ndim != 1 or array.size == 0:
-        raise InvalidArgument(f"logits must be a non-empty one-dimensional array, got shape {array.shape}")
-    array.flags.writeable = False
-    return array
-
-
-def _memory_row(snapshot: Snapshot) -> EntryInfo:
-    return EntryInfo(
-        key=snapshot.key,
-        tier="ram",
-        priority=snapshot.priority,
-        nbytes=snapshot.nbytes,
-        state_bytes=memoryview(snapshot.state).nbytes,
-        created_at=snapshot.created_at,
-        last_used_at=snapshot.created_at,
-        rolling_hash=rolling_hash(snapshot.tokens),
-    )
-
-
-def _store_entry(row: EntryInfo, tiers: tuple[TierName, ...]) -> StoreEntry:
-    return StoreEntry(
-        key=row.key,
-        tier=row.tier,
-        priority=row.priority,
-        nbytes=row.nbytes,
-        state_bytes=row.state_bytes,
-        created_at=row.created_at,
-        last_used_at=row.last_used_at,
-        rolling_hash=row.rolling_hash,
-        tiers=tiers,
-    )
 
 
 # Stores still open at interpreter exit are closed then, so that queued writes reach the disk.

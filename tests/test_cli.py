@@ -489,3 +489,83 @@ def test_format_size():
     assert format_size(512) == "512 B"
     assert format_size(1536) == "1.5 KiB"
     assert format_size(11_600_000) == "11.1 MiB"
+
+
+# -- check -------------------------------------------------------------------------------------------
+
+
+def damage(snapcache_dir: Path, key_id: str) -> Path:
+    (path,) = (snapcache_dir / "snapshots").glob(f"{key_id}-*.snap")
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    return path
+
+
+def test_check_of_a_sound_cache_says_ok(three):
+    result = invoke("check")
+    assert result.exit_code == 0, result.output
+    assert "indexed:         3 snapshots" in result.stdout
+    assert "files verified:  all" in result.stdout
+    assert "ok: the index and the files agree" in result.stdout
+    report = json.loads(invoke("check", "--json").stdout)
+    assert report["entries"] == 3
+    assert report["problems"] == report["problems_left"] == 0
+
+
+def test_check_reports_problems_and_exits_1_until_repaired(three, snapcache_dir):
+    corrupt = damage(snapcache_dir, three["low"])
+    (gone,) = (snapcache_dir / "snapshots").glob(f"{three['high']}-*.snap")
+    gone.unlink()
+    young_temp = snapcache_dir / "snapshots" / ".tmp-00000000000000ee.partial"
+    young_temp.write_bytes(b"a write in flight")
+
+    result = invoke("check", "--json")
+    assert result.exit_code == 1, result.output
+    report = json.loads(result.stdout)
+    assert report["corrupt_files"] == [corrupt.name]
+    assert report["missing_files"] == [three["high"]]
+    assert report["temp_files"] == []  # younger than the grace period: a writer may own it
+    assert report["problems"] == report["problems_left"] == 2
+    assert report["repaired"] is False
+    assert corrupt.exists()  # nothing changed without --repair
+
+    text = invoke("check", "--grace", "0")
+    assert text.exit_code == 1
+    assert "3 problems found; `snapcache check --repair` removes them" in text.stdout
+
+    repaired = invoke("check", "--repair", "--grace", "0", "--json")
+    assert repaired.exit_code == 0, repaired.output
+    report = json.loads(repaired.stdout)
+    assert report["problems"] == 3
+    assert report["problems_left"] == 0
+    assert report["repaired"] is True
+    assert not corrupt.exists()
+    assert not young_temp.exists()
+    assert {r["id"] for r in listed()} == {three["other"]}
+    again = invoke("check")
+    assert again.exit_code == 0, again.output
+
+
+def test_check_without_verify_does_not_read_the_files(three, snapcache_dir):
+    damage(snapcache_dir, three["low"])
+    result = invoke("check", "--no-verify", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["corrupt_files"] == []
+
+
+def test_check_exit_status_from_a_new_process(three, snapcache_dir):
+    damage(snapcache_dir, three["other"])
+    found = run_module("check")
+    assert found.returncode == 1
+    assert b"1 problem found" in found.stdout
+    assert run_module("check", "--repair").returncode == 0
+    assert run_module("check").returncode == 0
+
+
+def test_doctor_points_to_check_when_the_index_and_files_disagree(three, snapcache_dir):
+    (gone,) = (snapcache_dir / "snapshots").glob(f"{three['high']}-*.snap")
+    gone.unlink()
+    checks = {c["name"]: c for c in json.loads(invoke("doctor", "--json").stdout)["checks"]}
+    assert checks["store"]["status"] == "warn"
+    assert "snapcache check --repair" in checks["store"]["detail"]

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from small_filesystem import mounted
 
-from snapcache import disk_tier as disk_tier_module
+from snapcache import _disk_files as disk_files
 from snapcache._disk_index import DiskIndex
 from snapcache.disk_tier import FILES_DIR, DiskTier
 from snapcache.errors import StoreUnavailable
@@ -102,7 +102,7 @@ def test_failed_directory_sync_removes_the_renamed_file(
     def broken(directory: Path) -> None:
         raise OSError(errno.EIO, "I/O error")
 
-    monkeypatch.setattr(disk_tier_module, "_fsync_dir", broken)
+    monkeypatch.setattr(disk_files, "_fsync_dir", broken)
     with pytest.raises(StoreUnavailable):
         tier.put(make_snapshot(1))
     monkeypatch.undo()

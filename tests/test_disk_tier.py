@@ -307,7 +307,7 @@ def test_budget_holds_exactly(tmp_path: Path) -> None:
     budget = int(size * 3.5)
     tier = DiskTier(tmp_path / "c", budget)
     for i in range(12):
-        assert tier.put(make_snapshot(i, priority=i % 3))
+        assert tier.put(make_snapshot(i))
         on_disk = sum(p.stat().st_size for p in snapshot_files(tier.directory))
         assert on_disk == tier.used_bytes <= budget
     assert len(tier) == 3
@@ -703,7 +703,8 @@ from snapcache.disk_tier import DiskTier
 tier = DiskTier(Path(sys.argv[1]), int(sys.argv[2]))
 first = int(sys.argv[3])
 for seed in range(first, first + 15):
-    assert tier.put(make_snapshot(seed, priority=seed % 2))
+    # priority 0 may be kept out once priority 1 fills the budget; priority 1 always gets in
+    assert tier.put(make_snapshot(seed, priority=seed % 2)) or seed % 2 == 0
     tier.get(make_snapshot(seed - 1).key)
 tier.close()
 """

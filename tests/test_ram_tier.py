@@ -28,7 +28,7 @@ def test_on_evict_receives_every_evicted_snapshot_in_order() -> None:
         tier.put(s)
     tier.put(snaps[3])
     assert [s.key for s in evicted] == [snaps[0].key]
-    tier.put(snap(9, size=2 * 100 + 12))  # needs two slots: lowest priority first
+    assert tier.put(snap(9, priority=1, size=2 * 100 + 12))  # needs two slots: lowest priority first
     assert [s.key for s in evicted] == [snaps[0].key, snaps[3].key, snaps[2].key]
     assert tier.evictions == 3
 

@@ -321,7 +321,9 @@ def test_an_own_put_that_evicts_updates_the_catalog(directory: Path) -> None:
         assert_right(store.lookup(FP, SCOPE, DOC[:100]), 40)
         add(store, 60)  # evicts 20, the least recently used
         assert {row.key.token_count for row in store.entries()} == {40, 60}
-        version, catalog = store._catalogs[(FP, SCOPE)]
+        cached = store._catalogs.cached(FP, SCOPE)
+        assert cached is not None
+        version, catalog = cached
         assert version == disk_tier(store).data_version()  # type: ignore[attr-defined]
         cataloged = catalog.keys()
         assert {key.token_count for key in cataloged} == {40, 60}
@@ -522,7 +524,8 @@ def test_threads_share_a_store(directory: Path) -> None:
     assert stats.disk_used_bytes <= stats.disk_budget_bytes
     assert store._ram is not None
     assert stats.ram_used_bytes == sum(row.nbytes for row in store._ram.entries())
-    assert store._pending == {}
+    assert store._writes is not None
+    assert not list(store._writes.snapshots())
     assert set(store._memory_index.keys()) == {row.key for row in store._ram.entries()}
     for snap in store._ram.snapshots():
         assert snap.key.matches(snap.tokens)
@@ -584,12 +587,12 @@ def test_lookup_with_tier_of_a_disk_only_store_says_disk(directory: Path) -> Non
 def test_a_transient_disk_read_failure_does_not_hide_the_entry(
     directory: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from snapcache import disk_tier as disk_tier_module
+    from snapcache import _disk_files as disk_files
 
     with SnapshotStore(directory, ram_bytes=0, background_writes=False) as store:
         add(store, 30)
         assert_right(store.lookup(FP, SCOPE, DOC[:100]), 30)  # the catalog is read and cached
-        real_read = disk_tier_module._read_file
+        real_read = disk_files.read_file
         failures = []
 
         def failing_read(path: Path) -> memoryview:
@@ -598,7 +601,7 @@ def test_a_transient_disk_read_failure_does_not_hide_the_entry(
                 raise PermissionError(13, "Permission denied")
             return real_read(path)
 
-        monkeypatch.setattr(disk_tier_module, "_read_file", failing_read)
+        monkeypatch.setattr(disk_files, "read_file", failing_read)
         assert store.lookup(FP, SCOPE, DOC[:100]) is None
         assert failures
         # The catalog has not changed, so it is not read again: the entry must still be in it.
@@ -614,7 +617,9 @@ def test_a_lasting_disk_miss_is_forgotten_by_the_catalog(directory: Path) -> Non
         data[-1] ^= 0xFF
         path.write_bytes(bytes(data))
         assert store.lookup(FP, SCOPE, DOC[:100]) is None
-        assert key not in store._catalogs[(FP, SCOPE)][1]
+        cached = store._catalogs.cached(FP, SCOPE)
+        assert cached is not None
+        assert key not in cached[1]
         assert not path.exists()
 
 

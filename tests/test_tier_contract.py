@@ -137,10 +137,43 @@ def test_eviction_takes_lowest_priority_then_least_recently_used(make_tier: Make
     e = make_snapshot(5)
     assert tier.put(e)
     assert keys_of(tier) == {b.key, d.key, e.key}  # then a, though b is older: b has priority 5
-    f = make_snapshot(6, priority=-1)
-    assert tier.put(f)  # a negative priority still evicts the lowest other entry to get in
-    assert b.key in tier
+    f = make_snapshot(6, priority=5)
+    assert tier.put(f)  # priority 5 may evict priority 0 (d, the least recently used)
+    assert keys_of(tier) == {b.key, e.key, f.key}
     assert tier.evictions == 3
+
+
+def test_a_put_never_evicts_a_higher_priority(make_tier: MakeTier) -> None:
+    """A stream of priority-0 puts leaves priority-10 entries alone; what cannot fit stays out."""
+    cost = entry_cost(make_tier)
+    tier = make_tier(3 * cost + cost // 2)  # room for three
+    warm = [make_snapshot(n, priority=10) for n in (1, 2)]
+    for snap in warm:
+        assert tier.put(snap)
+    for n in range(100, 120):
+        assert tier.put(make_snapshot(n))  # only the one priority-0 slot cycles
+        assert {s.key for s in warm} <= keys_of(tier)
+    assert tier.evictions == 19
+    used = tier.used_bytes
+    wide = make_snapshot(200, size=2 * STATE_BYTES)  # needs two slots: one of them is priority 10
+    assert not tier.put(wide)
+    assert wide.key not in tier
+    assert tier.used_bytes == used
+    assert tier.evictions == 19
+    assert tier.put(make_snapshot(201, priority=10))  # an equal priority may evict
+    assert len(tier) == 3
+
+
+def test_a_higher_priority_evicts_lower_ones_only(make_tier: MakeTier) -> None:
+    cost = entry_cost(make_tier)
+    tier = make_tier(3 * cost + cost // 2)
+    low, mid, high = make_snapshot(1), make_snapshot(2, priority=5), make_snapshot(3, priority=9)
+    for snap in (low, mid, high):
+        assert tier.put(snap)
+    assert not tier.put(make_snapshot(4, priority=-1))  # lower than everything held
+    assert tier.put(make_snapshot(5, priority=5))  # evicts low, the only one it may
+    assert keys_of(tier) == {mid.key, high.key, make_snapshot(5).key}
+    assert not tier.put(make_snapshot(6, priority=4))
 
 
 def test_an_entry_larger_than_the_budget_is_refused_without_emptying(make_tier: MakeTier) -> None:

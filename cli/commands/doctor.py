@@ -10,15 +10,17 @@ import stat
 from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 
 import snapcache
-from snapcache.cache_dir import DirProblem, default_cache_dir, inspect_cache_dir
 
 from ..formatting import format_size, render_pairs
 from ..settings import Settings, settings_of
+
+if TYPE_CHECKING:
+    from snapcache.cache_dir import DirectoryReport
 
 Status = Literal["ok", "warn", "fail"]
 _PACKAGES = ("snapcache", "llama-cpp-python", "numpy", "zstandard", "platformdirs", "typer")
@@ -48,10 +50,10 @@ def doctor(
     }
     directory = _cache_directory(settings)
     # The library's own rules, checked without creating anything.
-    problems = inspect_cache_dir(directory)
+    found = snapcache.SnapshotStore.inspect_directory(directory)
     checks = [
-        *_directory_checks(directory, problems),
-        _store_check(settings, directory, problems),
+        *_directory_checks(found),
+        _store_check(settings, found),
         _model_check(),
         _gpu_check(info["llama_cpp"]),
     ]
@@ -132,11 +134,12 @@ def _backends(system_info: str) -> list[str]:
 def _cache_directory(settings: Settings) -> Path:
     if settings.cache_dir is not None:
         return settings.cache_dir
-    return Path(default_cache_dir())
+    return snapcache.SnapshotStore.default_directory()
 
 
-def _directory_checks(directory: Path, problems: list[DirProblem]) -> list[Check]:
+def _directory_checks(found: DirectoryReport) -> list[Check]:
     """Permissions as the store judges them, and free space."""
+    directory, problems = found.path, found.problems
     if problems:
         # An insecure directory is the user's to judge (SNAPCACHE_ALLOW_SHARED_DIR=1 trusts it);
         # the store check below fails on it either way.
@@ -159,26 +162,33 @@ def _existing_ancestor(path: Path) -> Path:
     return path
 
 
-def _store_check(settings: Settings, directory: Path, problems: list[DirProblem]) -> Check:
-    """Whether the store opens, and what it holds; a directory or index not there yet is left so."""
-    from snapcache.disk_tier import FILES_DIR, INDEX_NAME
-
+def _store_check(settings: Settings, found: DirectoryReport) -> Check:
+    """Whether the store opens, what it holds, and whether its index and files agree; a directory
+    or index not there yet is left so."""
     from ..errors import describe
 
-    if problems:
-        return Check("store", "fail", problems[0].message)
-    if not directory.exists():
+    if found.problems:
+        return Check("store", "fail", found.problems[0].message)
+    if not found.exists:
         return Check("store", "ok", "no cache yet; the first `snapcache warm` creates it")
-    if not (directory / INDEX_NAME).exists():
-        files = sum(1 for _ in (directory / FILES_DIR).glob("*.snap"))  # none when the folder is absent
+    if not found.indexed:
+        files = found.snapshot_files
         if not files:
             return Check("store", "ok", "no snapshots yet")
         return Check("store", "ok", f"{_plural(files, 'snapshot file')}, indexed when the store next opens")
     try:
         with settings.open_store() as store:
             count = len({e.key.id for e in store.entries()})
+            report = store.check(repair=False)  # the index against the files, without reading them
     except (snapcache.SnapcacheError, OSError) as exc:
         return Check("store", "fail", describe(exc))
+    if not report.ok:
+        return Check(
+            "store",
+            "warn",
+            f"opens; {_plural(count, 'snapshot')}; {_plural(report.problems, 'problem')} between the "
+            "index and the files: run `snapcache check --repair`",
+        )
     return Check("store", "ok", f"opens; {_plural(count, 'snapshot')}")
 
 

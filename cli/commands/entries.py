@@ -185,14 +185,14 @@ def prune(
 def choose_prunable(
     entries: list[EntryInfo], budget: int | None, max_age: float | None, now: float
 ) -> list[EntryInfo]:
-    """Entries unused for longer than `max_age`, then the lowest priority, least recently used first
-    until the rest fit in `budget` bytes."""
+    """Entries unused for longer than `max_age`, then the rest in the store's eviction order until
+    they fit in `budget` bytes."""
+    from snapcache import SnapshotStore
+
     doomed = [e for e in entries if max_age is not None and now - e.last_used_at > max_age]
     if budget is not None:
         gone = {e.key.id for e in doomed}
-        rest = sorted(
-            (e for e in entries if e.key.id not in gone), key=lambda e: (e.priority, e.last_used_at)
-        )
+        rest = SnapshotStore.eviction_order(e for e in entries if e.key.id not in gone)
         total = sum(e.nbytes for e in rest)
         for e in rest:
             if total <= budget:

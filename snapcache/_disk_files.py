@@ -1,0 +1,178 @@
+"""The files of a disk tier's directory: their names, durable writes, reads, and the open lock.
+
+Directory layout::
+
+    index.sqlite3          one row per snapshot; a committed row is the commit point of a put
+    index.sqlite3.lock     held while a process opens (and, if need be, repairs) the index
+    snapshots/<key id>-<random>.snap
+    snapshots/.tmp-<random>.partial    a write in flight (or left by a crash)
+    quarantine/index.sqlite3.<time>    a damaged index, moved aside
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import re
+import secrets
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from snapcache.errors import StoreUnavailable
+
+if TYPE_CHECKING:
+    from snapcache._disk_format import EncodedFile
+    from snapcache.key import SnapshotKey
+
+logger = logging.getLogger("snapcache")
+
+INDEX_NAME = "index.sqlite3"
+LOCK_NAME = INDEX_NAME + ".lock"
+FILES_DIR = "snapshots"
+QUARANTINE_DIR = "quarantine"
+INDEX_SUFFIXES = ("", "-wal", "-shm", "-journal")
+TEMP_PREFIX = ".tmp-"
+TEMP_SUFFIX = ".partial"
+SNAPSHOT_SUFFIX = ".snap"
+_FILE_NAME = re.compile(r"[0-9a-f]{64}-[0-9a-f]{12}\.snap")
+_O_BINARY = getattr(os, "O_BINARY", 0)
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+def new_file_name(key: SnapshotKey) -> str:
+    """A fresh name for a file holding `key`: a put never overwrites a file a reader may hold."""
+    return f"{key.id}-{secrets.token_hex(6)}{SNAPSHOT_SUFFIX}"
+
+
+def is_snapshot_name(name: str) -> bool:
+    """True for a name `new_file_name` could have made (never a path leaving the folder)."""
+    return _FILE_NAME.fullmatch(name) is not None
+
+
+def is_temp_name(name: str) -> bool:
+    return name.startswith(TEMP_PREFIX)
+
+
+def write_file(folder: Path, name: str, encoded: EncodedFile) -> None:
+    """Write `encoded` to folder/name durably: a temporary file, fsync, rename, fsync the folder.
+
+    Raises StoreUnavailable (a full disk, say); then neither file remains.
+    """
+    temp = folder / f"{TEMP_PREFIX}{secrets.token_hex(8)}{TEMP_SUFFIX}"
+    path = folder / name
+    renamed = False
+    try:
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_BINARY | _O_CLOEXEC, 0o600)
+        try:
+            for part in encoded.parts:
+                _write_all(fd, part)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(temp, path)
+        renamed = True
+        _fsync_dir(folder)
+    except OSError as exc:
+        unlink(temp)
+        if renamed:
+            unlink(path)
+        reason = "the disk is full" if exc.errno == errno.ENOSPC else (exc.strerror or str(exc))
+        raise StoreUnavailable(
+            f"cannot write a snapshot of {encoded.size} bytes to {folder}: {reason}"
+        ) from None
+
+
+def read_file(path: Path) -> memoryview:
+    """The bytes of `path`; shorter than expected when the file shrank while read."""
+    # numpy's empty buffer skips the zero-fill a bytearray would pay for.
+    with open(path, "rb", buffering=0) as file:
+        size = os.fstat(file.fileno()).st_size
+        data = np.empty(size, dtype=np.uint8).data
+        filled = 0
+        while filled < size:
+            count = file.readinto(data[filled:])
+            if not count:
+                break
+            filled += count
+    return data[:filled]
+
+
+def unlink(path: Path) -> None:
+    """Delete `path`; one already gone is fine, another failure is logged."""
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        logger.warning("could not delete %s: %s", path, exc)
+
+
+def older_than(path: Path, cutoff: float) -> bool:
+    """True when `path` was last modified before `cutoff` (False when it cannot be read)."""
+    try:
+        return path.stat().st_mtime < cutoff
+    except OSError:
+        return False
+
+
+def list_folder(folder: Path) -> list[str]:
+    try:
+        return sorted(os.listdir(folder))
+    except OSError as exc:
+        raise StoreUnavailable(f"cannot list {folder}: {exc.strerror or exc}") from None
+
+
+@contextlib.contextmanager
+def open_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on `path` (POSIX): one process at a time opens or repairs the index."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: SQLite's own locking still keeps the index consistent
+        yield
+        return
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise StoreUnavailable(f"cannot create the lock file {path}: {exc.strerror or exc}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def create_private(index_path: Path) -> None:
+    """Create the index file with mode 0600 before SQLite does: its journal files copy that mode."""
+    try:
+        fd = os.open(index_path, os.O_RDWR | os.O_CREAT | _O_BINARY | _O_CLOEXEC, 0o600)
+        os.close(fd)
+        if os.name == "posix":
+            for suffix in ("", "-wal", "-shm"):
+                path = index_path.with_name(index_path.name + suffix)
+                if path.exists() and stat.S_IMODE(path.stat().st_mode) & 0o077:
+                    os.chmod(path, 0o600)
+    except OSError as exc:
+        raise StoreUnavailable(f"cannot create the index {index_path}: {exc.strerror or exc}") from None
+
+
+def _write_all(fd: int, part: bytes | bytearray | memoryview) -> None:
+    view = memoryview(part).cast("B")
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def _fsync_dir(directory: Path) -> None:
+    if os.name != "posix":  # directories cannot be opened for fsync on Windows
+        return
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,245 @@
+"""Repair of a disk tier's directory: the index checked against the files, debris reclaimed, a damaged
+index quarantined and rebuilt from the files' headers.
+
+Debris is what interrupted writes leave: temporary files, and snapshot files no index row names (a
+crash between the rename and the commit). Both are reclaimed once older than a grace period, since a
+younger one may belong to a write still in flight in another process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from snapcache import _disk_files as files
+from snapcache._disk_format import FileHeader, read_header
+from snapcache._disk_index import DiskIndex, IndexDamaged, IndexRow
+from snapcache.errors import StoreUnavailable
+from snapcache.key import rolling_hash
+
+logger = logging.getLogger("snapcache")
+
+# Temporary and orphan files younger than this are left alone: another process may be writing them.
+DEFAULT_GRACE_S = 600.0
+
+Verdict = Literal["ok", "corrupt", "unauthenticated"]
+
+
+@dataclass(frozen=True, slots=True)
+class CheckReport:
+    """What a check of the disk tier found; with `repaired`, every listed problem was removed.
+
+    `ok` is True when nothing needing repair was found. Intact files failing only their MAC under
+    this store's secret (`unauthenticated_files`, only with verify) are not problems: another
+    configuration may own them, so repair keeps them.
+    """
+
+    entries: int
+    missing_files: tuple[str, ...]  # key ids whose row names a file that does not exist
+    orphan_files: tuple[str, ...]  # snapshot files no row names
+    temp_files: tuple[str, ...]  # temporary files left by interrupted writes
+    corrupt_files: tuple[str, ...]  # files failing verification (only with verify=True)
+    repaired: bool
+    unauthenticated_files: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing needing repair was found."""
+        return not self.problems
+
+    @property
+    def problems(self) -> int:
+        """How many problems were found (repaired or not)."""
+        return (
+            len(self.missing_files) + len(self.orphan_files) + len(self.temp_files) + len(self.corrupt_files)
+        )
+
+
+@dataclass(slots=True)
+class Survey:
+    """The problems found in one pass over the index and the files."""
+
+    rows: list[IndexRow]
+    missing: list[IndexRow] = field(default_factory=list)
+    temp: list[str] = field(default_factory=list)
+    orphans: list[str] = field(default_factory=list)
+    corrupt: list[IndexRow] = field(default_factory=list)
+    unauthenticated: list[IndexRow] = field(default_factory=list)
+
+
+def survey(
+    index: DiskIndex, folder: Path, grace_s: float, verdict: Callable[[IndexRow], Verdict] | None
+) -> Survey:
+    """Compare the index with the files; `verdict` (when given) verifies every file."""
+    rows = index.rows()
+    names = set(files.list_folder(folder))
+    found = Survey(rows)
+    for row in rows:
+        if row.file_name not in names:
+            current = index.get(row.key_id)  # a concurrent put may have replaced it
+            if current is not None and not (folder / current.file_name).exists():
+                found.missing.append(current)
+    found.temp, found.orphans = find_debris(folder, names, {row.file_name for row in rows}, grace_s)
+    if verdict is not None:
+        for row in rows:
+            if row.file_name in names:
+                kind = verdict(row)
+                if kind == "corrupt":
+                    found.corrupt.append(row)
+                elif kind == "unauthenticated":
+                    found.unauthenticated.append(row)
+    return found
+
+
+def find_debris(
+    folder: Path, names: set[str], named: set[str], grace_s: float
+) -> tuple[list[str], list[str]]:
+    """Temporary files, and snapshot files no row names, older than `grace_s` seconds."""
+    cutoff = time.time() - grace_s
+    temp = sorted(n for n in names if files.is_temp_name(n) and files.older_than(folder / n, cutoff))
+    orphans = sorted(
+        n
+        for n in names
+        if n.endswith(files.SNAPSHOT_SUFFIX) and n not in named and files.older_than(folder / n, cutoff)
+    )
+    return temp, orphans
+
+
+def reclaim_debris(index: DiskIndex, folder: Path, grace_s: float) -> int:
+    """Delete the debris `find_debris` reports; how many files went. Called at open, under the lock."""
+    names = set(files.list_folder(folder))
+    if not names:
+        return 0
+    temp, orphans = find_debris(folder, names, index.file_names(), grace_s)
+    for name in (*temp, *orphans):
+        files.unlink(folder / name)
+    if temp or orphans:
+        logger.info(
+            "reclaimed %d temporary and %d orphan file(s) left by interrupted writes in %s",
+            len(temp),
+            len(orphans),
+            folder,
+        )
+    return len(temp) + len(orphans)
+
+
+def open_or_rebuild(directory: Path, mac_key: bytes | None) -> DiskIndex:
+    """Open the index; move a damaged one to quarantine/; rebuild a new one from the files.
+
+    Call with the directory's open lock held.
+    """
+    index_path = directory / files.INDEX_NAME
+    try:
+        if index_path.exists() and not index_path.is_file():
+            raise IndexDamaged(f"{index_path} is not a file")
+        files.create_private(index_path)
+        index = DiskIndex(index_path)
+    except IndexDamaged as exc:
+        moved = quarantine(directory, index_path)
+        logger.warning(
+            "the snapshot index of %s is damaged (%s); moved it to %s and rebuilding it from the "
+            "snapshot files",
+            directory,
+            exc,
+            moved,
+        )
+        files.create_private(index_path)
+        index = DiskIndex(index_path)
+        rebuild = True
+    else:
+        rebuild = index.created
+    if rebuild:
+        try:
+            rebuild_index(index, directory, mac_key)
+        except BaseException:
+            index.close()
+            raise
+    return index
+
+
+def quarantine(directory: Path, index_path: Path) -> Path:
+    """Move the index and its journal files into quarantine/ under a time-stamped name."""
+    folder = directory / files.QUARANTINE_DIR
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
+    target = folder / f"{index_path.name}.{stamp}"
+    try:
+        folder.mkdir(mode=0o700, exist_ok=True)
+        for suffix in files.INDEX_SUFFIXES:
+            source = index_path.with_name(index_path.name + suffix)
+            if source.exists() or source.is_symlink():
+                os.replace(source, target.with_name(target.name + suffix))
+    except OSError as exc:
+        raise StoreUnavailable(
+            f"the snapshot index {index_path} is damaged and cannot be moved aside: {exc.strerror or exc}"
+        ) from None
+    return target
+
+
+def rebuild_index(index: DiskIndex, directory: Path, mac_key: bytes | None) -> None:
+    """Re-insert a row for every snapshot file whose head and tokens check out.
+
+    Files intact but authenticated under another secret (or none) get their rows too: processes
+    configured otherwise may share the directory, and reads check the MAC before serving. Only
+    files that verify here decide which store the index now belongs to.
+    """
+    found: dict[str, tuple[str, FileHeader, float]] = {}  # key id -> newest file
+    unusable = 0
+    for name, header, mtime in _scan_files(directory / files.FILES_DIR, mac_key):
+        if header is None or not name.startswith(header.key.id + "-"):  # moved to another key's name
+            unusable += 1
+            continue
+        newest = found.get(header.key.id)
+        if newest is None or mtime > newest[2]:
+            found[header.key.id] = (name, header, mtime)
+    if not (found or unusable):
+        return  # a new directory
+    # The files name the store that wrote them; planted files of another store stay orphans.
+    voters = [h for _, h, _ in found.values() if h.authenticated] or [h for _, h, _ in found.values()]
+    votes = Counter(header.store_id for header in voters)
+    store_id = max(votes, key=lambda sid: (votes[sid], sid)) if votes else index.store_id
+    rows = [
+        IndexRow.of(
+            header.key,
+            rolling_hash=rolling_hash(header.tokens),
+            priority=header.priority,
+            file_name=name,
+            file_bytes=header.file_bytes,
+            state_bytes=header.state_bytes,
+            created_at=header.created_at,
+            last_used_at=mtime,
+        )
+        for name, header, mtime in found.values()
+        if header.store_id == store_id
+    ]
+    index.rebuild(rows, store_id)
+    logger.warning(
+        "rebuilt the snapshot index of %s from its files: %d snapshot(s) recovered, %d file(s) "
+        "left out (damaged, foreign or superseded)",
+        directory,
+        len(rows),
+        unusable + len(found) - len(rows),
+    )
+
+
+def _scan_files(folder: Path, mac_key: bytes | None) -> Iterator[tuple[str, FileHeader | None, float]]:
+    """Each snapshot file's name, checked head (None if unusable) and modification time."""
+    for name in files.list_folder(folder):
+        if not files.is_snapshot_name(name):
+            continue
+        try:
+            with open(folder / name, "rb") as file:
+                info = os.fstat(file.fileno())
+                header = read_header(file, info.st_size, mac_secret=mac_key)
+        # CorruptSnapshot and InvalidArgument are ValueErrors; ArithmeticError backs up a
+        # crafted header the checks did not foresee.
+        except (ValueError, ArithmeticError, OSError):
+            yield name, None, 0.0
+            continue
+        yield name, header, info.st_mtime

@@ -1,0 +1,69 @@
+"""What callers hand the store, checked and copied once: the directory, the secret, state and logits."""
+
+from __future__ import annotations
+
+import enum
+import os
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from snapcache.errors import InvalidArgument
+from snapcache.snapshot import Buffer
+
+
+class Default(enum.Enum):
+    DIRECTORY = enum.auto()
+
+
+DEFAULT_DIRECTORY = Default.DIRECTORY
+
+
+def store_path(directory: str | os.PathLike[str] | Default | None) -> Path | None:
+    """The disk tier's directory: the default one, a given path, or None for RAM only."""
+    if directory is DEFAULT_DIRECTORY:
+        from snapcache.cache_dir import default_cache_dir
+
+        return Path(default_cache_dir())
+    if directory is None:
+        return None
+    if isinstance(directory, (str, os.PathLike)):
+        return Path(directory)
+    raise InvalidArgument(f"directory must be a path or None, got {directory!r}")
+
+
+def resolve_secret(secret: bytes | str | None) -> bytes | None:
+    """The secret given, else SNAPCACHE_SECRET, as bytes; None for none."""
+    if secret is None:
+        secret = os.environ.get("SNAPCACHE_SECRET") or None
+    if isinstance(secret, str):
+        secret = secret.encode()
+    if secret is not None and not isinstance(secret, bytes):
+        raise InvalidArgument("secret must be bytes, str or None")
+    return secret or None
+
+
+def copy_state(state: Buffer) -> bytes:
+    """One copy of the caller's buffer: callers reuse theirs."""
+    try:
+        view = memoryview(state)
+    except TypeError:
+        raise InvalidArgument(f"state_bytes must be bytes-like, got {type(state).__name__}") from None
+    if view.nbytes == 0:
+        raise InvalidArgument("state_bytes is empty")
+    return view.tobytes()
+
+
+def copy_logits(logits: npt.ArrayLike | None) -> npt.NDArray[np.float32] | None:
+    """A read-only float32 copy of one row of logits, or None."""
+    if logits is None:
+        return None
+    try:
+        array = np.array(logits, dtype=np.float32)
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument(f"logits must be an array of floats: {exc}") from None
+    if array.ndim != 1 or array.size == 0:
+        raise InvalidArgument(f"logits must be a non-empty one-dimensional array, got shape {array.shape}")
+    array.flags.writeable = False
+    return array

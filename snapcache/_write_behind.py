@@ -1,0 +1,191 @@
+"""The write-behind queue: snapshots waiting for their disk write, and the one thread that writes them.
+
+The queue shares the store's lock (a Condition over it): the store decides what to queue while it
+holds the lock, and the writer writes without it. Methods documented "lock held" expect the caller
+to hold it; the others take it themselves.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from snapcache.key import SnapshotKey
+from snapcache.snapshot import Snapshot
+
+log = logging.getLogger("snapcache")
+
+
+@dataclass(slots=True)
+class PendingWrite:
+    """One snapshot waiting for its disk write."""
+
+    snapshot: Snapshot
+    spill: bool  # evicted from RAM before reaching the disk: its write counts as a spill
+
+
+class WriteBehind:
+    """Snapshots on their way to disk, written in order by a background thread or by `drain`.
+
+    `write(snapshot)` stores one on disk and says whether the disk kept it (never raises for a disk
+    failure). `settle(job, stored, current)` runs with the lock held once a job is done; `current`
+    is False when a newer job for the same key replaced it meanwhile. `undo(key)` runs without the
+    lock when `discard` removed a key mid-write: the disk may hold what was just written.
+    `held_in_ram(job)` tells whether RAM holds the job's snapshot, for the back-pressure limit,
+    which counts only the bytes nothing else holds.
+    """
+
+    def __init__(
+        self,
+        condition: threading.Condition,
+        *,
+        write: Callable[[Snapshot], bool],
+        settle: Callable[[PendingWrite, bool, bool], None],
+        undo: Callable[[SnapshotKey], None],
+        held_in_ram: Callable[[PendingWrite], bool],
+        limit_bytes: int,
+        background: bool,
+    ) -> None:
+        self._condition = condition
+        self._write = write
+        self._settle = settle
+        self._undo = undo
+        self._held_in_ram = held_in_ram
+        self._limit = limit_bytes
+        self._jobs: dict[SnapshotKey, PendingWrite] = {}
+        self._bytes = 0  # all of them, those RAM holds too
+        self._queue: queue.Queue[SnapshotKey | None] = queue.Queue()
+        # One thread at a time writes queued snapshots: _writing names the key it is writing.
+        self._write_lock = threading.Lock()
+        self._writing: SnapshotKey | None = None
+        self._discarded_while_writing = False
+        self._thread: threading.Thread | None = None
+        if background:
+            self._thread = threading.Thread(target=self._loop, name="snapcache-writer", daemon=True)
+            self._thread.start()
+
+    @property
+    def background(self) -> bool:
+        """True when a background thread writes; else the store calls `drain` itself."""
+        return self._thread is not None
+
+    def __contains__(self, key: object) -> bool:
+        """Lock held."""
+        return key in self._jobs
+
+    def get(self, key: SnapshotKey) -> Snapshot | None:
+        """The snapshot waiting under `key`, or None. Lock held."""
+        job = self._jobs.get(key)
+        return None if job is None else job.snapshot
+
+    def snapshots(self) -> Iterator[Snapshot]:
+        """Every snapshot waiting. Lock held."""
+        return (job.snapshot for job in self._jobs.values())
+
+    def add(self, snapshot: Snapshot, *, spill: bool) -> None:
+        """Queue `snapshot`, replacing any job waiting under its key. Lock held."""
+        old = self._jobs.get(snapshot.key)
+        if old is not None:
+            self._bytes -= old.snapshot.nbytes
+        self._jobs[snapshot.key] = PendingWrite(snapshot, spill)
+        self._bytes += snapshot.nbytes
+        # Always queue: a job for this key may be mid-write with the older snapshot.
+        self._queue.put(snapshot.key)
+
+    def mark_spill(self, key: SnapshotKey) -> bool:
+        """RAM evicted `key` while its write waits: that write is now the spill. Lock held."""
+        job = self._jobs.get(key)
+        if job is None:
+            return False
+        job.spill = True
+        return True
+
+    def discard(self, key: SnapshotKey) -> bool:
+        """Forget the job of `key`; True if there was one. Lock held."""
+        job = self._jobs.pop(key, None)
+        if job is not None:
+            self._bytes -= job.snapshot.nbytes
+            self._condition.notify_all()
+        if self._writing == key:
+            self._discarded_while_writing = True
+        return job is not None
+
+    def outside_ram_bytes(self) -> int:
+        """Bytes of waiting snapshots that RAM does not hold. Lock held."""
+        return sum(job.snapshot.nbytes for job in self._jobs.values() if not self._held_in_ram(job))
+
+    def wait_for_room(self, nbytes: int, closed: Callable[[], bool]) -> None:
+        """Back-pressure: wait while the writer is behind by more than the limit. Lock held.
+
+        A snapshot larger than the limit waits only until nothing else is outside RAM.
+        """
+        if self._thread is None:
+            return  # the caller drains after its put
+        while not closed() and self._bytes + nbytes > self._limit:
+            outside = self.outside_ram_bytes()
+            if not outside or outside + nbytes <= self._limit:
+                return
+            self._condition.wait()
+
+    def flush(self) -> None:
+        """Wait until every write queued so far is done (with a background thread)."""
+        if self._thread is not None and self._thread.is_alive():
+            self._queue.join()
+
+    def stop(self) -> None:
+        """Write what is queued and end the writer thread. Queue nothing afterwards."""
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+        self.drain()
+
+    def drain(self) -> None:
+        """Write everything queued, on this thread."""
+        with self._write_lock:
+            while True:
+                try:
+                    key = self._queue.get_nowait()
+                except queue.Empty:
+                    return
+                if key is not None:
+                    self._write_job(key)
+                self._queue.task_done()
+
+    def _loop(self) -> None:
+        while True:
+            key = self._queue.get()
+            try:
+                if key is None:
+                    return
+                with self._write_lock:
+                    self._write_job(key)
+            except Exception:  # the writer must survive anything one snapshot does to it
+                log.exception("snapcache: background write failed")
+            finally:
+                self._queue.task_done()
+
+    def _write_job(self, key: SnapshotKey) -> None:
+        with self._condition:
+            job = self._jobs.get(key)
+            if job is None:
+                return  # discarded, or written by an earlier job
+            self._writing = key
+            self._discarded_while_writing = False
+        stored = False
+        try:
+            stored = self._write(job.snapshot)
+        finally:
+            with self._condition:
+                self._writing = None
+                discarded = self._discarded_while_writing
+                current = self._jobs.get(key) is job
+                if current:
+                    del self._jobs[key]
+                    self._bytes -= job.snapshot.nbytes
+                    self._condition.notify_all()
+                self._settle(job, stored, current)
+        if discarded:
+            self._undo(key)

@@ -17,6 +17,7 @@ from snapcache.errors import (
     StoreUnavailable,
 )
 from snapcache.key import DEFAULT_SCOPE, SnapshotKey, prefix_hash
+from snapcache.savings import SavingsLedger, ScopeSavings
 from snapcache.snapshot import Snapshot
 from snapcache.tier import EntryInfo
 
@@ -43,6 +44,8 @@ __all__ = [
     "ModelError",
     "RestoreError",
     "RestoreInfo",
+    "SavingsLedger",
+    "ScopeSavings",
     "SnapcacheError",
     "Snapshot",
     "SnapshotKey",

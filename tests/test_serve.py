@@ -153,6 +153,9 @@ def test_a_restart_after_sigkill_restores_from_disk(
         first.kill()  # SIGKILL: no shutdown, no final flush
     with running_server(tiny_model_path, cache, tmp_path / "second.log") as second:
         text, tokens, cached, headers = chat(second, QUESTIONS[2], stream=True)
+        _, stats, _ = http_json("GET", f"{second.base_url}/snapcache/stats")
+    assert stats["since_start"]["requests"] == 1
+    assert [(row["requests"], row["cached_tokens"]) for row in stats["all_time"]] == [(2, cached)]
     assert cached >= 64
     assert headers["x-snapcache-source"] == "disk"
     assert (text, tokens) == cold_chat(cold_server, QUESTIONS[2], stream=True)[:2]
@@ -306,6 +309,18 @@ def test_warm_over_http_then_stats_and_metrics(server, tiny_model_path: Path, tm
         metrics = response.read().decode()
     assert f'snapcache_cached_tokens_total{{scope="agent-w"}} {float(cached)}' in metrics
     assert 'snapcache_store_entries{tier="ram"}' in metrics
+
+    shown = subprocess.run(
+        [sys.executable, "-m", "snapcache", "--cache-dir", str(tmp_path / "cache"), "stats", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    savings = json.loads(shown.stdout)["savings"]
+    assert [(row["scope"], row["requests"], row["cached_tokens"]) for row in savings] == [
+        ("agent-w", 1, cached)
+    ]
 
     refused = subprocess.run(
         [*command[:-2], "--server", "http://127.0.0.1:9"],

@@ -11,9 +11,12 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from snapcache import SavingsLedger, ScopeSavings
+
 from ..errors import CliError
 from ..formatting import (
     format_age,
+    format_duration,
     format_size,
     format_time,
     parse_age,
@@ -227,6 +230,7 @@ def stats(ctx: typer.Context, as_json: JsonOption = False) -> None:
         entries = store.entries()
         directory = store.directory
         counters = store.stats()
+    savings = SavingsLedger(directory).totals() if directory is not None else []
     stored = sum(e.nbytes for e in entries)
     state = sum(e.state_bytes for e in entries)
     tokens = sum(e.key.token_count for e in entries)
@@ -244,6 +248,7 @@ def stats(ctx: typer.Context, as_json: JsonOption = False) -> None:
                 "scopes": dict(scopes),
                 "models": dict(models),
                 "store": asdict(counters),
+                "savings": [asdict(row) for row in savings],
             }
         )
         return
@@ -258,9 +263,31 @@ def stats(ctx: typer.Context, as_json: JsonOption = False) -> None:
                 ("tokens", str(tokens)),
                 ("scopes", ", ".join(f"{s} ({n})" for s, n in sorted(scopes.items())) or "-"),
                 ("models", ", ".join(f"{m[:SHORT_ID]} ({n})" for m, n in sorted(models.items())) or "-"),
+                *_savings_lines(savings),
             ]
         )
     )
+
+
+def _savings_lines(savings: list[ScopeSavings]) -> list[tuple[str, str]]:
+    """What the cache saved, across restarts: tokens not read and the estimated prefill seconds."""
+    if not savings:
+        return [("saved", "nothing recorded yet (completions through snapcache serve or attach record it)")]
+    lines = [("saved", _saved_text(savings))]
+    if len({row.scope for row in savings}) > 1:
+        scopes = sorted({row.scope for row in savings})
+        lines += [(f"  {scope}", _saved_text([r for r in savings if r.scope == scope])) for scope in scopes]
+    return lines
+
+
+def _saved_text(rows: list[ScopeSavings]) -> str:
+    tokens = sum(row.cached_tokens for row in rows)
+    requests = sum(row.requests for row in rows)
+    prompt = sum(row.prompt_tokens for row in rows)
+    share = f" ({tokens / prompt:.0%} of {prompt})" if prompt else ""
+    text = f"{tokens} prompt tokens not read{share} in {requests} requests"
+    seconds = [row.seconds_saved for row in rows if row.seconds_saved is not None]
+    return text + (f", about {format_duration(sum(seconds))} of prefill" if seconds else "")
 
 
 def resolve_key(entries: Iterable[EntryInfo], text: str) -> EntryInfo:

@@ -81,23 +81,37 @@ class _Weights:
         return self.rng.standard_normal((N_VOCAB, n_embd)).astype(np.float32)
 
 
-def write_tiny_llama(path: str | Path, seed: int = 0) -> Path:
-    """Write a 2-layer, 64-wide llama GGUF with random weights from `seed` to `path`; return the path."""
-    return write_tiny_model(path, "llama", seed)
+def write_tiny_llama(path: str | Path, seed: int = 0, n_ff: int = N_FF) -> Path:
+    """Write a 2-layer, 64-wide llama GGUF with random weights from `seed` to `path`; return the path.
+
+    A larger `n_ff` makes a bigger file of the same shape otherwise (n_ff=8192: about 13 MB).
+    """
+    return write_tiny_model(path, "llama", seed, n_ff=n_ff)
 
 
-def write_tiny_model(path: str | Path, arch: str = "llama", seed: int = 0) -> Path:
-    """Write a tiny model of architecture `arch` (one of ARCHITECTURES) to `path`; return the path."""
+def write_tiny_model(
+    path: str | Path, arch: str = "llama", seed: int = 0, *, split_max_tensors: int = 0, n_ff: int = N_FF
+) -> Path:
+    """Write a tiny model of architecture `arch` (one of ARCHITECTURES) to `path`; return the path.
+
+    `split_max_tensors` > 0 writes a split model instead, at most that many tensors a shard, in
+    files named as llama.cpp expects them (NAME-00001-of-0000N.gguf); the first shard's path is
+    returned. `n_ff` applies to llama only.
+    """
     if arch not in _WRITERS:
         raise ValueError(f"no tiny writer for architecture {arch!r}; known: {', '.join(ARCHITECTURES)}")
     path = Path(path)
-    writer = gguf.GGUFWriter(str(path), arch)
-    _WRITERS[arch](writer, _Weights(seed))
+    writer = gguf.GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
+    if arch == "llama":
+        _write_llama(writer, _Weights(seed), n_ff)
+    else:
+        _WRITERS[arch](writer, _Weights(seed))
     # llama.cpp patches the vocabulary of models whose name says "phi3": keep the names neutral.
     writer.add_name(f"tiny-{arch.replace('phi3', 'phi-three')}-seed{seed}")
     _add_vocabulary(writer)
+    shards = writer.format_shard_names(path) if len(writer.tensors) > 1 else [path]
     _finish(writer)
-    return path
+    return shards[0]
 
 
 def write_tiny_lora(path: str | Path, arch: str = "llama", seed: int = 0, rank: int = 4) -> Path:
@@ -137,10 +151,10 @@ _ATTN_HEADS_KV = 1
 _ATTN_FF = 192
 
 
-def _write_llama(writer: gguf.GGUFWriter, w: _Weights) -> None:
+def _write_llama(writer: gguf.GGUFWriter, w: _Weights, n_ff: int = N_FF) -> None:
     head_dim = N_EMBD // N_HEAD
     n_embd_kv = head_dim * N_HEAD_KV
-    _add_attention_hparams(writer, N_EMBD, N_HEAD, N_HEAD_KV, N_FF, head_dim)
+    _add_attention_hparams(writer, N_EMBD, N_HEAD, N_HEAD_KV, n_ff, head_dim)
     writer.add_tensor("token_embd.weight", w.embedding(N_EMBD))
     for layer in range(N_LAYERS):
         prefix = f"blk.{layer}"
@@ -149,7 +163,7 @@ def _write_llama(writer: gguf.GGUFWriter, w: _Weights) -> None:
         writer.add_tensor(f"{prefix}.attn_k.weight", w.matrix(n_embd_kv, N_EMBD))
         writer.add_tensor(f"{prefix}.attn_v.weight", w.matrix(n_embd_kv, N_EMBD))
         writer.add_tensor(f"{prefix}.attn_output.weight", w.matrix(N_EMBD, N_EMBD))
-        _add_gated_ffn(writer, w, prefix, N_EMBD, N_FF)
+        _add_gated_ffn(writer, w, prefix, N_EMBD, n_ff)
     _add_output(writer, w, N_EMBD)
 
 

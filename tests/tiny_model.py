@@ -8,7 +8,8 @@ channels wide, laid out the way llama.cpp's loader expects that architecture:
 - phi3: one fused QKV matrix and a fused gate+up matrix;
 - gemma2: interleaved sliding-window attention (a window of `GEMMA2_WINDOW` tokens on every other
   layer), logit soft-capping, norms after attention and feed-forward;
-- mamba: a recurrent state-space model (no attention, no KV cache).
+- mamba: a recurrent state-space model (no attention, no KV cache);
+- lfm2: a hybrid, short-convolution layers (recurrent state) around an attention layer (KV cache).
 
 `write_tiny_lora` writes a LoRA adapter for a tiny model, `control_vector` a control vector's data.
 Nothing is downloaded.
@@ -38,7 +39,10 @@ MAMBA_D_STATE = 8
 MAMBA_D_CONV = 4
 MAMBA_DT_RANK = 4
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "mamba")
+LFM2_LAYERS = ("conv", "attention", "conv")
+LFM2_CONV_CACHE = 3
+
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "mamba", "lfm2")
 
 # A small chat template so chat completions work on the tiny model.
 CHAT_TEMPLATE = (
@@ -256,6 +260,38 @@ def _write_mamba(writer: gguf.GGUFWriter, w: _Weights) -> None:
     writer.add_tensor("output.weight", w.matrix(N_VOCAB, n_embd) * 4.0)
 
 
+def _write_lfm2(writer: gguf.GGUFWriter, w: _Weights) -> None:
+    n_embd, n_kv = _ATTN_EMBD, _ATTN_HEADS_KV * HEAD_DIM
+    writer.add_context_length(N_CTX_TRAIN)
+    writer.add_embedding_length(n_embd)
+    writer.add_block_count(len(LFM2_LAYERS))
+    writer.add_feed_forward_length(_ATTN_FF)
+    writer.add_head_count(_ATTN_HEADS)
+    # llama.cpp reads a layer without K/V heads as a convolution (recurrent) layer.
+    writer.add_head_count_kv([_ATTN_HEADS_KV if kind == "attention" else 0 for kind in LFM2_LAYERS])
+    writer.add_rope_dimension_count(HEAD_DIM)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_shortconv_l_cache(LFM2_CONV_CACHE)
+    writer.add_tensor("token_embd.weight", w.embedding(n_embd))
+    for layer, kind in enumerate(LFM2_LAYERS):
+        prefix = f"blk.{layer}"
+        writer.add_tensor(f"{prefix}.attn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        if kind == "attention":
+            writer.add_tensor(f"{prefix}.attn_q_norm.weight", 1.0 + w.vector(HEAD_DIM))
+            writer.add_tensor(f"{prefix}.attn_k_norm.weight", 1.0 + w.vector(HEAD_DIM))
+            writer.add_tensor(f"{prefix}.attn_q.weight", w.matrix(n_embd, n_embd))
+            writer.add_tensor(f"{prefix}.attn_k.weight", w.matrix(n_kv, n_embd))
+            writer.add_tensor(f"{prefix}.attn_v.weight", w.matrix(n_kv, n_embd))
+            writer.add_tensor(f"{prefix}.attn_output.weight", w.matrix(n_embd, n_embd))
+        else:
+            writer.add_tensor(f"{prefix}.shortconv.conv.weight", w.matrix(n_embd, LFM2_CONV_CACHE))
+            writer.add_tensor(f"{prefix}.shortconv.in_proj.weight", w.matrix(3 * n_embd, n_embd))
+            writer.add_tensor(f"{prefix}.shortconv.out_proj.weight", w.matrix(n_embd, n_embd))
+        _add_gated_ffn(writer, w, prefix, n_embd, _ATTN_FF)
+    writer.add_tensor("token_embd_norm.weight", np.ones(n_embd, dtype=np.float32))
+    writer.add_tensor("output.weight", w.matrix(N_VOCAB, n_embd) * 4.0)
+
+
 _WRITERS: dict[str, Callable[[gguf.GGUFWriter, _Weights], None]] = {
     "llama": _write_llama,
     "qwen2": lambda writer, w: _write_qwen(writer, w, biases=True, head_norms=False),
@@ -263,6 +299,7 @@ _WRITERS: dict[str, Callable[[gguf.GGUFWriter, _Weights], None]] = {
     "phi3": _write_phi3,
     "gemma2": _write_gemma2,
     "mamba": _write_mamba,
+    "lfm2": _write_lfm2,
 }
 
 

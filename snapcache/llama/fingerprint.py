@@ -7,7 +7,7 @@ A snapshot restores only into a Llama with the same fingerprint. It covers:
   (its beginning, middle and end) of larger ones. Another fine-tune or quantization, or an edit of
   any small tensor (a norm, a bias), differs; an edit confined to the inside of a large tensor that
   leaves those pieces alone does not. `SNAPCACHE_FINGERPRINT=full` (or `content="full"`) hashes every
-  byte instead (about 1 GB/s, once per file: the result is kept by file identity);
+  byte instead (once per file: the result is kept by file identity);
 - the context settings that change the layout or the values of the cached K and V rows (cache
   types, V transposition, streams, sliding window, RoPE), never those that only change how much fits
   (n_ctx) or how fast it runs (threads, batch sizes);

@@ -5,6 +5,7 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
+from snapcache.llama.adapters import set_control_vector, set_lora_adapters
 from snapcache.llama.chat_templates import GEMMA3_TEMPLATE, gemma3_chat_handler
 from snapcache.llama.fingerprint import file_fingerprint, model_fingerprint
 from snapcache.llama.loader import check_gguf_file, load_llama, route_llama_cpp_log
@@ -16,6 +17,7 @@ from snapcache.llama.state import (
     restore_sequence,
     truncate_sequence,
 )
+from snapcache.llama.support import unsupported_reason
 
 if TYPE_CHECKING:
     from snapcache.llama.cached import CachedLlama, attach, detach
@@ -36,7 +38,10 @@ __all__ = [
     "model_fingerprint",
     "restore_sequence",
     "route_llama_cpp_log",
+    "set_control_vector",
+    "set_lora_adapters",
     "truncate_sequence",
+    "unsupported_reason",
 ]
 
 

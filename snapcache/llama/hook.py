@@ -52,6 +52,7 @@ from snapcache.llama.fingerprint import model_fingerprint
 from snapcache.llama.prefix_loader import PrefixLoader
 from snapcache.llama.reports import CompletionListener, CompletionReport, RestoreInfo, WarmResult
 from snapcache.llama.state import capture_sequence
+from snapcache.llama.support import unsupported_reason
 from snapcache.store import SnapshotStore
 
 __all__ = ["CacheHook", "ScopeSource", "attached_hook"]
@@ -78,6 +79,7 @@ class _Call:
     prepared: bool = False
     saved_upto: int = 0  # the longest prefix of the context known to be stored or restored
     checkpoints: int = 0
+    cacheable: bool = True  # False: llama.cpp would not continue a restored state exactly
     restore: RestoreInfo | None = None
     generated: int = 0
     last_token: int | None = None
@@ -246,6 +248,7 @@ class CacheHook:
             scope=self._current_scope(),
             chat_prefix=turn.prefix if turn is not None else None,
             ladder=turn is None and bool(self._ladder),
+            cacheable=self._check_cacheable(),
         )
         return self._run(call, lambda: original(*args, **kwargs), stream=bool(kwargs.get("stream")))
 
@@ -275,6 +278,16 @@ class CacheHook:
             or llm._chat_handlers.get(chat_format)
             or llama_chat_format.get_chat_completion_handler(chat_format)
         )
+
+    def _check_cacheable(self) -> bool:
+        """Whether this completion may restore and save; the fingerprint is taken again first, since
+        adapters and control vectors can change between completions."""
+        reason = unsupported_reason(self._llm)
+        if reason is not None:
+            self._tell_once(reason)
+            return False
+        self._loader.fingerprint = model_fingerprint(self._llm)
+        return True
 
     def _tell_once(self, message: str) -> None:
         if message not in self._told:
@@ -341,9 +354,9 @@ class CacheHook:
         n = len(tokens)
         if n == 0 or n >= int(llm.n_ctx()):
             return  # llama-cpp-python raises or handles these itself
-        reused, source = self._loader.load(tokens, call.scope)
+        reused, source = self._loader.load(tokens, call.scope) if call.cacheable else (0, None)
         call.saved_upto = reused
-        if self._save:
+        if self._save and call.cacheable:
             ladder = self._ladder if call.ladder else []
             plan = checkpoint_plan(
                 tokens, ladder=ladder, chat_prefix=call.chat_prefix, priority=self._priority, after=reused
@@ -366,7 +379,7 @@ class CacheHook:
         """Save the context after a completion, keyed by the tokens it holds (never the last sampled one)."""
         if not call.prepared:
             return
-        if self._save and int(self._llm.n_tokens) - call.saved_upto >= self._min_tokens:
+        if call.cacheable and self._save and int(self._llm.n_tokens) - call.saved_upto >= self._min_tokens:
             self._loader.save(call.scope, self._priority)
         if self._listener is not None and call.restore is not None:
             generated = call.generated
@@ -425,6 +438,10 @@ class CacheHook:
     ) -> WarmResult:
         priority = validate_priority(priority)
         scope = self._current_scope() if scope is None else validate_scope(scope)
+        reason = unsupported_reason(self._llm)
+        if reason is not None:
+            raise InvalidArgument(f"this Llama cannot be cached: {reason}")
+        self._loader.fingerprint = model_fingerprint(self._llm)
         total = len(tokens)
         n_ctx = int(self._llm.n_ctx())
         if total >= n_ctx:

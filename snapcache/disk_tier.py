@@ -25,7 +25,7 @@ from pathlib import Path
 from snapcache import _disk_files as files
 from snapcache import codec
 from snapcache._disk_files import FILES_DIR, INDEX_NAME, LOCK_NAME, QUARANTINE_DIR, TEMP_PREFIX
-from snapcache._disk_format import MacMismatch, decode, encode, mac_key
+from snapcache._disk_format import MacMismatch, decode, encode, mac_key, read_header
 from snapcache._disk_index import CatalogRow, Change, DiskIndex, IndexRow
 from snapcache._disk_repair import (
     DEFAULT_GRACE_S,
@@ -37,7 +37,7 @@ from snapcache._disk_repair import (
 )
 from snapcache.cache_dir import prepare_cache_dir
 from snapcache.errors import CorruptSnapshot, InvalidArgument, KeyMismatch, StoreUnavailable
-from snapcache.key import SnapshotKey, rolling_hash, validate_budget, validate_priority
+from snapcache.key import SnapshotKey, TokenArray, rolling_hash, validate_budget, validate_priority
 from snapcache.snapshot import Snapshot
 from snapcache.tier import EntryInfo, TierName
 
@@ -263,6 +263,22 @@ class DiskTier:
         except StoreUnavailable as exc:
             logger.warning("disk tier index unavailable, treating the lookup as a miss: %s", exc)
         return Miss.UNAVAILABLE
+
+    def stored_tokens(self, key: SnapshotKey) -> TokenArray | None:
+        """The tokens in the checked header of `key`'s file, without reading its payload; None if absent
+        or damaged (the damage is left for a read or `check` to deal with)."""
+        try:
+            row = self._open_index().get(key.id)
+        except StoreUnavailable:
+            return None
+        if row is None or not files.is_snapshot_name(row.file_name):
+            return None
+        try:
+            with (self._files / row.file_name).open("rb") as handle:
+                header = read_header(handle, row.file_bytes, mac_secret=self._mac_key)
+        except (OSError, CorruptSnapshot):
+            return None
+        return header.tokens if header.key == key and header.authenticated else None
 
     def remove(self, key: SnapshotKey) -> bool:
         change = self._open_index().delete(key.id)

@@ -34,6 +34,7 @@ from snapcache._write_behind import PendingWrite, WriteBehind
 from snapcache.errors import InvalidArgument, KeyMismatch, StoreUnavailable
 from snapcache.key import (
     SnapshotKey,
+    TokenArray,
     Tokens,
     as_token_array,
     rolling_hash,
@@ -256,6 +257,23 @@ class SnapshotStore:
             with self._lock:
                 self._counters.misses += 1
         return snapshot
+
+    def stored_tokens(self, key: SnapshotKey) -> TokenArray | None:
+        """The tokens of the snapshot under `key`, without loading its state: no hit is counted and
+        nothing is promoted (for explaining a miss). None if absent or unreadable."""
+        if not isinstance(key, SnapshotKey):
+            raise InvalidArgument(f"key must be a SnapshotKey, got {type(key).__name__}")
+        self._check_open()
+        with self._lock:
+            snapshot = None if self._ram is None else self._ram.peek(key)
+            if snapshot is None and self._writes is not None:
+                snapshot = self._writes.get(key)
+        if snapshot is not None:
+            return snapshot.tokens
+        if self._disk is None:
+            return None
+        found: TokenArray | None = self._disk_call("read tokens", self._disk.stored_tokens, key, default=None)
+        return found
 
     def lookup(self, model_fingerprint: str, scope: str, prompt_tokens: Tokens) -> Snapshot | None:
         """The snapshot of the longest stored prefix of `prompt_tokens` in this fingerprint and scope.

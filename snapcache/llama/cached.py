@@ -23,6 +23,7 @@ from snapcache.llama.hook import (
     ScopeSource,
     attached_hook,
 )
+from snapcache.llama.miss import MissExplanation
 from snapcache.llama.reports import CompletionListener, RestoreInfo, WarmResult
 from snapcache.store import SnapshotStore
 
@@ -130,6 +131,16 @@ class CachedLlama:
         """`Llama.create_chat_completion`, restoring the longest cached prefix first and saving after."""
         with self._hook.installed_for_call():
             return self.llm.create_chat_completion(messages=messages, **kwargs)  # type: ignore[arg-type]
+
+    def explain(self) -> MissExplanation | None:
+        """Why the last completion restored what it did (see `MissExplanation`); None before the first."""
+        return self._hook.explain()
+
+    def explain_prompt(
+        self, prompt: str | Sequence[int] | TokenArray, *, raw: bool = False
+    ) -> MissExplanation:
+        """What a completion starting with `prompt` would restore, and why (a string is a system prompt)."""
+        return self._hook.explain_prompt(prompt, raw=raw)
 
     def warm(
         self,

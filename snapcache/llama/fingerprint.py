@@ -40,7 +40,15 @@ import llama_cpp
 from snapcache.errors import InvalidArgument, ModelError
 from snapcache.llama.adapters import adapter_settings
 
-__all__ = ["CONTENT_ENV", "Content", "file_fingerprint", "model_fingerprint", "shard_paths"]
+__all__ = [
+    "CONTENT_ENV",
+    "Content",
+    "file_fingerprint",
+    "fingerprint_of",
+    "fingerprint_parts",
+    "model_fingerprint",
+    "shard_paths",
+]
 
 Content = Literal["sampled", "full"]
 CONTENT_ENV = "SNAPCACHE_FINGERPRINT"
@@ -126,7 +134,12 @@ def shard_paths(path: str | os.PathLike[str]) -> list[Path]:
 
 def model_fingerprint(llm: llama_cpp.Llama, content: Content | None = None) -> str:
     """Fingerprint of a loaded Llama: model content, state-relevant settings, adapters and numerics."""
-    parts = {
+    return fingerprint_of(fingerprint_parts(llm, content))
+
+
+def fingerprint_parts(llm: llama_cpp.Llama, content: Content | None = None) -> dict[str, Any]:
+    """What `model_fingerprint` hashes, as JSON-ready values: what a miss explanation compares."""
+    return {
         "model": file_fingerprint(llm.model_path, content),
         "context": _context_settings(llm),
         "kv_overrides": _kv_overrides(llm),
@@ -134,6 +147,10 @@ def model_fingerprint(llm: llama_cpp.Llama, content: Content | None = None) -> s
         "numerics": _numerics(llm),
         "state_seq_version": int(getattr(llama_cpp, "LLAMA_STATE_SEQ_VERSION", 0)),
     }
+
+
+def fingerprint_of(parts: dict[str, Any]) -> str:
+    """The fingerprint of `fingerprint_parts`."""
     text = json.dumps(parts, sort_keys=True, separators=(",", ":"))
     return hashlib.blake2b(
         text.encode(), digest_size=FINGERPRINT_HEX_DIGITS // 2, person=_CONTEXT_PERSON

@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ import llama_cpp
 from llama_cpp import llama_chat_format
 
 from snapcache.errors import InvalidArgument
+from snapcache.fingerprint_notes import FingerprintNotes
 from snapcache.key import (
     DEFAULT_SCOPE,
     SnapshotKey,
@@ -48,7 +50,8 @@ from snapcache.llama.chat_prefix import (
     text_prompt_tokens,
 )
 from snapcache.llama.checkpoints import CHECKPOINT_ALIGN, align_down, checkpoint_plan, ladder_points
-from snapcache.llama.fingerprint import model_fingerprint
+from snapcache.llama.fingerprint import fingerprint_of, fingerprint_parts, model_fingerprint
+from snapcache.llama.miss import MissExplanation, explain_prompt
 from snapcache.llama.prefix_loader import PrefixLoader
 from snapcache.llama.reports import CompletionListener, CompletionReport, RestoreInfo, WarmResult
 from snapcache.llama.state import capture_sequence
@@ -67,6 +70,8 @@ DEFAULT_PREFIX_REUSE = 0.9
 # Where an installed hook keeps itself on the Llama, so that `attached(llm)` can find it.
 _HOOK_ATTRIBUTE = "_snapcache_hook"
 _MISSING = object()
+# Scopes whose last prompt `explain` can still look at.
+_REMEMBERED_SCOPES = 64
 
 
 @dataclass(slots=True)
@@ -137,6 +142,8 @@ class CacheHook:
         self._priority = validate_priority(priority)
         self._listener = listener
         self._loader = PrefixLoader(llm, store, model_fingerprint(llm))
+        self._notes = FingerprintNotes(store.directory)
+        self._last_prompts: OrderedDict[str, tuple[TokenArray, int, float]] = OrderedDict()
         n_ctx = int(llm.n_ctx())
         self._ladder = [] if prefix_reuse is None else ladder_points(CHECKPOINT_ALIGN, prefix_reuse, n_ctx)
         self._prefixes = ChatPrefixFinder(llm, self._render_chat)
@@ -286,8 +293,14 @@ class CacheHook:
         if reason is not None:
             self._tell_once(reason)
             return False
-        self._loader.fingerprint = model_fingerprint(self._llm)
+        self._refresh_fingerprint()
         return True
+
+    def _refresh_fingerprint(self) -> None:
+        parts = fingerprint_parts(self._llm)
+        self._loader.fingerprint = fingerprint_of(parts)
+        if self._save:
+            self._notes.remember(self._loader.fingerprint, parts)
 
     def _tell_once(self, message: str) -> None:
         if message not in self._told:
@@ -355,6 +368,10 @@ class CacheHook:
         if n == 0 or n >= int(llm.n_ctx()):
             return  # llama-cpp-python raises or handles these itself
         reused, source = self._loader.load(tokens, call.scope) if call.cacheable else (0, None)
+        self._last_prompts[call.scope] = (tokens, reused, time.time())
+        self._last_prompts.move_to_end(call.scope)
+        if len(self._last_prompts) > _REMEMBERED_SCOPES:
+            self._last_prompts.popitem(last=False)
         call.saved_upto = reused
         if self._save and call.cacheable:
             ladder = self._ladder if call.ladder else []
@@ -388,6 +405,44 @@ class CacheHook:
             ):
                 generated -= 1  # llama-cpp-python does not count the end-of-generation token
             self._listener.finished(CompletionReport(call.scope, call.restore, generated, call.read_seconds))
+
+    # -- why it missed -----------------------------------------------------------------------------
+
+    def explain(self, scope: str | None = None) -> MissExplanation | None:
+        """Why the last completion in `scope` (default: the hook's) restored what it did; None if none ran."""
+        scope = self._current_scope() if scope is None else validate_scope(scope)
+        last = self._last_prompts.get(scope)
+        if last is None:
+            return None
+        tokens, restored, prepared_at = last
+        fingerprint = self._loader.fingerprint
+        return explain_prompt(
+            self._llm,
+            self._store,
+            self._notes,
+            fingerprint,
+            scope,
+            tokens,
+            restored,
+            stored_before=prepared_at,
+        )
+
+    def explain_prompt(
+        self, prompt: str | Sequence[int] | TokenArray, *, raw: bool = False, scope: str | None = None
+    ) -> MissExplanation:
+        """What a completion starting with `prompt` would restore, and why (a string is a system
+        prompt, as `warm` reads it)."""
+        scope = self._current_scope() if scope is None else validate_scope(scope)
+        if isinstance(prompt, str) and not raw:
+            tokens = self._system_tokens([{"role": "system", "content": prompt}])
+        else:
+            tokens = self._warm_tokens(prompt)
+        self._refresh_fingerprint()
+        found = self._store.lookup(self._loader.fingerprint, scope, tokens)
+        restored = 0 if found is None else found.key.token_count
+        return explain_prompt(
+            self._llm, self._store, self._notes, self._loader.fingerprint, scope, tokens, restored
+        )
 
     # -- warm ---------------------------------------------------------------------------------------
 
@@ -441,7 +496,7 @@ class CacheHook:
         reason = unsupported_reason(self._llm)
         if reason is not None:
             raise InvalidArgument(f"this Llama cannot be cached: {reason}")
-        self._loader.fingerprint = model_fingerprint(self._llm)
+        self._refresh_fingerprint()
         total = len(tokens)
         n_ctx = int(self._llm.n_ctx())
         if total >= n_ctx:

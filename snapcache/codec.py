@@ -22,10 +22,13 @@ still reads it.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import os
 import struct
+import threading
+from typing import Any
 
-import blosc2
 import numpy as np
 import numpy.typing as npt
 import zstandard
@@ -66,6 +69,23 @@ def _usable_cores() -> int:
 DEFAULT_THREADS = min(2, _usable_cores())
 
 
+def _import_blosc2() -> None:
+    with contextlib.suppress(ImportError):  # reported where blosc2 is used
+        importlib.import_module("blosc2")
+
+
+# blosc2 is a whole array library and takes 0.2-0.4 s to import (bench_disk_hit.py); a new process
+# should not wait for that at its first disk hit. Importing it on a thread from here overlaps it with
+# what the process does next (load a model, open the index); _blosc2() waits for it when needed.
+threading.Thread(target=_import_blosc2, name="snapcache-import-blosc2", daemon=True).start()
+
+
+def _blosc2() -> Any:
+    import blosc2  # returns at once, or waits for the import under way
+
+    return blosc2
+
+
 def validate_level(level: object) -> int:
     """The compression level, or InvalidArgument when it is not an int in [MIN_LEVEL, MAX_LEVEL]."""
     if isinstance(level, bool) or not isinstance(level, int) or not MIN_LEVEL <= level <= MAX_LEVEL:
@@ -82,6 +102,7 @@ def compress(
 ) -> bytes:
     """blosc2 chunks of zstd at `level` over CHUNK_BYTES of `data` each; `shuffle` is the 2-byte shuffle."""
     validate_level(level)
+    blosc2 = _blosc2()
     view = memoryview(data).cast("B")
     params = {
         "codec": blosc2.Codec.ZSTD,
@@ -107,6 +128,7 @@ def decompress_into(payload: Buffer, out: Buffer, *, threads: int = DEFAULT_THRE
     target = memoryview(out).cast("B")
     if target.readonly:
         raise InvalidArgument("decompress_into needs a writable output buffer")
+    blosc2 = _blosc2()
     position = 0
     for start in range(0, target.nbytes, CHUNK_BYTES):
         expected = min(CHUNK_BYTES, target.nbytes - start)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -201,6 +202,7 @@ def main() -> None:
     parser.add_argument("--fresh", action="store_true", help="capture the states again")
     args = parser.parse_args()
 
+    load_before = os.getloadavg()[0]
     states: dict[str, Snapshot] = {}
     if args.quick:
         tiny = bench_codec.real_states(448, args.fresh, gemma=False)["tiny llama f16 KV"]
@@ -261,6 +263,8 @@ def main() -> None:
     for name, snapshot in states.items():
         for secret in (None, SECRET):
             tier_row(tier, name, snapshot, secret, args.repeat)
+    load_after = os.getloadavg()[0]
+    hits.notes.append(f"load average {load_before:.1f} before, {load_after:.1f} after (other work slows it)")
     report("bench_disk_hit", [hits, first, tier], args.json, quick=args.quick, extra={"hits": rows})
 
 

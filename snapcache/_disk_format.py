@@ -16,7 +16,7 @@ against hard caps and against the file size before anything is decompressed.
 The payload digest is XXH3-128 (xxhash): damage detection at memory speed (tens of GB/s, against
 about 1 GB/s for SHA-256, bench_codec.py). XXH3 is no defence against a forger, and needs to be none
 without a secret: anyone who can write the directory can write a whole valid file. With a secret the
-payload digest is BLAKE3 instead, a cryptographic hash about three times as fast as SHA-256 here, so
+payload digest is BLAKE3 instead, a cryptographic hash about twice as fast as SHA-256 here, so
 that the HMAC-SHA256 of the header authenticates every byte of the file. The HMAC itself covers only
 the small head, so its speed does not matter and it stays HMAC-SHA256.
 

@@ -98,9 +98,12 @@ def compress(
     *,
     level: int = DEFAULT_LEVEL,
     shuffle: bool = DEFAULT_SHUFFLE,
-    threads: int = DEFAULT_THREADS,
+    threads: int = 1,
 ) -> bytes:
-    """blosc2 chunks of zstd at `level` over CHUNK_BYTES of `data` each; `shuffle` is the 2-byte shuffle."""
+    """blosc2 chunks of zstd at `level` over CHUNK_BYTES of `data` each; `shuffle` is the 2-byte shuffle.
+
+    One thread by default: the store compresses on its writer thread while llama.cpp generates.
+    """
     validate_level(level)
     blosc2 = _blosc2()
     view = memoryview(data).cast("B")

@@ -70,7 +70,8 @@ DEFAULT_THREADS = min(2, _usable_cores())
 
 
 def _import_blosc2() -> None:
-    with contextlib.suppress(ImportError):  # reported where blosc2 is used
+    # Any failure (ImportError, or a deadlock the import system breaks) recurs where blosc2 is used.
+    with contextlib.suppress(Exception):
         importlib.import_module("blosc2")
 
 

@@ -114,6 +114,7 @@ def hit_row(
         "hit_ms_best": round(min(totals) * 1e3, 1),
         "cpu_ms": round(statistics.median(cpus) * 1e3, 1),
         "state_gb_s": round(state_bytes / median / 1e9, 2),
+        "state_gb_per_cpu_s": round(state_bytes / statistics.median(cpus) / 1e9, 2),
     }
     table.add(*row.values())
     return row
@@ -229,6 +230,7 @@ def main() -> None:
             "best ms",
             "CPU ms",
             "state GB/s",
+            "GB/CPU-s",
         ],
     )
     rows = [
@@ -244,6 +246,7 @@ def main() -> None:
         "format 2: blosc2 chunks (zstd level 1, 2-byte shuffle), XXH3-128 of the payload, BLAKE3 with a MAC"
     )
     hits.notes.append("CPU ms counts every thread of the process; the file comes from the page cache")
+    hits.notes.append("GB/CPU-s: state per second of CPU, what one free core would reach (two do better)")
 
     first = Table(
         f"a new process's first hit, no MAC (median of {args.runs} processes)",

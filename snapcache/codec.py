@@ -6,11 +6,11 @@ bytes together so that zstd finds something to work with (ratio 1.16 on a Gemma 
 without it); lz4 and blosclz find nothing in this data (ratio 1.00).
 
 `blosc2` does the shuffle and zstd in C, block by block (64 KiB) inside each chunk, the shuffle with
-SIMD on a block still in cache, the blocks on several threads outside the GIL. Decoding a Gemma state
-runs at several GB/s where one zstd frame plus a numpy unshuffle ran at about 0.3 GB/s
-(benchmarks/bench_codec.py prints both). A payload is a run of chunks of CHUNK_BYTES of state each
-(the last one shorter; blosc2 chunks hold at most 2 GiB), each decoded straight into its slice of
-one preallocated buffer.
+SIMD on a block still in cache, the blocks on several threads outside the GIL. It decodes a 35 MiB
+Gemma state in about half the time one zstd frame and a numpy unshuffle take (bench_codec.py), and
+a new process's first hit in about a quarter (bench_disk_hit.py). A payload is a run of chunks of
+CHUNK_BYTES of state each (the last one shorter; blosc2 chunks hold at most 2 GiB), each decoded
+straight into its slice of one preallocated buffer.
 
 blosc2's decoder writes as many bytes as a chunk's header declares, whatever the size of the buffer
 it is given, and chunks carry no checksum. So decompress_into checks every chunk's header against the
@@ -64,8 +64,9 @@ def _usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-# Two threads decode a Gemma state at memory speed on a 2-core machine (bench_codec.py); more would
-# take cores from llama.cpp when a server restores one sequence while it decodes another.
+# blosc2 decodes the blocks of a chunk on this many threads. A restore is what the process waits for
+# at that moment, and a second free core shortens it; more would take cores from llama.cpp when a
+# server restores one sequence while it decodes another.
 DEFAULT_THREADS = min(2, _usable_cores())
 
 

@@ -30,7 +30,7 @@ import numpy as np
 from _common import Table, make_parser, report
 
 from snapcache import _disk_format, codec
-from snapcache.disk_tier import DiskTier, _read_file
+from snapcache.disk_tier import DiskTier
 from snapcache.key import SnapshotKey
 from snapcache.snapshot import Snapshot
 
@@ -65,6 +65,20 @@ def encode_format_1(snapshot: Snapshot, mac_secret: bytes | None) -> bytes:
     return head + checks + b"".join(bytes(p) for p in parts[1:3]) + payload
 
 
+def read_file(path: Path) -> memoryview:
+    """The whole file, as the disk tier reads it: into a numpy buffer, without a zero-fill."""
+    with open(path, "rb", buffering=0) as file:
+        size = os.fstat(file.fileno()).st_size
+        data = np.empty(size, dtype=np.uint8).data
+        filled = 0
+        while filled < size:
+            count = file.readinto(data[filled:])
+            if not count:
+                break
+            filled += count
+    return data[:filled]
+
+
 def snapshot_of(state: bytes, n_tokens: int, n_logits: int) -> Snapshot:
     tokens = np.arange(1, n_tokens + 1, dtype=np.int32)
     logits = np.linspace(-8, 8, n_logits, dtype=np.float32)
@@ -89,7 +103,7 @@ def hit_row(
         path.write_bytes(data)
         for _ in range(repeat):
             start, start_cpu = time.perf_counter(), time.process_time()
-            view = _read_file(path)
+            view = read_file(path)
             read = time.perf_counter()
             got = _disk_format.decode(view, key=snapshot.key, store_id=STORE_ID, mac_secret=mac_secret)
             end = time.perf_counter()
@@ -121,8 +135,8 @@ def hit_row(
 _FIRST_HIT = """
 import json, sys, time
 started = time.perf_counter()
+import numpy as np
 from snapcache import _disk_format  # numpy, zstandard, xxhash, blake3; blosc2 on a thread
-from snapcache.disk_tier import _read_file
 from snapcache.key import SnapshotKey
 imported = time.perf_counter()
 path, key, store_id, wait, model = json.loads(sys.argv[1])
@@ -133,7 +147,9 @@ loaded = time.perf_counter()
 if wait:
     import blosc2
 waited = time.perf_counter()
-view = _read_file(path)
+with open(path, "rb", buffering=0) as file:  # as read_file() does
+    view = np.empty(int(sys.argv[2]), dtype=np.uint8).data
+    assert file.readinto(view) == view.nbytes
 snapshot = _disk_format.decode(view, key=SnapshotKey(*key), store_id=store_id, mac_secret=None)
 done = time.perf_counter()
 print(json.dumps([imported - started, waited - loaded, done - waited, len(snapshot.state)]))
@@ -158,7 +174,10 @@ def first_hit_rows(table: Table, name: str, snapshot: Snapshot, runs: int, model
             samples = []
             for _ in range(runs):
                 out = subprocess.run(
-                    [sys.executable, "-c", _FIRST_HIT, argument], capture_output=True, text=True, check=True
+                    [sys.executable, "-c", _FIRST_HIT, argument, str(path.stat().st_size)],
+                    capture_output=True,
+                    text=True,
+                    check=True,
                 )
                 samples.append(json.loads(out.stdout))
             imported, waited, hit, state_bytes = (statistics.median(c) for c in zip(*samples, strict=True))

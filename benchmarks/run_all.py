@@ -18,6 +18,7 @@ from _common import BENCH_DIR, RESULTS_DIR, machine_line, make_parser
 # Order: the quick store-level ones first, the model-driven ones last.
 SCRIPTS = [
     "bench_codec.py",
+    "bench_disk_hit.py",
     "bench_store.py",
     "lookup_scaling.py",
     "hot_path.py",

@@ -1,10 +1,33 @@
-"""Bytes to compressed payloads and back: zstd, with an optional 2-byte shuffle for f16 KV data.
+"""State bytes to compressed payloads and back, at memory speed: blosc2 chunks (byte shuffle + zstd).
 
-The shuffle stores the low byte of every 2-byte word first, then every high byte. The high bytes of
-f16 values (sign, exponent, top of the mantissa) repeat a lot, so zstd finds far more to work with.
+A llama.cpp state is mostly f16 (or quantized) K/V rows. The high byte of an f16 value (sign,
+exponent, top of the mantissa) repeats a lot; the low byte is noise. A 2-byte shuffle puts the high
+bytes together so that zstd finds something to work with (ratio 1.16 on a Gemma state, against 1.08
+without it); lz4 and blosclz find nothing in this data (ratio 1.00).
+
+`blosc2` does the shuffle and zstd in C, block by block (64 KiB) inside each chunk, the shuffle with
+SIMD on a block still in cache, the blocks on several threads outside the GIL. It decodes a 35 MiB
+Gemma state in about half the time one zstd frame and a numpy unshuffle take (bench_codec.py), and
+a new process's first hit in about a quarter (bench_disk_hit.py). A payload is a run of chunks of
+CHUNK_BYTES of state each (the last one shorter; blosc2 chunks hold at most 2 GiB), each decoded
+straight into its slice of one preallocated buffer.
+
+blosc2's decoder writes as many bytes as a chunk's header declares, whatever the size of the buffer
+it is given, and chunks carry no checksum. So decompress_into checks every chunk's header against the
+sizes it expects before decoding it, and the file format verifies the payload before it gets here.
+
+Format 1 (snapcache 0.1.0) stored one zstd frame of the numpy-shuffled state; decompress_zstd_frame
+still reads it.
 """
 
 from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import struct
+import threading
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -13,21 +36,150 @@ import zstandard
 from snapcache.errors import CorruptSnapshot, InvalidArgument
 from snapcache.snapshot import Buffer
 
-DEFAULT_LEVEL = 1
+NAME = "blosc2-zstd"
+DEFAULT_LEVEL = 1  # blosc2's clevel; 1 is zstd level 1, higher levels buy nothing on KV data
 DEFAULT_SHUFFLE = True
-MIN_LEVEL = -7
-MAX_LEVEL = 19
-# No frame we write needs a larger window (level 19 uses 8 MiB); refuse bigger ones before decoding.
+MIN_LEVEL = 0  # stored as is
+MAX_LEVEL = 9
+CHUNK_BYTES = 1 << 26
+# blosc2's chunk header: version, codec version, flags, type size, then state bytes, block size and
+# chunk bytes (int32 each); blosc2 always writes the 32-byte extended form.
+_CHUNK_HEADER = struct.Struct("<BBBBiii")
+_CHUNK_HEADER_BYTES = 32
+# Byte 31 names a special chunk in its bits 4-6; "uninitialized" (4) would leave the buffer as it was.
+_SPECIAL_FLAGS_AT = 31
+_SPECIAL_UNINIT = 4
+_SHUFFLE_TYPESIZE = 2
+
+# Format 1: no frame we wrote needs a larger window (level 19 uses 8 MiB); refuse bigger ones.
 _MAX_WINDOW_BYTES = 1 << 27
 
 Bytes = npt.NDArray[np.uint8]
 
 
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+# blosc2 decodes the blocks of a chunk on this many threads. A restore is what the process waits for
+# at that moment, and a second free core shortens it; more would take cores from llama.cpp when a
+# server restores one sequence while it decodes another.
+DEFAULT_THREADS = min(2, _usable_cores())
+
+
+def _import_blosc2() -> None:
+    # Any failure (ImportError, or a deadlock the import system breaks) recurs where blosc2 is used.
+    with contextlib.suppress(Exception):
+        importlib.import_module("blosc2")
+
+
+# blosc2 is a whole array library and takes 0.2-0.4 s to import (bench_disk_hit.py); a new process
+# should not wait for that at its first disk hit. Importing it on a thread from here overlaps it with
+# what the process does next (load a model, open the index); _blosc2() waits for it when needed.
+threading.Thread(target=_import_blosc2, name="snapcache-import-blosc2", daemon=True).start()
+
+
+def _blosc2() -> Any:
+    import blosc2  # returns at once, or waits for the import under way
+
+    return blosc2
+
+
 def validate_level(level: object) -> int:
-    """The zstd level, or InvalidArgument when it is not an int in [MIN_LEVEL, MAX_LEVEL]."""
+    """The compression level, or InvalidArgument when it is not an int in [MIN_LEVEL, MAX_LEVEL]."""
     if isinstance(level, bool) or not isinstance(level, int) or not MIN_LEVEL <= level <= MAX_LEVEL:
         raise InvalidArgument(f"compression level must be an int from {MIN_LEVEL} to {MAX_LEVEL}")
     return level
+
+
+def compress(
+    data: Buffer,
+    *,
+    level: int = DEFAULT_LEVEL,
+    shuffle: bool = DEFAULT_SHUFFLE,
+    threads: int = 1,
+) -> bytes:
+    """blosc2 chunks of zstd at `level` over CHUNK_BYTES of `data` each; `shuffle` is the 2-byte shuffle.
+
+    One thread by default: the store compresses on its writer thread while llama.cpp generates.
+    """
+    validate_level(level)
+    blosc2 = _blosc2()
+    view = memoryview(data).cast("B")
+    params = {
+        "codec": blosc2.Codec.ZSTD,
+        "clevel": level,
+        "filters": [blosc2.Filter.SHUFFLE if shuffle else blosc2.Filter.NOFILTER],
+        "typesize": _SHUFFLE_TYPESIZE if shuffle else 1,
+        "nthreads": max(1, threads),
+    }
+    chunks = [
+        blosc2.compress2(view[start : start + CHUNK_BYTES], **params)
+        for start in range(0, view.nbytes, CHUNK_BYTES)
+    ]
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def decompress_into(payload: Buffer, out: Buffer, *, threads: int = DEFAULT_THREADS) -> None:
+    """Decode a payload made by `compress` into `out`, a writable buffer of exactly the state's size.
+
+    Raises CorruptSnapshot unless the payload is one chunk per CHUNK_BYTES of `out`, each declaring
+    exactly its share of `out` and spanning exactly its bytes, all of them decoding.
+    """
+    source = memoryview(payload).cast("B")
+    target = memoryview(out).cast("B")
+    if target.readonly:
+        raise InvalidArgument("decompress_into needs a writable output buffer")
+    blosc2 = _blosc2()
+    position = 0
+    for start in range(0, target.nbytes, CHUNK_BYTES):
+        expected = min(CHUNK_BYTES, target.nbytes - start)
+        chunk_bytes = _checked_chunk_bytes(source[position:], expected)
+        try:
+            blosc2.decompress2(
+                source[position : position + chunk_bytes],
+                dst=target[start : start + expected],
+                nthreads=max(1, threads),
+            )
+        except (ValueError, RuntimeError) as exc:
+            raise CorruptSnapshot(f"blosc2 chunk does not decode: {exc}") from None
+        position += chunk_bytes
+    if position != source.nbytes:
+        raise CorruptSnapshot("data follows the last blosc2 chunk")
+
+
+def decompress(payload: Buffer, *, expected_size: int, threads: int = DEFAULT_THREADS) -> memoryview:
+    """Decode a payload made by `compress` into a new read-only buffer of exactly `expected_size` bytes."""
+    if expected_size < 0:
+        raise InvalidArgument("expected_size must not be negative")
+    decoded = np.empty(expected_size, dtype=np.uint8)
+    decompress_into(payload, decoded.data, threads=threads)
+    decoded.flags.writeable = False
+    return decoded.data
+
+
+def _checked_chunk_bytes(rest: memoryview, expected_state_bytes: int) -> int:
+    """The length of the chunk at the start of `rest`, once its header matches what we expect."""
+    if rest.nbytes < _CHUNK_HEADER_BYTES:
+        raise CorruptSnapshot("payload is truncated inside a blosc2 chunk header")
+    version, _, _, typesize, state_bytes, block_bytes, chunk_bytes = _CHUNK_HEADER.unpack_from(rest)
+    if version < 3:  # blosc1 chunks lack the extended header blosc2 writes
+        raise CorruptSnapshot(f"not a blosc2 chunk (version {version})")
+    if state_bytes != expected_state_bytes:
+        raise CorruptSnapshot(f"blosc2 chunk declares {state_bytes} bytes, expected {expected_state_bytes}")
+    if not _CHUNK_HEADER_BYTES <= chunk_bytes <= rest.nbytes:
+        raise CorruptSnapshot(f"blosc2 chunk declares {chunk_bytes} bytes, {rest.nbytes} remain")
+    if typesize < 1 or block_bytes < 0:
+        raise CorruptSnapshot("blosc2 chunk header is malformed")
+    if (rest[_SPECIAL_FLAGS_AT] >> 4) & 7 == _SPECIAL_UNINIT:
+        raise CorruptSnapshot("blosc2 chunk leaves its bytes uninitialized")
+    return int(chunk_bytes)
+
+
+# -- format 1: one zstd frame of the numpy-shuffled state ---------------------------------------------
 
 
 def shuffle2(data: Buffer) -> Bytes:
@@ -57,29 +209,22 @@ def unshuffle2_into(shuffled: Buffer | Bytes, out: bytearray | Bytes) -> None:
     dst[2 * half :] = src[2 * half :]
 
 
-def compress(
-    data: Buffer, *, level: int = DEFAULT_LEVEL, shuffle: bool = DEFAULT_SHUFFLE, threads: int = 0
-) -> bytes:
-    """One zstd frame with content size and checksum; `shuffle` applies shuffle2 first.
-
-    `threads` > 0 lets zstd compress with that many worker threads: measured no faster at level 1
-    on a 12 MB state with 2 cores (see benchmarks/bench_codec.py), so the disk tier uses none.
-    """
-    validate_level(level)
+def compress_zstd_frame(data: Buffer, *, level: int = 1, shuffle: bool = True) -> bytes:
+    """One zstd frame with content size and checksum, after shuffle2 with `shuffle` (format 1)."""
+    if isinstance(level, bool) or not isinstance(level, int) or not -7 <= level <= 19:
+        raise InvalidArgument("zstd level must be an int from -7 to 19")
     view = memoryview(data).cast("B")
     source = shuffle2(view).data if shuffle else view
-    compressor = zstandard.ZstdCompressor(
-        level=level, write_checksum=True, write_content_size=True, threads=threads
-    )
+    compressor = zstandard.ZstdCompressor(level=level, write_checksum=True, write_content_size=True)
     return compressor.compress(source)
 
 
-def decompress(payload: Buffer, *, expected_size: int, shuffle: bool) -> memoryview:
-    """Decode one frame made by `compress` into a new read-only buffer of exactly `expected_size` bytes.
+def decompress_zstd_frame(payload: Buffer, *, expected_size: int, shuffle: bool) -> memoryview:
+    """Decode one frame made by compress_zstd_frame into a new read-only buffer of `expected_size` bytes.
 
     Raises CorruptSnapshot for anything else. The frame header is checked before anything is
     allocated, so a hostile frame cannot make this allocate more than `expected_size` bytes (twice
-    that with `shuffle`) or decode past them.
+    that with `shuffle`) or decode past them. zstd verifies the frame's checksum while decoding.
     """
     if expected_size < 0:
         raise InvalidArgument("expected_size must not be negative")
@@ -137,4 +282,4 @@ def _frame_size(frame: memoryview) -> int:
         position += 3 + (1 if block_type == 1 else header >> 3)
         if header & 1:
             break
-    return position + 4  # the content checksum, which decompress() requires
+    return position + 4  # the content checksum, which decompress_zstd_frame() requires

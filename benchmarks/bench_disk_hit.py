@@ -1,0 +1,298 @@
+"""A disk hit end to end, format 1 (zstd + numpy shuffle) against format 2 (blosc2, XXH3 / BLAKE3).
+
+    python benchmarks/bench_disk_hit.py [--quick] [--repeat 15] [--runs 5] [--json PATH]
+
+A hit is what DiskTier.get does with a snapshot file: read it whole, verify its header, its tokens and
+logits and its payload, and decompress the state into the one buffer that is handed to llama.cpp.
+States are real Gemma-3-270M states (f16 KV) of a 1,200-token prompt and of a 9,344-token one (35
+MiB, captured once by a 2-3 minute prefill and kept with bench_codec.py's states). The file is read
+from the page cache: a cold disk adds its own read time. The last table goes through a real DiskTier
+(its index lookup and bookkeeping included); another shows a new process's first hit, whose buffers
+are fresh pages and which may wait for blosc2's import. --quick uses the test suite's tiny model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import bench_codec
+import numpy as np
+from _common import Table, make_parser, report
+
+from snapcache import _disk_format, codec
+from snapcache.disk_tier import DiskTier
+from snapcache.key import SnapshotKey
+from snapcache.snapshot import Snapshot
+
+STORE_ID = "bench"
+SECRET = b"bench-secret"
+LONG_TOKENS = 9344
+GEMMA_VOCABULARY = 262_144  # one row of logits is stored with each snapshot
+
+
+def encode_format_2(snapshot: Snapshot, mac_secret: bytes | None) -> _disk_format.EncodedFile:
+    return _disk_format.encode(snapshot, store_id=STORE_ID, level=1, shuffle=True, mac_secret=mac_secret)
+
+
+def encode_format_1(snapshot: Snapshot, mac_secret: bytes | None) -> bytes:
+    """The file snapcache 0.1.0 wrote: format 2's head with format 1's codec and digests."""
+    parts = encode_format_2(snapshot, mac_secret).parts
+    prelude = _disk_format._PRELUDE
+    _, _, flags, length = prelude.unpack_from(parts[0])
+    header = json.loads(bytes(parts[0][prelude.size : prelude.size + length]))
+    payload = codec.compress_zstd_frame(snapshot.state, level=1, shuffle=True)
+    header["codec"] = {"name": "zstd", "level": 1, "shuffle": 2}
+    header["payload_bytes"] = len(payload)
+    header["payload_checksum"] = payload[-4:].hex()
+    header.pop("payload_xxh3", None)
+    if header.pop("payload_blake3", None) is not None:
+        header["payload_sha256"] = hashlib.sha256(payload).hexdigest()
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    head = prelude.pack(_disk_format.MAGIC, 1, flags, len(raw)) + raw
+    checks = hashlib.sha256(head).digest()
+    if mac_secret is not None:
+        checks += hmac.digest(mac_secret, head, "sha256")
+    return head + checks + b"".join(bytes(p) for p in parts[1:3]) + payload
+
+
+def read_file(path: Path) -> memoryview:
+    """The whole file, as the disk tier reads it: into a numpy buffer, without a zero-fill."""
+    with open(path, "rb", buffering=0) as file:
+        size = os.fstat(file.fileno()).st_size
+        data = np.empty(size, dtype=np.uint8).data
+        filled = 0
+        while filled < size:
+            count = file.readinto(data[filled:])
+            if not count:
+                break
+            filled += count
+    return data[:filled]
+
+
+def snapshot_of(state: bytes, n_tokens: int, n_logits: int) -> Snapshot:
+    tokens = np.arange(1, n_tokens + 1, dtype=np.int32)
+    logits = np.linspace(-8, 8, n_logits, dtype=np.float32)
+    return Snapshot(SnapshotKey.for_tokens("bench", "default", tokens), tokens, state, logits=logits)
+
+
+def hit_row(
+    table: Table, name: str, snapshot: Snapshot, version: int, secret: bytes | None, repeat: int
+) -> dict[str, Any]:
+    mac_secret = None if secret is None else _disk_format.mac_key(secret)
+    if version == 1:
+        data = encode_format_1(snapshot, mac_secret)
+    else:
+        encoded = _disk_format.encode(
+            snapshot, store_id=STORE_ID, level=1, shuffle=True, mac_secret=mac_secret
+        )
+        data = b"".join(bytes(p) for p in encoded.parts)
+    state_bytes = len(snapshot.state)
+    reads, decodes, totals, cpus = [], [], [], []
+    with tempfile.TemporaryDirectory() as directory:
+        path = Path(directory) / "snapshot.snap"
+        path.write_bytes(data)
+        for _ in range(repeat):
+            start, start_cpu = time.perf_counter(), time.process_time()
+            view = read_file(path)
+            read = time.perf_counter()
+            got = _disk_format.decode(view, key=snapshot.key, store_id=STORE_ID, mac_secret=mac_secret)
+            end = time.perf_counter()
+            cpus.append(time.process_time() - start_cpu)  # every thread of the process
+            reads.append(read - start)
+            decodes.append(end - read)
+            totals.append(end - start)
+            del view
+    assert bytes(got.state) == bytes(snapshot.state)
+    median = statistics.median(totals)
+    row = {
+        "state": name,
+        "state_mib": round(state_bytes / 2**20, 1),
+        "format": version,
+        "mac": secret is not None,
+        "file_mib": round(len(data) / 2**20, 1),
+        "read_ms": round(statistics.median(reads) * 1e3, 1),
+        "verify_decode_ms": round(statistics.median(decodes) * 1e3, 1),
+        "hit_ms": round(median * 1e3, 1),
+        "hit_ms_best": round(min(totals) * 1e3, 1),
+        "cpu_ms": round(statistics.median(cpus) * 1e3, 1),
+        "state_gb_s": round(state_bytes / median / 1e9, 2),
+        "state_gb_per_cpu_s": round(state_bytes / statistics.median(cpus) / 1e9, 2),
+    }
+    table.add(*row.values())
+    return row
+
+
+_FIRST_HIT = """
+import json, sys, time
+started = time.perf_counter()
+import numpy as np
+from snapcache import _disk_format  # numpy, zstandard, xxhash, blake3; blosc2 on a thread
+from snapcache.key import SnapshotKey
+imported = time.perf_counter()
+path, key, store_id, wait, model = json.loads(sys.argv[1])
+if model:  # what a new process does before its first hit; blosc2's import goes on meanwhile
+    import llama_cpp
+    llm = llama_cpp.Llama(model_path=model, n_ctx=512, verbose=False)
+loaded = time.perf_counter()
+if wait:
+    import blosc2
+waited = time.perf_counter()
+with open(path, "rb", buffering=0) as file:  # as read_file() does
+    view = np.empty(int(sys.argv[2]), dtype=np.uint8).data
+    assert file.readinto(view) == view.nbytes
+snapshot = _disk_format.decode(view, key=SnapshotKey(*key), store_id=store_id, mac_secret=None)
+done = time.perf_counter()
+print(json.dumps([imported - started, waited - loaded, done - waited, len(snapshot.state)]))
+"""
+
+
+def first_hit_rows(table: Table, name: str, snapshot: Snapshot, runs: int, model: Path | None) -> None:
+    """A new process's first hit: read + verify + decompress into freshly mapped memory."""
+    key = snapshot.key
+    fields = [key.model_fingerprint, key.scope, key.token_count, key.prefix_hash]
+    cases: list[tuple[int, str, Path | None]] = [(1, "waited for", None), (2, "under way", None)]
+    cases += [(2, "waited for", None)] + ([(2, "behind model load", model)] if model else [])
+    with tempfile.TemporaryDirectory() as directory:
+        for version, how, model_path in cases:
+            wait = how != "under way"
+            path = Path(directory) / f"format-{version}.snap"
+            if version == 1:
+                path.write_bytes(encode_format_1(snapshot, None))
+            else:
+                path.write_bytes(b"".join(bytes(p) for p in encode_format_2(snapshot, None).parts))
+            argument = json.dumps([str(path), fields, STORE_ID, wait, model_path and str(model_path)])
+            samples = []
+            for _ in range(runs):
+                out = subprocess.run(
+                    [sys.executable, "-c", _FIRST_HIT, argument, str(path.stat().st_size)],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                )
+                samples.append(json.loads(out.stdout))
+            imported, waited, hit, state_bytes = (statistics.median(c) for c in zip(*samples, strict=True))
+            table.add(
+                name,
+                version,
+                how,
+                round(imported * 1e3, 1),
+                round(waited * 1e3, 1) if wait else "",
+                round(hit * 1e3, 1),
+                round(state_bytes / hit / 1e9, 2),
+            )
+
+
+def tier_row(table: Table, name: str, snapshot: Snapshot, secret: bytes | None, repeat: int) -> None:
+    """put and get through a real DiskTier (format 2): the index lookup and its bookkeeping included."""
+    with tempfile.TemporaryDirectory() as directory:
+        tier = DiskTier(Path(directory) / "c", 1 << 34, secret=secret)
+        puts = []
+        for _ in range(3):
+            start = time.perf_counter()
+            tier.put(snapshot)
+            puts.append(time.perf_counter() - start)
+        gets = []
+        for _ in range(repeat):
+            start = time.perf_counter()
+            got = tier.get(snapshot.key)
+            gets.append(time.perf_counter() - start)
+            assert got is not None
+        assert bytes(got.state) == bytes(snapshot.state)
+        tier.close()
+    median = statistics.median(gets)
+    table.add(
+        name,
+        secret is not None,
+        round(statistics.median(puts) * 1e3, 1),
+        round(median * 1e3, 1),
+        round(min(gets) * 1e3, 1),
+        round(len(snapshot.state) / median / 1e9, 2),
+    )
+
+
+def main() -> None:
+    parser = make_parser(__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=15, help="hits per row (the median is shown)")
+    parser.add_argument("--runs", type=int, default=5, help="new processes per first-hit row")
+    parser.add_argument("--fresh", action="store_true", help="capture the states again")
+    args = parser.parse_args()
+
+    load_before = os.getloadavg()[0]
+    states: dict[str, Snapshot] = {}
+    if args.quick:
+        tiny = bench_codec.real_states(448, args.fresh, gemma=False)["tiny llama f16 KV"]
+        states["tiny llama, 448 tokens"] = snapshot_of(tiny, 448, 256)
+    else:
+        for n_tokens in (1200, LONG_TOKENS):
+            state = bench_codec.capture_gemma_state(n_tokens, fresh=args.fresh)
+            if state is None:
+                raise SystemExit("the Gemma demo model is not installed (or use --quick)")
+            states[f"gemma f16 KV, {n_tokens:,} tokens"] = snapshot_of(state, n_tokens, GEMMA_VOCABULARY)
+
+    hits = Table(
+        f"disk hit end to end: read + verify + decompress into one buffer (median of {args.repeat}; "
+        f"format 2 decodes on {codec.DEFAULT_THREADS} threads)",
+        [
+            "state",
+            "state MiB",
+            "format",
+            "MAC",
+            "file MiB",
+            "read ms",
+            "verify+decode ms",
+            "hit ms",
+            "best ms",
+            "CPU ms",
+            "state GB/s",
+            "GB/CPU-s",
+        ],
+    )
+    rows = [
+        hit_row(hits, name, snapshot, version, secret, args.repeat)
+        for name, snapshot in states.items()
+        for version in (1, 2)
+        for secret in (None, SECRET)
+    ]
+    hits.notes.append(
+        "format 1: one zstd frame (level 1) of the numpy-shuffled state, SHA-256 of the payload with a MAC"
+    )
+    hits.notes.append(
+        "format 2: blosc2 chunks (zstd level 1, 2-byte shuffle), XXH3-128 of the payload, BLAKE3 with a MAC"
+    )
+    hits.notes.append("CPU ms counts every thread of the process; the file comes from the page cache")
+    hits.notes.append("GB/CPU-s: state per second of CPU, what one free core would reach (two do better)")
+
+    first = Table(
+        f"a new process's first hit, no MAC (median of {args.runs} processes)",
+        ["state", "format", "blosc2 import", "import snapcache ms", "then blosc2 ms", "hit ms", "state GB/s"],
+    )
+    for name, snapshot in states.items():
+        first_hit_rows(first, name, snapshot, args.runs, None if args.quick else bench_codec.gemma_path())
+    first.notes.append("the hit pays the page faults of its fresh buffers")
+    first.notes.append("blosc2 import under way: the hit comes right after `import snapcache`, and waits")
+    first.notes.append("behind model load: Gemma loads first; 'then blosc2' is what is left of its import")
+
+    tier = Table(
+        f"DiskTier, format 2: put (encode + write + fsync + commit) and get (median of {args.repeat})",
+        ["state", "MAC", "put ms", "get ms", "get best ms", "state GB/s"],
+    )
+    for name, snapshot in states.items():
+        for secret in (None, SECRET):
+            tier_row(tier, name, snapshot, secret, args.repeat)
+    load_after = os.getloadavg()[0]
+    hits.notes.append(f"load average {load_before:.1f} before, {load_after:.1f} after (other work slows it)")
+    report("bench_disk_hit", [hits, first, tier], args.json, quick=args.quick, extra={"hits": rows})
+
+
+if __name__ == "__main__":
+    main()

@@ -13,7 +13,7 @@ from typer.core import TyperGroup
 
 import snapcache
 
-from .commands import bench, check, doctor, entries, serve, warm
+from .commands import bench, check, doctor, entries, serve, warm, why
 from .errors import describe
 from .settings import Settings
 
@@ -117,6 +117,7 @@ app.command("doctor")(doctor.doctor)
 app.command("check")(check.check)
 app.command("bench")(bench.bench)
 app.command("serve")(serve.serve)
+app.command("why")(why.why)
 
 
 def main() -> None:

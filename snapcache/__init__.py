@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from snapcache.llama.fingerprint import model_fingerprint
     from snapcache.llama.hook import CacheHook
     from snapcache.llama.loader import load_llama
+    from snapcache.llama.miss import MissExplanation
     from snapcache.llama.reports import RestoreInfo
     from snapcache.store import SnapshotStore, StoreStats
 
@@ -41,6 +42,7 @@ __all__ = [
     "InsecureDirectory",
     "InvalidArgument",
     "KeyMismatch",
+    "MissExplanation",
     "ModelError",
     "RestoreError",
     "RestoreInfo",
@@ -68,6 +70,7 @@ _LAZY = {
     "detach": "snapcache.llama.cached",
     "CacheHook": "snapcache.llama.hook",
     "RestoreInfo": "snapcache.llama.reports",
+    "MissExplanation": "snapcache.llama.miss",
     "model_fingerprint": "snapcache.llama.fingerprint",
     "load_llama": "snapcache.llama.loader",
 }

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import llama_cpp
 import pytest
 from chat_support import GREEDY, N_CTX, SYSTEM, chat
@@ -57,3 +61,24 @@ def test_a_stored_prefix_explains_itself(make_llama, tiny_model_path, store) -> 
     assert why.reason.startswith("restored the longest stored prefix")
     empty = snapcache.CachedLlama(llm, store, "nobody").explain_prompt(SYSTEM)
     assert empty.reason == "nothing is stored in this scope yet"
+
+
+def test_the_why_command_names_the_divergence(tiny_model_path, tmp_path) -> None:
+    stored, asked = tmp_path / "stored.txt", tmp_path / "asked.txt"
+    stored.write_text(SYSTEM)
+    asked.write_text(SYSTEM.replace("briefly", "at length", 1))
+    base = [sys.executable, "-m", "snapcache", "--cache-dir", str(tmp_path / "cache")]
+    model = ["--model", str(tiny_model_path), "--n-ctx", str(N_CTX), "--raw"]
+    subprocess.run([*base, "warm", str(stored), *model], check=True, capture_output=True, timeout=120)
+    shown = subprocess.run([*base, "why", str(asked), *model], capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    text = shown.stdout.replace("\u2581", " ")  # the tiny model's vocabulary spells spaces so
+    assert "diverges at:" in text
+    assert "|at length" in text
+    assert "|briefly" in text
+    as_json = subprocess.run(
+        [*base, "why", str(asked), *model, "--json"], capture_output=True, text=True, timeout=120
+    )
+    document = json.loads(as_json.stdout)
+    assert document["diverged_at"] == document["matched_tokens"] > 0
+    assert document["restored_tokens"] <= document["diverged_at"]

@@ -169,6 +169,18 @@ def test_scopes_are_isolated(server) -> None:
     again = chat(server, QUESTIONS[1], scope="agent-a")
     assert again[2] >= 64
 
+    status, why, _ = http_json("GET", f"{server.base_url}/snapcache/why?scope=agent-b")
+    assert status == 200
+    assert why["reason"] == "nothing is stored in this scope yet"
+    status, why, _ = http_json("GET", f"{server.base_url}/snapcache/why?scope=agent-a")
+    assert status == 200
+    assert why["closest"] is not None
+    assert (
+        why["restored_tokens"] == again[3]["x-snapcache-restored-tokens"] != "0" or why["restored_tokens"] > 0
+    )
+    status, _, _ = http_json("GET", f"{server.base_url}/snapcache/why?scope=nobody")
+    assert status == 404
+
 
 def test_concurrent_clients_are_all_answered(server, cold_server) -> None:
     systems = [f"You are agent number {i}. " + SYSTEM for i in range(4)]

@@ -56,6 +56,21 @@ def snapcache_router(hook: CacheHook, monitor: ServeMonitor) -> APIRouter:
                 return JSONResponse(error_document(str(exc)), status_code=400)
         return JSONResponse(_warm_report(result, body))
 
+    @router.get("/snapcache/why")
+    async def why(scope: str = DEFAULT_SCOPE) -> Response:
+        """Why the last completion in `scope` restored what it did."""
+        async with contextlib.asynccontextmanager(get_llama_proxy)():
+            try:
+                explanation = await run_in_threadpool(hook.explain, scope)
+            except InvalidArgument as exc:
+                return JSONResponse(error_document(str(exc), param="scope"), status_code=400)
+        if explanation is None:
+            message = f"no completion has run in scope {scope!r} since the server started"
+            return JSONResponse(error_document(message, param="scope"), status_code=404)
+        document = dataclasses.asdict(explanation)
+        document["closest"] = None if explanation.closest is None else explanation.closest.id
+        return JSONResponse(document)
+
     @router.get("/snapcache/stats")
     async def stats() -> dict[str, Any]:
         return await run_in_threadpool(monitor.stats)

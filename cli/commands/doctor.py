@@ -23,7 +23,21 @@ if TYPE_CHECKING:
     from snapcache.cache_dir import DirectoryReport
 
 Status = Literal["ok", "warn", "fail"]
-_PACKAGES = ("snapcache", "llama-cpp-python", "numpy", "zstandard", "platformdirs", "typer")
+_PACKAGES = (
+    "snapcache",
+    "llama-cpp-python",
+    "numpy",
+    "blosc2",
+    "xxhash",
+    "blake3",
+    "zstandard",
+    "platformdirs",
+    "typer",
+    # `snapcache serve` (the server extra); "not installed" is fine without it.
+    "fastapi",
+    "uvicorn",
+    "prometheus-client",
+)
 LOW_DISK_BYTES = 1 << 30
 
 

@@ -19,11 +19,11 @@ from snapcache.llama.hook import (
     DEFAULT_MIN_TOKENS,
     DEFAULT_PREFIX_REUSE,
     CacheHook,
-    Progress,
     ScopeSource,
     attached_hook,
 )
 from snapcache.llama.miss import MissExplanation
+from snapcache.llama.prefix_loader import Progress
 from snapcache.llama.reports import CompletionListener, RestoreInfo, WarmResult
 from snapcache.store import SnapshotStore
 

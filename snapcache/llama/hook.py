@@ -36,7 +36,6 @@ from snapcache.errors import InvalidArgument
 from snapcache.fingerprint_notes import FingerprintNotes
 from snapcache.key import (
     DEFAULT_SCOPE,
-    SnapshotKey,
     TokenArray,
     as_token_array,
     validate_priority,
@@ -52,9 +51,8 @@ from snapcache.llama.chat_prefix import (
 from snapcache.llama.checkpoints import CHECKPOINT_ALIGN, align_down, checkpoint_plan, ladder_points
 from snapcache.llama.fingerprint import fingerprint_of, fingerprint_parts, model_fingerprint
 from snapcache.llama.miss import MissExplanation, explain_prompt
-from snapcache.llama.prefix_loader import PrefixLoader
+from snapcache.llama.prefix_loader import PrefixLoader, Progress
 from snapcache.llama.reports import CompletionListener, CompletionReport, RestoreInfo, WarmResult
-from snapcache.llama.state import capture_sequence
 from snapcache.llama.support import unsupported_reason
 from snapcache.store import SnapshotStore
 
@@ -62,7 +60,6 @@ __all__ = ["CacheHook", "ScopeSource", "attached_hook"]
 
 _log = logging.getLogger("snapcache")
 
-Progress = Callable[[int, int], None]
 ScopeSource = str | Callable[[], str]
 
 DEFAULT_MIN_TOKENS = 32
@@ -504,31 +501,7 @@ class CacheHook:
                 f"the prompt has {total} tokens, but this Llama's context holds {n_ctx} "
                 f"(and needs room for one more): create the Llama with n_ctx > {total}"
             )
-        key = SnapshotKey.for_tokens(self._loader.fingerprint, scope, tokens)
-        existing = self._store.get(key)
-        if existing is not None:
-            if existing.priority != priority:
-                self._store.put(key, tokens, existing.state, priority, existing.logits)
-            if progress is not None:
-                progress(total, total)
-            state_bytes = memoryview(existing.state).nbytes
-            return WarmResult(key, total, state_bytes, time.perf_counter() - started, True)
-
-        llm = self._llm
-        self._loader.load(tokens, scope)
-        done = int(llm.n_tokens)
-        if progress is not None:
-            progress(done, total)
-        batch = max(1, int(llm.n_batch))
-        while done < total:
-            end = min(done + batch, total)
-            llm.eval(tokens[done:end].tolist())
-            done = end
-            if progress is not None:
-                progress(done, total)
-        captured = capture_sequence(llm)
-        self._store.put(key, captured.tokens, captured.state, priority, captured.logits)
-        return WarmResult(key, total, captured.state.nbytes, time.perf_counter() - started, False)
+        return self._loader.store_prefix(tokens, scope, priority, progress, started)
 
     def _system_tokens(self, head: list[Mapping[str, Any]]) -> TokenArray:
         """What every chat starting with these system messages shares, cut to whole checkpoint blocks."""

@@ -8,6 +8,8 @@ otherwise the store's longest stored prefix is restored.
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 
 import llama_cpp
 import numpy as np
@@ -15,12 +17,14 @@ import numpy as np
 from snapcache.errors import SnapcacheError
 from snapcache.key import SnapshotKey, TokenArray
 from snapcache.llama.chat_prefix import common_prefix
-from snapcache.llama.reports import Source
+from snapcache.llama.reports import Source, WarmResult
 from snapcache.llama.state import can_truncate_to, capture_sequence, restore_sequence, truncate_sequence
 from snapcache.snapshot import Snapshot
 from snapcache.store import SnapshotStore
 
-__all__ = ["PrefixLoader"]
+__all__ = ["PrefixLoader", "Progress"]
+
+Progress = Callable[[int, int], None]
 
 _log = logging.getLogger("snapcache")
 
@@ -85,3 +89,37 @@ class PrefixLoader:
             _log.warning("could not save the state of %d tokens: %s", int(self._llm.n_tokens), exc)
             return False
         return stored is not None
+
+    def store_prefix(
+        self, tokens: TokenArray, scope: str, priority: int, progress: Progress | None, started: float
+    ) -> WarmResult:
+        """Make sure the state of exactly `tokens` is stored (at `priority`): found, or read and saved.
+
+        `progress(done, total)` is called as tokens are read, ending with done == total.
+        """
+        total = len(tokens)
+        key = SnapshotKey.for_tokens(self.fingerprint, scope, tokens)
+        existing = self._store.get(key)
+        if existing is not None:
+            if existing.priority != priority:
+                self._store.put(key, tokens, existing.state, priority, existing.logits)
+            if progress is not None:
+                progress(total, total)
+            state_bytes = memoryview(existing.state).nbytes
+            return WarmResult(key, total, state_bytes, time.perf_counter() - started, True)
+
+        llm = self._llm
+        self.load(tokens, scope)
+        done = int(llm.n_tokens)
+        if progress is not None:
+            progress(done, total)
+        batch = max(1, int(llm.n_batch))
+        while done < total:
+            end = min(done + batch, total)
+            llm.eval(tokens[done:end].tolist())
+            done = end
+            if progress is not None:
+                progress(done, total)
+        captured = capture_sequence(llm)
+        self._store.put(key, captured.tokens, captured.state, priority, captured.logits)
+        return WarmResult(key, total, captured.state.nbytes, time.perf_counter() - started, False)

@@ -1,8 +1,9 @@
 """What each model fingerprint stood for, kept beside the snapshots, so that a miss can say why.
 
 A fingerprint is a hash: two that differ say nothing about what differed. When a snapshot is saved,
-the adapter also hands over the parts it hashed (model content, K/V types, adapters, numerics...);
-they are kept here, one small JSON file per fingerprint (`fingerprints/<fingerprint>.json`, written
+the adapter also hands over the parts it hashed (model content, K/V types, adapters, numerics...),
+and the prompt split alignment it measured for them (see `snapcache.llama.alignment`); they are kept
+here, one small JSON file per fingerprint (`fingerprints/<fingerprint>.json`, written
 to a temporary file and renamed), or in memory for a RAM-only store. Reading them is best effort: a
 missing or damaged note is simply unknown.
 """
@@ -34,14 +35,15 @@ class FingerprintNotes:
         self._known: dict[str, dict[str, Any]] = {}
         self._lock = threading.Lock()
 
-    def remember(self, fingerprint: str, parts: dict[str, Any]) -> None:
-        """Keep `parts` for `fingerprint` (once; a fingerprint's parts never change)."""
+    def remember(self, fingerprint: str, parts: dict[str, Any], alignment: int | None) -> None:
+        """Keep `parts` and the measured `alignment` (None: none holds) for `fingerprint`, once."""
         if not _VALID.match(fingerprint):
             return
+        note = {"parts": parts, "alignment": alignment}
         with self._lock:
             if fingerprint in self._known:
                 return
-            self._known[fingerprint] = parts
+            self._known[fingerprint] = note
         if self._folder is None:
             return
         path = self._folder / f"{fingerprint}.json"
@@ -52,13 +54,30 @@ class FingerprintNotes:
             temporary = path.with_name(f".{fingerprint}.{os.getpid()}.{threading.get_ident()}.tmp")
             fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "w") as handle:
-                json.dump(parts, handle, sort_keys=True)
+                json.dump(note, handle, sort_keys=True)
             os.replace(temporary, path)
         except (OSError, TypeError, ValueError) as exc:
             _log.debug("could not keep the parts of fingerprint %s: %s", fingerprint[:12], exc)
 
     def recall(self, fingerprint: str) -> dict[str, Any] | None:
         """The parts of `fingerprint`, if known."""
+        note = self._note(fingerprint)
+        parts = None if note is None else note.get("parts")
+        return parts if isinstance(parts, dict) else None
+
+    def alignment(self, fingerprint: str) -> tuple[bool, int | None]:
+        """(known, alignment) measured for `fingerprint`; alignment None: no split point holds."""
+        note = self._note(fingerprint)
+        if note is None or "alignment" not in note:
+            return False, None
+        value = note["alignment"]
+        if value is None:
+            return True, None
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 1 and value & (value - 1) == 0:
+            return True, value
+        return False, None  # a damaged note: measure again
+
+    def _note(self, fingerprint: str) -> dict[str, Any] | None:
         with self._lock:
             if fingerprint in self._known:
                 return self._known[fingerprint]
@@ -68,7 +87,11 @@ class FingerprintNotes:
             path = self._folder / f"{fingerprint}.json"
             if path.stat().st_size > _MAX_NOTE_BYTES:
                 return None
-            parts = json.loads(path.read_text())
+            note = json.loads(path.read_text())
         except (OSError, ValueError):
             return None
-        return parts if isinstance(parts, dict) else None
+        if not isinstance(note, dict):
+            return None
+        with self._lock:
+            self._known.setdefault(fingerprint, note)
+        return note

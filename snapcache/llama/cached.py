@@ -113,6 +113,11 @@ class CachedLlama:
         return self._hook.fingerprint
 
     @property
+    def alignment(self) -> int:
+        """The multiple of tokens its checkpoints sit on (the model's measured split alignment)."""
+        return self._hook.alignment
+
+    @property
     def last_restore(self) -> RestoreInfo | None:
         """What the last completion reused of its prompt (None before the first, or when not cacheable)."""
         return self._hook.last_restore

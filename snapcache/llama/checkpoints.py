@@ -1,16 +1,18 @@
 """Where a completion saves states on its way through a prompt, so later prompts can start there.
 
-They sit at multiples of 64 tokens: llama.cpp's CPU kernels read a batch of tokens in blocks of four
-rows, so a prompt read on from an aligned checkpoint gives bit-for-bit the results of a cold read.
+They sit at multiples of the model's measured split alignment (see `alignment`: 4 tokens for
+Gemma-3-270M Q4_K_M on a CPU build, 1 for f32 weights, at most 64), where a prompt read on from a
+checkpoint gives bit-for-bit the results of a cold read.
 
-- chat completions: the end of the leading system messages (see `chat_prefix`), and the end of the
-  prompt, just before the reply: the next turn of the same chat starts with it;
-- raw completions: a ladder of prefix lengths (with `prefix_reuse=0.9`: every 64 tokens up to 1152,
-  then the largest multiple of 64 at most 1/0.9 times the one before: 1280, 1408, ..., 1792, 1984,
-  ...), so that a later prompt sharing L tokens with this one restores at least 90% of them once
-  L >= 640, and all but 63 before. Sliding-window models (Gemma 3) cannot cut a restored state back,
-  so the ladder is stored. Ladder states are saved one priority lower than the others, so that they
-  are evicted first.
+- chat completions: the end of the leading system messages (see `chat_prefix`), and near the end of
+  the prompt (32 to 32 + alignment - 1 tokens before the reply): the next turn of the same chat
+  starts with it;
+- raw completions: a ladder of prefix lengths on a grid of 64 tokens (with `prefix_reuse=0.9`:
+  every 64 tokens up to 1152, then the largest multiple of 64 at most 1/0.9 times the one before:
+  1280, 1408, ..., 1792, 1984, ...), so that a later prompt sharing L tokens with this one restores
+  at least 90% of them once L >= 640, and all but 63 before. Sliding-window models (Gemma 3) cannot
+  cut a restored state back, so the ladder is stored. Ladder states are saved one priority lower
+  than the others, so that they are evicted first.
 """
 
 from __future__ import annotations
@@ -20,26 +22,48 @@ import numpy as np
 from snapcache.key import TokenArray
 from snapcache.snapshot import MAX_PRIORITY
 
-__all__ = ["CHECKPOINT_ALIGN", "align_down", "checkpoint_plan", "ladder_points"]
+__all__ = [
+    "CHECKPOINT_ALIGN",
+    "FINAL_TAIL_TOKENS",
+    "MIN_PREFIX_TOKENS",
+    "align_down",
+    "checkpoint_plan",
+    "ladder_points",
+]
 
+# The ladder's grid, and the coarsest alignment a model can measure.
 CHECKPOINT_ALIGN = 64
+# A shorter prefix is not worth a snapshot.
+MIN_PREFIX_TOKENS = 64
+# The checkpoint at the end of a prompt leaves at least this many tokens to read with the prompt's
+# last token: a batch of a token or two can go through other kernels than the same tokens in a
+# longer batch (measured: a 1-token batch on f32 weights), and the alignment probe reads tails of
+# 16 to 63 tokens.
+FINAL_TAIL_TOKENS = 32
 
 
 def checkpoint_plan(
-    tokens: TokenArray, *, ladder: list[int], chat_prefix: TokenArray | None, priority: int, after: int
+    tokens: TokenArray,
+    *,
+    ladder: list[int],
+    chat_prefix: TokenArray | None,
+    priority: int,
+    after: int,
+    alignment: int = CHECKPOINT_ALIGN,
 ) -> list[tuple[int, int]]:
     """(prefix length, priority) to save on the way through `tokens`, ascending, all past `after`
-    and short of the last token; ladder points go one priority lower."""
+    and short of the last token, on multiples of `alignment`; ladder points go one priority lower."""
     n = len(tokens)
     lower = max(-MAX_PRIORITY, priority - 1)
     points = {p: lower for p in ladder if p < n - 1}
-    points[align_down(n - 1)] = priority
-    if (
-        chat_prefix is not None
-        and len(chat_prefix) < n
-        and np.array_equal(tokens[: len(chat_prefix)], chat_prefix)
-    ):
-        points[len(chat_prefix)] = priority
+    # On the coarsest grid the tail is 1 to 64 tokens, as every model's tests showed exact; a finer
+    # grid leaves a tail of 32 or more (see FINAL_TAIL_TOKENS).
+    tail = 1 if alignment >= CHECKPOINT_ALIGN else FINAL_TAIL_TOKENS
+    points[align_down(n - tail, alignment)] = priority
+    if chat_prefix is not None:
+        cut = align_down(len(chat_prefix), alignment)
+        if MIN_PREFIX_TOKENS <= cut < n and np.array_equal(tokens[:cut], chat_prefix[:cut]):
+            points[cut] = priority
     return sorted((p, point_priority) for p, point_priority in points.items() if p > after)
 
 
@@ -57,5 +81,5 @@ def ladder_points(step: int, reuse: float, limit: int) -> list[int]:
     return points
 
 
-def align_down(n_tokens: int) -> int:
-    return n_tokens // CHECKPOINT_ALIGN * CHECKPOINT_ALIGN
+def align_down(n_tokens: int, alignment: int = CHECKPOINT_ALIGN) -> int:
+    return n_tokens // alignment * alignment

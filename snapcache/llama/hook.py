@@ -41,6 +41,7 @@ from snapcache.key import (
     validate_priority,
     validate_scope,
 )
+from snapcache.llama import alignment
 from snapcache.llama.chat_prefix import (
     ChatPrefixFinder,
     patched,
@@ -48,7 +49,13 @@ from snapcache.llama.chat_prefix import (
     system_head,
     text_prompt_tokens,
 )
-from snapcache.llama.checkpoints import CHECKPOINT_ALIGN, align_down, checkpoint_plan, ladder_points
+from snapcache.llama.checkpoints import (
+    CHECKPOINT_ALIGN,
+    MIN_PREFIX_TOKENS,
+    align_down,
+    checkpoint_plan,
+    ladder_points,
+)
 from snapcache.llama.fingerprint import fingerprint_of, fingerprint_parts, model_fingerprint
 from snapcache.llama.miss import MissExplanation, explain_prompt
 from snapcache.llama.prefix_loader import PrefixLoader, Progress
@@ -67,6 +74,10 @@ DEFAULT_PREFIX_REUSE = 0.9
 # Where an installed hook keeps itself on the Llama, so that `attached(llm)` can find it.
 _HOOK_ATTRIBUTE = "_snapcache_hook"
 _MISSING = object()
+_NO_ALIGNMENT = (
+    "no prompt split point keeps this model's results exact on this llama.cpp build, "
+    "so a restored state would not continue as a cold read; snapshots are neither restored nor saved"
+)
 # Scopes whose last prompt `explain` can still look at.
 _REMEMBERED_SCOPES = 64
 
@@ -152,6 +163,7 @@ class CacheHook:
         self._chat_entry = self._handle_chat
         self.last_restore: RestoreInfo | None = None
         self._told: set[str] = set()
+        self._alignment = alignment.COARSEST_ALIGNMENT  # until measured for the fingerprint
 
     # -- properties ---------------------------------------------------------------------------------
 
@@ -172,6 +184,12 @@ class CacheHook:
     def fingerprint(self) -> str:
         """The model fingerprint every snapshot of this Llama is stored under."""
         return self._loader.fingerprint
+
+    @property
+    def alignment(self) -> int:
+        """The multiple of tokens its checkpoints sit on: the model's measured split alignment once
+        a completion or `warm` has saved (see `snapcache.llama.alignment`), 64 before."""
+        return self._alignment
 
     @property
     def installed(self) -> bool:
@@ -284,20 +302,35 @@ class CacheHook:
         )
 
     def _check_cacheable(self) -> bool:
-        """Whether this completion may restore and save; the fingerprint is taken again first, since
-        adapters and control vectors can change between completions."""
-        reason = unsupported_reason(self._llm)
+        """Whether this completion may restore and save (the reason is logged once when not)."""
+        reason = self._uncacheable_reason(saving=self._save)
         if reason is not None:
             self._tell_once(reason)
             return False
-        self._refresh_fingerprint()
         return True
 
-    def _refresh_fingerprint(self) -> None:
+    def _uncacheable_reason(self, *, saving: bool) -> str | None:
+        """Why this Llama cannot be cached now, or None. The fingerprint is taken again first, since
+        adapters and control vectors can change between completions; a Llama that saves needs the
+        prompt split alignment of its fingerprint, measured once (see `alignment`)."""
+        reason = unsupported_reason(self._llm)
+        if reason is not None:
+            return reason
         parts = fingerprint_parts(self._llm)
-        self._loader.fingerprint = fingerprint_of(parts)
-        if self._save:
-            self._notes.remember(self._loader.fingerprint, parts)
+        fingerprint = fingerprint_of(parts)
+        self._loader.fingerprint = fingerprint
+        if saving:
+            known, measured = alignment.remembered(fingerprint)
+            if not known:
+                known, measured = self._notes.alignment(fingerprint)
+            if not known:
+                measured = alignment.measure_alignment(self._llm)
+            alignment.remember(fingerprint, measured)
+            self._notes.remember(fingerprint, parts, measured)
+            if measured is None:
+                return _NO_ALIGNMENT
+            self._alignment = measured
+        return None
 
     def _tell_once(self, message: str) -> None:
         if message not in self._told:
@@ -373,7 +406,12 @@ class CacheHook:
         if self._save and call.cacheable:
             ladder = self._ladder if call.ladder else []
             plan = checkpoint_plan(
-                tokens, ladder=ladder, chat_prefix=call.chat_prefix, priority=self._priority, after=reused
+                tokens,
+                ladder=ladder,
+                chat_prefix=call.chat_prefix,
+                priority=self._priority,
+                after=reused,
+                alignment=self._alignment,
             )
             for point, priority in plan:
                 if point - call.saved_upto < self._min_tokens:
@@ -434,7 +472,7 @@ class CacheHook:
             tokens = self._system_tokens([{"role": "system", "content": prompt}])
         else:
             tokens = self._warm_tokens(prompt)
-        self._refresh_fingerprint()
+        self._ready_to_save()
         found = self._store.lookup(self._loader.fingerprint, scope, tokens)
         restored = 0 if found is None else found.key.token_count
         return explain_prompt(
@@ -462,6 +500,7 @@ class CacheHook:
         block (64 tokens).
         """
         started = time.perf_counter()
+        self._ready_to_save()
         if isinstance(prompt, str) and not raw:
             tokens = self._system_tokens([{"role": "system", "content": prompt}])
         else:
@@ -483,6 +522,7 @@ class CacheHook:
         head = system_head(messages)
         if head == 0:
             raise InvalidArgument("nothing to warm: the messages do not start with a system message")
+        self._ready_to_save()
         return self._warm(self._system_tokens(list(messages[:head])), priority, scope, progress, started)
 
     def _warm(
@@ -490,10 +530,6 @@ class CacheHook:
     ) -> WarmResult:
         priority = validate_priority(priority)
         scope = self._current_scope() if scope is None else validate_scope(scope)
-        reason = unsupported_reason(self._llm)
-        if reason is not None:
-            raise InvalidArgument(f"this Llama cannot be cached: {reason}")
-        self._refresh_fingerprint()
         total = len(tokens)
         n_ctx = int(self._llm.n_ctx())
         if total >= n_ctx:
@@ -503,6 +539,13 @@ class CacheHook:
             )
         return self._loader.store_prefix(tokens, scope, priority, progress, started)
 
+    def _ready_to_save(self) -> None:
+        """InvalidArgument when this Llama cannot be cached; else its fingerprint and alignment are
+        current."""
+        reason = self._uncacheable_reason(saving=True)
+        if reason is not None:
+            raise InvalidArgument(f"this Llama cannot be cached: {reason}")
+
     def _system_tokens(self, head: list[Mapping[str, Any]]) -> TokenArray:
         """What every chat starting with these system messages shares, cut to whole checkpoint blocks."""
         shared = self._shared_chat_tokens(head, {})
@@ -510,12 +553,12 @@ class CacheHook:
             raise InvalidArgument(
                 "this Llama's chat format cannot render a system message; warm the text with raw=True"
             )
-        if len(shared) < CHECKPOINT_ALIGN:
+        if len(shared) < MIN_PREFIX_TOKENS:
             raise InvalidArgument(
                 f"the system prompt is too short to warm: chats with it share {len(shared)} tokens, "
-                f"and chat prefixes are cached in whole blocks of {CHECKPOINT_ALIGN} tokens"
+                f"and prefixes of fewer than {MIN_PREFIX_TOKENS} tokens are not worth caching"
             )
-        return as_token_array(shared[: align_down(len(shared))])
+        return as_token_array(shared[: align_down(len(shared), self._alignment)])
 
     def _warm_tokens(self, prompt: str | Sequence[int] | TokenArray) -> TokenArray:
         if isinstance(prompt, str):
@@ -545,9 +588,9 @@ class CacheHook:
         if head == 0 or head == len(messages):
             return None
         shared = self._shared_chat_tokens(list(messages[:head]), render_options(kwargs))
-        if shared is None or len(shared) < CHECKPOINT_ALIGN:
+        if shared is None or len(shared) < MIN_PREFIX_TOKENS:
             return None
-        return as_token_array(shared[: align_down(len(shared))])
+        return shared  # cut to the alignment when the checkpoints are planned
 
     def _shared_chat_tokens(
         self, head: list[Mapping[str, Any]], options: dict[str, Any]

@@ -4,13 +4,13 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test demo bench lint clean
+.PHONY: install test demo serve bench lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	@echo "Installing snapcache and llama-cpp-python (the first build of llama.cpp takes several minutes)..."
-	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(BIN)/python -m pip install --quiet -e ".[dev,demo]"
+	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(BIN)/python -m pip install --quiet -e ".[dev,demo,server]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -22,6 +22,10 @@ test: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/snapcache warm examples/system_prompt.txt --scope demo --priority 10
 	$(BIN)/python examples/demo.py
+
+# The OpenAI-compatible server on the demo model, on http://127.0.0.1:8000/v1 (Ctrl-C stops it).
+serve: $(STAMP)
+	$(BIN)/snapcache serve
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run_all.py

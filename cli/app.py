@@ -13,7 +13,7 @@ from typer.core import TyperGroup
 
 import snapcache
 
-from .commands import bench, doctor, entries, warm
+from .commands import bench, doctor, entries, serve, warm
 from .errors import describe
 from .settings import Settings
 
@@ -115,6 +115,7 @@ app.command("clear")(entries.clear)
 app.command("stats")(entries.stats)
 app.command("doctor")(doctor.doctor)
 app.command("bench")(bench.bench)
+app.command("serve")(serve.serve)
 
 
 def main() -> None:

@@ -21,9 +21,11 @@ from snapcache.snapshot import Snapshot
 from snapcache.tier import EntryInfo
 
 if TYPE_CHECKING:
-    from snapcache.llama.cached import CachedLlama
+    from snapcache.llama.cached import CachedLlama, attach, detach
     from snapcache.llama.fingerprint import model_fingerprint
+    from snapcache.llama.hook import CacheHook
     from snapcache.llama.loader import load_llama
+    from snapcache.llama.reports import RestoreInfo
     from snapcache.store import SnapshotStore, StoreStats
 
 __version__ = "0.1.0"
@@ -31,6 +33,7 @@ __version__ = "0.1.0"
 __all__ = [
     "DEFAULT_SCOPE",
     "SNAPSHOT_FILE_FORMAT_VERSION",
+    "CacheHook",
     "CachedLlama",
     "CorruptSnapshot",
     "EntryInfo",
@@ -39,12 +42,15 @@ __all__ = [
     "KeyMismatch",
     "ModelError",
     "RestoreError",
+    "RestoreInfo",
     "SnapcacheError",
     "Snapshot",
     "SnapshotKey",
     "SnapshotStore",
     "StoreStats",
     "StoreUnavailable",
+    "attach",
+    "detach",
     "load_llama",
     "model_fingerprint",
     "prefix_hash",
@@ -55,6 +61,10 @@ _LAZY = {
     "SnapshotStore": "snapcache.store",
     "StoreStats": "snapcache.store",
     "CachedLlama": "snapcache.llama.cached",
+    "attach": "snapcache.llama.cached",
+    "detach": "snapcache.llama.cached",
+    "CacheHook": "snapcache.llama.hook",
+    "RestoreInfo": "snapcache.llama.reports",
     "model_fingerprint": "snapcache.llama.fingerprint",
     "load_llama": "snapcache.llama.loader",
 }

@@ -20,7 +20,12 @@ def _run(script: str, *args: str, timeout: float = 600) -> subprocess.CompletedP
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     return subprocess.run(
         [sys.executable, str(BENCH / script), *args],
-        capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env, check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env=env,
+        check=False,
     )
 
 

@@ -26,11 +26,13 @@ from chat_support import (
 
 from snapcache.errors import InvalidArgument
 from snapcache.key import SnapshotKey, as_token_array
-from snapcache.llama.cached import CHECKPOINT_ALIGN, CachedLlama, _ladder_points
+from snapcache.llama.cached import CachedLlama
+from snapcache.llama.checkpoints import CHECKPOINT_ALIGN, ladder_points
 from snapcache.llama.fingerprint import model_fingerprint
 from snapcache.store import SnapshotStore
 
 pytestmark = pytest.mark.model
+
 
 def cold_completion(make_llama, model_path, prompt) -> tuple[str, list[int]]:
     llm = make_llama(model_path, n_ctx=N_CTX)
@@ -228,7 +230,7 @@ def test_new_process_restores_from_the_disk_store(tmp_path, tiny_model_path):
 
 
 def test_checkpoint_ladder_keeps_its_promise():
-    points = _ladder_points(CHECKPOINT_ALIGN, 0.9, 8192)
+    points = ladder_points(CHECKPOINT_ALIGN, 0.9, 8192)
     assert all(p % CHECKPOINT_ALIGN == 0 for p in points)
     for shared in range(CHECKPOINT_ALIGN, 8192):
         best = max(p for p in points if p <= shared)

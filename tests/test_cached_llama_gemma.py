@@ -15,7 +15,8 @@ from chat_support import chat as chat_with
 from chat_support import chat_reply as reply_of
 from chat_support import common_prefix, context_of
 
-from snapcache.llama.cached import CHECKPOINT_ALIGN, CachedLlama
+from snapcache.llama.cached import CachedLlama
+from snapcache.llama.checkpoints import CHECKPOINT_ALIGN
 
 pytestmark = [pytest.mark.model, pytest.mark.gemma, pytest.mark.slow]
 

@@ -6,7 +6,8 @@ import pytest
 from chat_support import DOCUMENT, GREEDY, N_CTX, SYSTEM, chat, chat_reply, cold_chat, context_of
 
 from snapcache.errors import InvalidArgument
-from snapcache.llama.cached import CHECKPOINT_ALIGN, CachedLlama
+from snapcache.llama.cached import CachedLlama
+from snapcache.llama.checkpoints import CHECKPOINT_ALIGN
 
 pytestmark = pytest.mark.model
 

@@ -14,6 +14,7 @@ from ..formatting import format_duration, format_size, render_pairs
 from ..model_source import choose_model, load_llama
 from ..progress import prompt_progress
 from ..prompt_file import read_prompt
+from ..remote import warm_on_server
 from ..settings import Settings, settings_of
 
 if TYPE_CHECKING:
@@ -59,9 +60,31 @@ def warm(
     n_ctx: NCtxOption = None,
     threads: ThreadsOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
+    server: Annotated[
+        str | None,
+        typer.Option(
+            "--server",
+            help="Warm in a running `snapcache serve` at this URL (e.g. http://127.0.0.1:8000) instead.",
+            show_default=False,
+        ),
+    ] = None,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            "--api-key", help="With --server: its API key (default: $SNAPCACHE_API_KEY).", show_default=False
+        ),
+    ] = None,
 ) -> None:
     """Read PROMPT_FILE with the model once and store its state, so later chats skip reading it."""
     text = read_prompt(prompt_file)
+    if server is not None:
+        if model is not None or n_ctx is not None or threads is not None:
+            raise CliError(
+                "--model, --n-ctx and --threads belong to the server; leave them out with --server"
+            )
+        report = warm_on_server(server, text, scope=scope, priority=priority, raw=raw, api_key=api_key)
+        typer.echo(json.dumps(report, indent=2) if as_json else render_pairs(_report_lines(report)))
+        return
     choice = choose_model(model)
     settings = settings_of(ctx)
     # Imported only now: it imports llama_cpp, which takes a moment that bad input should not wait for.

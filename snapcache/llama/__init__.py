@@ -18,16 +18,18 @@ from snapcache.llama.state import (
 )
 
 if TYPE_CHECKING:
-    from snapcache.llama.cached import CachedLlama
+    from snapcache.llama.cached import CachedLlama, attach, detach
 
 __all__ = [
     "GEMMA3_TEMPLATE",
     "CachedLlama",
     "CapturedState",
+    "attach",
     "can_truncate",
     "can_truncate_to",
     "capture_sequence",
     "check_gguf_file",
+    "detach",
     "file_fingerprint",
     "gemma3_chat_handler",
     "load_llama",
@@ -39,6 +41,6 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    if name == "CachedLlama":
-        return import_module("snapcache.llama.cached").CachedLlama
+    if name in ("CachedLlama", "attach", "detach"):
+        return getattr(import_module("snapcache.llama.cached"), name)
     raise AttributeError(f"module 'snapcache.llama' has no attribute {name!r}")

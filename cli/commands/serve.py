@@ -1,0 +1,123 @@
+"""`snapcache serve [MODEL]`: an OpenAI-compatible local server whose prompts survive restarts."""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+from typing import Annotated
+
+import typer
+
+from ..errors import CliError
+from ..formatting import parse_size
+from ..model_source import choose_model, load_llama
+from ..remote import API_KEY_ENV
+from ..settings import settings_of
+from .warm import NCtxOption, ThreadsOption
+
+_NO_SERVER = (
+    "snapcache serve needs llama-cpp-python's server packages: pip install 'snapcache[server]' ({missing})"
+)
+
+
+def serve(
+    ctx: typer.Context,
+    model: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="[MODEL]",
+            help="A GGUF model file (default: $SNAPCACHE_MODEL, else the demo model).",
+            show_default=False,
+        ),
+    ] = None,
+    host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="Port to listen on.", min=1, max=65535)] = 8000,
+    n_ctx: NCtxOption = None,
+    threads: ThreadsOption = None,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            "--api-key",
+            help=f"Require this bearer token from clients (default: ${API_KEY_ENV}, else none).",
+            show_default=False,
+        ),
+    ] = None,
+    ram: Annotated[str, typer.Option("--ram", help="RAM budget of the cache (e.g. 512M, 2G).")] = "512M",
+    disk: Annotated[
+        str | None,
+        typer.Option(
+            "--disk", help="Disk budget of the cache (default: the directory's, else 8G).", show_default=False
+        ),
+    ] = None,
+    priority: Annotated[int, typer.Option("--priority", "-p", help="Priority of the states it saves.")] = 0,
+    model_alias: Annotated[
+        str | None,
+        typer.Option(
+            "--model-alias", help="The model's id in /v1/models (default: the file name).", show_default=False
+        ),
+    ] = None,
+    cors_origin: Annotated[
+        list[str] | None,
+        typer.Option("--cors-origin", help="A browser origin allowed to call the server (repeatable)."),
+    ] = None,
+) -> None:
+    """Serve MODEL over an OpenAI-compatible HTTP API, restoring cached prompts before each completion."""
+    try:
+        from snapcache.server import ServeOptions, create_app
+        from snapcache.server import serve as run_server
+    except ImportError as exc:
+        raise CliError(_NO_SERVER.format(missing=f"missing: {exc.name}")) from None
+    from snapcache import SnapshotStore
+
+    choice = choose_model(model)
+    ram_bytes = parse_size(ram)
+    disk_bytes = parse_size(disk) if disk is not None else None
+    _check_port_free(host, port)
+    settings = settings_of(ctx)
+    directory = settings.cache_dir
+    store = (
+        SnapshotStore(ram_bytes=ram_bytes, disk_bytes=disk_bytes)
+        if directory is None
+        else SnapshotStore(directory, ram_bytes=ram_bytes, disk_bytes=disk_bytes)
+    )
+    with store:
+        llm = load_llama(choice, n_ctx=n_ctx, threads=threads, verbose=settings.verbose)
+        try:
+            options = ServeOptions(
+                api_key=api_key or os.environ.get(API_KEY_ENV) or None,
+                model_alias=model_alias,
+                cors_origins=tuple(cors_origin or ()),
+                priority=priority,
+            )
+            app = create_app(llm, store, options)
+            where = store.directory if store.directory is not None else "RAM only"
+            typer.echo(
+                f"snapcache serve: {choice.path.name} on http://{_url_host(host)}:{port}/v1 "
+                f"(cache: {where}); Ctrl-C to stop",
+                err=True,
+            )
+            run_server(app, host=host, port=port)
+        finally:
+            llm.close()
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """CliError, before the model loads, when nothing could listen on host:port."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise CliError(f"cannot listen on {host}: {exc.strerror or exc}") from None
+    family, kind, proto, _name, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise CliError(f"port {port} on {host} is already in use; pick another with --port") from None
+            raise CliError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host

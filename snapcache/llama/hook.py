@@ -1,0 +1,549 @@
+"""CacheHook: a plain `llama_cpp.Llama` that restores cached prefixes and saves its states.
+
+The Llama still does all the work (tokenizing, chat templates, sampling, grammar, stop handling).
+The hook steps in at two places of the Llama, as instance attributes that `install` sets and
+`uninstall` takes away again:
+
+- `create_completion`, which every completion path of llama-cpp-python goes through (`__call__`,
+  chat handlers, llama-cpp-python's server, LangChain's `LlamaCpp`);
+- `chat_handler`, which sees a chat's messages before they are rendered, so that the end of the
+  system messages can become a checkpoint.
+
+When llama-cpp-python hands the final prompt tokens to `Llama.generate`, the hook loads the longest
+stored prefix of exactly those tokens into the context (`prefix_loader`), reads on to a few
+checkpoints (`checkpoints`), and lets `generate` evaluate only the rest. After the completion (for a
+stream: when it is exhausted or closed) it saves the state of the context, keyed by the tokens the
+context holds, and tells its listener what it did (`reports`).
+
+Not thread-safe, like the Llama it hooks: one completion at a time.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, cast
+
+import llama_cpp
+from llama_cpp import llama_chat_format
+
+from snapcache.errors import InvalidArgument
+from snapcache.key import (
+    DEFAULT_SCOPE,
+    SnapshotKey,
+    TokenArray,
+    as_token_array,
+    validate_priority,
+    validate_scope,
+)
+from snapcache.llama.chat_prefix import (
+    ChatPrefixFinder,
+    patched,
+    render_options,
+    system_head,
+    text_prompt_tokens,
+)
+from snapcache.llama.checkpoints import CHECKPOINT_ALIGN, align_down, checkpoint_plan, ladder_points
+from snapcache.llama.fingerprint import model_fingerprint
+from snapcache.llama.prefix_loader import PrefixLoader
+from snapcache.llama.reports import CompletionListener, CompletionReport, RestoreInfo, WarmResult
+from snapcache.llama.state import capture_sequence
+from snapcache.store import SnapshotStore
+
+__all__ = ["CacheHook", "ScopeSource", "attached_hook"]
+
+_log = logging.getLogger("snapcache")
+
+Progress = Callable[[int, int], None]
+ScopeSource = str | Callable[[], str]
+
+DEFAULT_MIN_TOKENS = 32
+DEFAULT_PREFIX_REUSE = 0.9
+# Where an installed hook keeps itself on the Llama, so that `attached(llm)` can find it.
+_HOOK_ATTRIBUTE = "_snapcache_hook"
+_MISSING = object()
+
+
+@dataclass(slots=True)
+class _Call:
+    """One completion in flight: its scope, the checkpoints it asked for and what it has done so far."""
+
+    scope: str
+    chat_prefix: TokenArray | None
+    ladder: bool
+    prepared: bool = False
+    saved_upto: int = 0  # the longest prefix of the context known to be stored or restored
+    checkpoints: int = 0
+    restore: RestoreInfo | None = None
+    generated: int = 0
+    last_token: int | None = None
+    read_seconds: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _ChatTurn:
+    """A chat handler is about to call `create_completion`: the checkpoint its messages share, or
+    why its completion must not be cached."""
+
+    prefix: TokenArray | None
+    uncached_because: str | None = None
+
+
+class CacheHook:
+    """Restores cached prefixes before, and saves states after, every completion of one Llama.
+
+    `scope` is a scope name, or a function that returns the scope of the completion about to run
+    (a server picks it per request). `save=False` only restores. No state is saved that would spare
+    fewer than `min_tokens` tokens over one already stored. `prefix_reuse` (None: off) sets the
+    checkpoint ladder of raw completions. `priority` goes with every state a completion saves
+    (ladder points: one lower). `listener` hears of every completion.
+    """
+
+    def __init__(
+        self,
+        llm: llama_cpp.Llama,
+        store: SnapshotStore,
+        scope: ScopeSource = DEFAULT_SCOPE,
+        *,
+        save: bool = True,
+        min_tokens: int = DEFAULT_MIN_TOKENS,
+        prefix_reuse: float | None = DEFAULT_PREFIX_REUSE,
+        priority: int = 0,
+        listener: CompletionListener | None = None,
+    ) -> None:
+        if not isinstance(llm, llama_cpp.Llama):
+            raise InvalidArgument(f"llm must be a llama_cpp.Llama, got {type(llm).__name__}")
+        if not isinstance(store, SnapshotStore):
+            raise InvalidArgument(f"store must be a SnapshotStore, got {type(store).__name__}")
+        if getattr(llm.context_params, "embeddings", False):
+            raise InvalidArgument("this Llama was built with embedding=True: it has no completions to cache")
+        if not callable(scope):
+            validate_scope(scope)
+        if isinstance(min_tokens, bool) or not isinstance(min_tokens, int) or min_tokens < 1:
+            raise InvalidArgument(f"min_tokens must be a positive int, got {min_tokens!r}")
+        if prefix_reuse is not None and not 0.0 < prefix_reuse < 1.0:
+            raise InvalidArgument(f"prefix_reuse must lie strictly between 0 and 1, got {prefix_reuse!r}")
+        self._llm = llm
+        self._store = store
+        self._scope = scope
+        self._save = bool(save)
+        self._min_tokens = min_tokens
+        self._priority = validate_priority(priority)
+        self._listener = listener
+        self._loader = PrefixLoader(llm, store, model_fingerprint(llm))
+        n_ctx = int(llm.n_ctx())
+        self._ladder = [] if prefix_reuse is None else ladder_points(CHECKPOINT_ALIGN, prefix_reuse, n_ctx)
+        self._prefixes = ChatPrefixFinder(llm, self._render_chat)
+        self._rendering = False
+        self._chat_turn: _ChatTurn | None = None
+        self._saved_attributes: dict[str, Any] | None = None
+        # Bound once, so that `uninstall` can tell its own entry points from a user's replacements.
+        self._completion_entry = self._create_completion
+        self._chat_entry = self._handle_chat
+        self.last_restore: RestoreInfo | None = None
+        self._told: set[str] = set()
+
+    # -- properties ---------------------------------------------------------------------------------
+
+    @property
+    def llm(self) -> llama_cpp.Llama:
+        return self._llm
+
+    @property
+    def store(self) -> SnapshotStore:
+        return self._store
+
+    @property
+    def scope(self) -> str:
+        """The scope a completion would use now."""
+        return self._current_scope()
+
+    @property
+    def fingerprint(self) -> str:
+        """The model fingerprint every snapshot of this Llama is stored under."""
+        return self._loader.fingerprint
+
+    @property
+    def installed(self) -> bool:
+        return self._saved_attributes is not None
+
+    def __repr__(self) -> str:
+        scope = "<per call>" if callable(self._scope) else repr(self._scope)
+        fingerprint = self._loader.fingerprint[:12]
+        return f"CacheHook(scope={scope}, fingerprint={fingerprint}…, installed={self.installed})"
+
+    # -- installing ---------------------------------------------------------------------------------
+
+    def install(self) -> None:
+        """Make the Llama's own completion paths go through this hook (a no-op when they already do)."""
+        if self.installed:
+            return
+        llm = self._llm
+        other = vars(llm).get(_HOOK_ATTRIBUTE)
+        if other is not None:
+            raise InvalidArgument(
+                "this Llama is already attached to a snapcache store; call snapcache.detach(llm) first"
+            )
+        self._saved_attributes = {name: vars(llm).get(name, _MISSING) for name in ("create_completion",)}
+        self._saved_attributes["chat_handler"] = llm.chat_handler
+        llm.create_completion = self._completion_entry  # type: ignore[method-assign]
+        llm.chat_handler = self._chat_entry
+        setattr(llm, _HOOK_ATTRIBUTE, self)
+
+    def uninstall(self) -> None:
+        """Give the Llama its own completion paths back (a chat handler set since is kept)."""
+        saved = self._saved_attributes
+        if saved is None:
+            return
+        llm = self._llm
+        if vars(llm).get("create_completion") is self._completion_entry:
+            if saved["create_completion"] is _MISSING:
+                del llm.create_completion
+            else:
+                llm.create_completion = saved["create_completion"]  # type: ignore[method-assign]
+        if llm.chat_handler is self._chat_entry:
+            llm.chat_handler = saved["chat_handler"]
+        vars(llm).pop(_HOOK_ATTRIBUTE, None)
+        self._saved_attributes = None
+
+    @contextmanager
+    def installed_for_call(self) -> Iterator[None]:
+        """Installed for the duration of a block, unless it was installed already."""
+        if self.installed:
+            yield
+            return
+        self.install()
+        try:
+            yield
+        finally:
+            self.uninstall()
+
+    # -- the entry points the Llama calls once installed --------------------------------------------
+
+    def _original_create_completion(self) -> Callable[..., Any]:
+        saved = (self._saved_attributes or {}).get("create_completion", _MISSING)
+        if saved is not _MISSING and saved is not None:
+            return saved  # type: ignore[no-any-return]
+        return functools.partial(type(self._llm).create_completion, self._llm)
+
+    def _create_completion(self, *args: Any, **kwargs: Any) -> Any:
+        original = self._original_create_completion()
+        if self._rendering:
+            return original(*args, **kwargs)
+        turn, self._chat_turn = self._chat_turn, None
+        if turn is not None and turn.uncached_because is not None:
+            self.last_restore = None
+            return original(*args, **kwargs)
+        if kwargs.get("echo") and kwargs.get("logprobs") is not None:
+            # Echoed log-probabilities need the logits of every prompt token; a state has none.
+            self.last_restore = None
+            return original(*args, **kwargs)
+        call = _Call(
+            scope=self._current_scope(),
+            chat_prefix=turn.prefix if turn is not None else None,
+            ladder=turn is None and bool(self._ladder),
+        )
+        return self._run(call, lambda: original(*args, **kwargs), stream=bool(kwargs.get("stream")))
+
+    def _handle_chat(self, *, llama: llama_cpp.Llama, messages: list[Any], **kwargs: Any) -> Any:
+        handler = self._original_chat_handler()
+        if self._rendering or llama is not self._llm:
+            return handler(llama=llama, messages=messages, **kwargs)
+        reason = _uncacheable_handler(handler)
+        if reason is not None:
+            self._tell_once(f"chat completions are not cached: {reason}")
+            turn = _ChatTurn(None, reason)
+        else:
+            turn = _ChatTurn(self._chat_checkpoint(messages, kwargs))
+        self._chat_turn = turn
+        try:
+            return handler(llama=llama, messages=messages, **kwargs)
+        finally:
+            if self._chat_turn is turn:
+                self._chat_turn = None
+
+    def _original_chat_handler(self) -> Any:
+        llm = self._llm
+        saved = (self._saved_attributes or {}).get("chat_handler")
+        chat_format = str(llm.chat_format)
+        return (
+            saved
+            or llm._chat_handlers.get(chat_format)
+            or llama_chat_format.get_chat_completion_handler(chat_format)
+        )
+
+    def _tell_once(self, message: str) -> None:
+        if message not in self._told:
+            self._told.add(message)
+            _log.warning("%s", message)
+
+    # -- one completion -----------------------------------------------------------------------------
+
+    def _run(self, call: _Call, complete: Callable[[], Any], *, stream: bool) -> Any:
+        self.last_restore = None
+        if stream:
+            return self._stream(call, complete)
+        with self._intercept_generate(call):
+            result = complete()
+        self._finish(call)
+        if isinstance(result, dict) and call.restore is not None:
+            _add_cached_tokens(result, call.restore.cached_tokens)
+        return result
+
+    def _stream(self, call: _Call, complete: Callable[[], Any]) -> Iterator[Any]:
+        # llama-cpp-python builds its stream lazily: the prompt reaches generate() on the first next().
+        chunks: Iterator[Any] | None = None
+        try:
+            with self._intercept_generate(call):
+                chunks = iter(complete())
+                first = next(chunks, _MISSING)
+            if first is _MISSING:
+                return
+            yield first
+            yield from chunks
+        finally:
+            close = getattr(chunks, "close", None)
+            if close is not None:
+                close()
+            self._finish(call)
+
+    @contextmanager
+    def _intercept_generate(self, call: _Call) -> Iterator[None]:
+        original = self._llm.generate
+
+        def generate(tokens: Sequence[int], *args: Any, **kwargs: Any) -> Iterator[int]:
+            if not call.prepared:
+                call.prepared = True
+                self._prepare(tokens, call)
+            started = time.perf_counter()
+            inner = original(tokens, *args, **kwargs)
+            try:
+                for token in inner:
+                    if call.generated == 0:
+                        call.read_seconds = time.perf_counter() - started
+                    call.generated += 1
+                    call.last_token = token
+                    yield token
+            finally:
+                inner.close()
+
+        with patched(self._llm, "generate", generate):
+            yield
+
+    def _prepare(self, prompt: Sequence[int], call: _Call) -> None:
+        """Load the longest cached prefix of `prompt` into the context, then read on to checkpoints."""
+        llm = self._llm
+        tokens = as_token_array(prompt)
+        n = len(tokens)
+        if n == 0 or n >= int(llm.n_ctx()):
+            return  # llama-cpp-python raises or handles these itself
+        reused, source = self._loader.load(tokens, call.scope)
+        call.saved_upto = reused
+        if self._save:
+            ladder = self._ladder if call.ladder else []
+            plan = checkpoint_plan(
+                tokens, ladder=ladder, chat_prefix=call.chat_prefix, priority=self._priority, after=reused
+            )
+            for point, priority in plan:
+                if point - call.saved_upto < self._min_tokens:
+                    continue
+                llm.eval(tokens[int(llm.n_tokens) : point].tolist())
+                if self._loader.save(call.scope, priority):
+                    call.checkpoints += 1
+                call.saved_upto = point
+        evaluated = n - min(reused, n - 1)
+        call.restore = RestoreInfo(n, reused, evaluated, source, call.checkpoints)
+        self.last_restore = call.restore
+        _log.debug("prompt of %d tokens: %d reused (%s), %d to evaluate", n, reused, source, evaluated)
+        if self._listener is not None:
+            self._listener.restored(call.scope, call.restore)
+
+    def _finish(self, call: _Call) -> None:
+        """Save the context after a completion, keyed by the tokens it holds (never the last sampled one)."""
+        if not call.prepared:
+            return
+        if self._save and int(self._llm.n_tokens) - call.saved_upto >= self._min_tokens:
+            self._loader.save(call.scope, self._priority)
+        if self._listener is not None and call.restore is not None:
+            generated = call.generated
+            if call.last_token is not None and llama_cpp.llama_vocab_is_eog(
+                self._llm._model.vocab, call.last_token
+            ):
+                generated -= 1  # llama-cpp-python does not count the end-of-generation token
+            self._listener.finished(CompletionReport(call.scope, call.restore, generated, call.read_seconds))
+
+    # -- warm ---------------------------------------------------------------------------------------
+
+    def warm(
+        self,
+        prompt: str | Sequence[int] | TokenArray,
+        priority: int = 0,
+        *,
+        raw: bool = False,
+        progress: Progress | None = None,
+        scope: str | None = None,
+    ) -> WarmResult:
+        """Store the state of a prompt's beginning, so that later completions start after it.
+
+        A string is a system prompt: what every chat with it as the system message shares is cached
+        (raw=True: the text as a completion prompt would start). A token list is cached as it is.
+        `progress(done, total)` is called as tokens are read, ending with done == total. `scope`
+        defaults to the hook's. Raises InvalidArgument when the tokens do not fit in the Llama's
+        context, and for a system prompt so short that chats with it share less than one checkpoint
+        block (64 tokens).
+        """
+        started = time.perf_counter()
+        if isinstance(prompt, str) and not raw:
+            tokens = self._system_tokens([{"role": "system", "content": prompt}])
+        else:
+            tokens = self._warm_tokens(prompt)
+        return self._warm(tokens, priority, scope, progress, started)
+
+    def warm_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        priority: int = 0,
+        *,
+        progress: Progress | None = None,
+        scope: str | None = None,
+    ) -> WarmResult:
+        """`warm` for the leading system (or developer) messages of a chat, as every chat with them shares."""
+        started = time.perf_counter()
+        if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
+            raise InvalidArgument("messages must be a list of chat messages")
+        head = system_head(messages)
+        if head == 0:
+            raise InvalidArgument("nothing to warm: the messages do not start with a system message")
+        return self._warm(self._system_tokens(list(messages[:head])), priority, scope, progress, started)
+
+    def _warm(
+        self, tokens: TokenArray, priority: int, scope: str | None, progress: Progress | None, started: float
+    ) -> WarmResult:
+        priority = validate_priority(priority)
+        scope = self._current_scope() if scope is None else validate_scope(scope)
+        total = len(tokens)
+        n_ctx = int(self._llm.n_ctx())
+        if total >= n_ctx:
+            raise InvalidArgument(
+                f"the prompt has {total} tokens, but this Llama's context holds {n_ctx} "
+                f"(and needs room for one more): create the Llama with n_ctx > {total}"
+            )
+        key = SnapshotKey.for_tokens(self._loader.fingerprint, scope, tokens)
+        existing = self._store.get(key)
+        if existing is not None:
+            if existing.priority != priority:
+                self._store.put(key, tokens, existing.state, priority, existing.logits)
+            if progress is not None:
+                progress(total, total)
+            state_bytes = memoryview(existing.state).nbytes
+            return WarmResult(key, total, state_bytes, time.perf_counter() - started, True)
+
+        llm = self._llm
+        self._loader.load(tokens, scope)
+        done = int(llm.n_tokens)
+        if progress is not None:
+            progress(done, total)
+        batch = max(1, int(llm.n_batch))
+        while done < total:
+            end = min(done + batch, total)
+            llm.eval(tokens[done:end].tolist())
+            done = end
+            if progress is not None:
+                progress(done, total)
+        captured = capture_sequence(llm)
+        self._store.put(key, captured.tokens, captured.state, priority, captured.logits)
+        return WarmResult(key, total, captured.state.nbytes, time.perf_counter() - started, False)
+
+    def _system_tokens(self, head: list[Mapping[str, Any]]) -> TokenArray:
+        """What every chat starting with these system messages shares, cut to whole checkpoint blocks."""
+        shared = self._shared_chat_tokens(head, {})
+        if shared is None:
+            raise InvalidArgument(
+                "this Llama's chat format cannot render a system message; warm the text with raw=True"
+            )
+        if len(shared) < CHECKPOINT_ALIGN:
+            raise InvalidArgument(
+                f"the system prompt is too short to warm: chats with it share {len(shared)} tokens, "
+                f"and chat prefixes are cached in whole blocks of {CHECKPOINT_ALIGN} tokens"
+            )
+        return as_token_array(shared[: align_down(len(shared))])
+
+    def _warm_tokens(self, prompt: str | Sequence[int] | TokenArray) -> TokenArray:
+        if isinstance(prompt, str):
+            return as_token_array(text_prompt_tokens(self._llm, prompt, add_eos=False))
+        if isinstance(prompt, (bytes, bytearray)):
+            raise InvalidArgument("prompt must be a str or a sequence of token ids, not bytes")
+        tokens = as_token_array(prompt)
+        if len(tokens) == 0:
+            raise InvalidArgument("nothing to warm: the prompt has no tokens")
+        return tokens
+
+    # -- context and store --------------------------------------------------------------------------
+
+    def _current_scope(self) -> str:
+        scope = self._scope
+        return validate_scope(scope() if callable(scope) else scope)
+
+    # -- chat templates -----------------------------------------------------------------------------
+
+    def _chat_checkpoint(
+        self, messages: Sequence[Mapping[str, Any]], kwargs: Mapping[str, Any]
+    ) -> TokenArray | None:
+        """The token prefix shared by every chat that starts with these messages' system part."""
+        if not self._save:
+            return None
+        head = system_head(messages)
+        if head == 0 or head == len(messages):
+            return None
+        shared = self._shared_chat_tokens(list(messages[:head]), render_options(kwargs))
+        if shared is None or len(shared) < CHECKPOINT_ALIGN:
+            return None
+        return as_token_array(shared[: align_down(len(shared))])
+
+    def _shared_chat_tokens(
+        self, head: list[Mapping[str, Any]], options: dict[str, Any]
+    ) -> TokenArray | None:
+        self._rendering = True
+        try:
+            return self._prefixes.shared_tokens(head, options)
+        finally:
+            self._rendering = False
+
+    def _render_chat(self, messages: list[Mapping[str, Any]], options: dict[str, Any]) -> Any:
+        return type(self._llm).create_chat_completion(self._llm, messages=cast(Any, messages), **options)
+
+
+# -- module helpers ----------------------------------------------------------------------------------
+
+
+def _uncacheable_handler(handler: Any) -> str | None:
+    """Why completions through this chat handler must not be cached, if they must not.
+
+    Multimodal handlers (llava, mtmd) evaluate image embeddings into the context themselves and then
+    complete from placeholder token ids: those ids do not say what the context holds.
+    """
+    multimodal = (llama_chat_format.Llava15ChatHandler, getattr(llama_chat_format, "MTMDChatHandler", ()))
+    if isinstance(handler, multimodal):
+        return (
+            f"{type(handler).__name__} evaluates images itself, and its prompt tokens do not say what it read"
+        )
+    return None
+
+
+def attached_hook(llm: llama_cpp.Llama) -> CacheHook | None:
+    """The hook installed on `llm`, if any."""
+    hook = vars(llm).get(_HOOK_ATTRIBUTE)
+    return hook if isinstance(hook, CacheHook) else None
+
+
+def _add_cached_tokens(result: dict[str, Any], cached_tokens: int) -> None:
+    """Report restored tokens where OpenAI clients look for them: usage.prompt_tokens_details."""
+    usage = result.get("usage")
+    if isinstance(usage, dict):
+        details = usage.setdefault("prompt_tokens_details", {})
+        if isinstance(details, dict):
+            details["cached_tokens"] = cached_tokens

@@ -1,0 +1,87 @@
+"""Put the longest available prefix of a prompt into a Llama's context, and save what it holds.
+
+The Llama's own context is reused when it already holds a prefix it can be cut back to, and belongs
+to the same scope (a scope never reuses another's prompt, not even the one left in the context);
+otherwise the store's longest stored prefix is restored.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import llama_cpp
+import numpy as np
+
+from snapcache.errors import SnapcacheError
+from snapcache.key import SnapshotKey, TokenArray
+from snapcache.llama.chat_prefix import common_prefix
+from snapcache.llama.reports import Source
+from snapcache.llama.state import can_truncate_to, capture_sequence, restore_sequence, truncate_sequence
+from snapcache.snapshot import Snapshot
+from snapcache.store import SnapshotStore
+
+__all__ = ["PrefixLoader"]
+
+_log = logging.getLogger("snapcache")
+
+# The scope whose completion last filled the Llama's context: another scope never reuses it.
+_CONTEXT_SCOPE_ATTRIBUTE = "_snapcache_context_scope"
+
+
+class PrefixLoader:
+    """Moves states between one Llama's context (sequence 0) and the store, under one fingerprint."""
+
+    def __init__(self, llm: llama_cpp.Llama, store: SnapshotStore, fingerprint: str) -> None:
+        self._llm = llm
+        self._store = store
+        self.fingerprint = fingerprint
+
+    def load(self, tokens: TokenArray, scope: str) -> tuple[int, Source | None]:
+        """Make the context hold the longest available prefix of `tokens`; return its length and source.
+
+        The Llama's own context wins when it already holds at least as long a prefix that it can be cut
+        back to; otherwise the store's longest prefix is restored.
+        """
+        llm = self._llm
+        live = self._reusable(tokens, scope)
+        setattr(llm, _CONTEXT_SCOPE_ATTRIBUTE, scope)
+        if live < len(tokens):
+            found = self._lookup(tokens, scope)
+            if found is not None and found[0].key.token_count > live:
+                snapshot, tier = found
+                if restore_sequence(llm, snapshot, tokens):
+                    return snapshot.key.token_count, tier
+                if int(llm.n_tokens) == 0:
+                    return 0, None  # empty: llama.cpp refused the state and the sequence was cleared
+                # Refused before any byte reached llama.cpp: the context is as it was; cut it back.
+        if live < int(llm.n_tokens) and not truncate_sequence(llm, live):
+            truncate_sequence(llm, 0)  # _reusable_context said it could; llama.cpp disagreed
+            live = 0
+        return live, "context" if live > 0 else None
+
+    def _reusable(self, tokens: TokenArray, scope: str) -> int:
+        """How many tokens of `tokens` the context holds for `scope` and can be cut back to."""
+        held = int(self._llm.n_tokens)
+        if held == 0 or vars(self._llm).get(_CONTEXT_SCOPE_ATTRIBUTE, scope) != scope:
+            return 0
+        common = common_prefix(np.asarray(self._llm.input_ids[:held]), tokens)
+        return common if can_truncate_to(self._llm, common) else 0
+
+    def _lookup(self, tokens: TokenArray, scope: str) -> tuple[Snapshot, Source] | None:
+        """The store's longest prefix of `tokens` and the tier that served it; None on a miss."""
+        try:
+            return self._store.lookup_with_tier(self.fingerprint, scope, tokens)
+        except (SnapcacheError, OSError) as exc:
+            _log.warning("snapshot lookup failed, reading the prompt in full: %s", exc)
+            return None
+
+    def save(self, scope: str, priority: int) -> bool:
+        """Capture the context's state into the store; False (logged) when that fails."""
+        try:
+            captured = capture_sequence(self._llm)
+            key = SnapshotKey.for_tokens(self.fingerprint, scope, captured.tokens)
+            stored = self._store.put(key, captured.tokens, captured.state, priority, captured.logits)
+        except (SnapcacheError, OSError) as exc:
+            _log.warning("could not save the state of %d tokens: %s", int(self._llm.n_tokens), exc)
+            return False
+        return stored is not None

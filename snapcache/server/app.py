@@ -1,0 +1,110 @@
+"""`snapcache serve`: llama-cpp-python's OpenAI-compatible server with the cache hook attached.
+
+The OpenAI routes (`/v1/chat/completions`, `/v1/completions`, `/v1/models`, ...), their request
+models, error handling, streaming and API-key check are llama-cpp-python's own (`llama_cpp.server`);
+snapcache adds the hook on the model, a middleware for scopes and reuse (see `middleware`), and its
+routes (see `routes`). Requests run one at a time on the model, as in llama-cpp-python's server; a
+streaming request is never cut short by the next one (`interrupt_requests` off), so every client
+queued behind it gets its answer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import llama_cpp
+from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
+from llama_cpp.server import app as llama_server
+from llama_cpp.server.settings import ServerSettings
+
+import snapcache
+from snapcache.key import DEFAULT_SCOPE
+from snapcache.llama.cached import attach, detach
+from snapcache.llama.fingerprint import model_fingerprint
+from snapcache.llama.hook import CacheHook
+from snapcache.savings import SavingsLedger
+from snapcache.server.middleware import SnapcacheMiddleware
+from snapcache.server.monitor import ServeMonitor
+from snapcache.server.request import current_scope
+from snapcache.server.routes import snapcache_router
+from snapcache.store import SnapshotStore
+
+__all__ = ["ServeOptions", "create_app", "serve"]
+
+_log = logging.getLogger("snapcache")
+
+
+@dataclass(frozen=True, slots=True)
+class ServeOptions:
+    """How the app answers: the API key clients must send, the model's name in `/v1/models`, the
+    browser origins allowed to call it (none by default), and the priority of the states it saves."""
+
+    api_key: str | None = None
+    model_alias: str | None = None
+    cors_origins: Sequence[str] = field(default_factory=tuple)
+    priority: int = 0
+
+
+class _OneModel:
+    """What llama-cpp-python's routes ask of their model proxy, for the one model already loaded."""
+
+    def __init__(self, llm: llama_cpp.Llama, alias: str) -> None:
+        self._llm = llm
+        self._alias = alias
+
+    def __call__(self, model: str | None = None) -> llama_cpp.Llama:
+        return self._llm
+
+    def __iter__(self) -> Iterator[str]:
+        yield self._alias
+
+
+def create_app(llm: llama_cpp.Llama, store: SnapshotStore, options: ServeOptions | None = None) -> FastAPI:
+    """The server's ASGI app, serving `llm` with `store` behind it.
+
+    Attaches the cache hook to `llm` (undone when the app shuts down). llama-cpp-python keeps its
+    server's model and settings in module globals, so a process serves one app at a time.
+    """
+    options = options or ServeOptions()
+    fingerprint = model_fingerprint(llm)
+    ledger = SavingsLedger(store.directory) if store.directory is not None else None
+    monitor = ServeMonitor(store, fingerprint, ledger)
+    hook: CacheHook = attach(llm, store, scope=current_scope, priority=options.priority, listener=monitor)
+    alias = options.model_alias or Path(llm.model_path).name
+    llama_server.set_server_settings(ServerSettings(api_key=options.api_key, interrupt_requests=False))
+    llama_server._llama_proxy = _OneModel(llm, alias)  # type: ignore[assignment]
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        yield
+        detach(llm)
+        if ledger is not None:
+            ledger.close()
+
+    app = FastAPI(title="snapcache", version=snapcache.__version__, lifespan=lifespan)
+    app.include_router(llama_server.router)
+    app.include_router(snapcache_router(hook, monitor))
+    app.add_middleware(SnapcacheMiddleware)
+    if options.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(options.cors_origins),
+            allow_methods=["*"],
+            allow_headers=["*"],
+            expose_headers=["X-Snapcache-Restored-Tokens", "X-Snapcache-Source"],
+        )
+
+    _log.info("serving %s (fingerprint %s), default scope %r", alias, fingerprint[:12], DEFAULT_SCOPE)
+    return app
+
+
+def serve(app: FastAPI, host: str = "127.0.0.1", port: int = 8000) -> None:
+    """Run `app` with uvicorn until SIGINT or SIGTERM; uvicorn logs only warnings and errors."""
+    import uvicorn
+
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)

@@ -1,0 +1,208 @@
+"""What the server's completions reused: per-scope totals, Prometheus metrics and the savings ledger.
+
+`ServeMonitor` is the hook's listener. It hands each completion's restore to the request being
+served (for its headers and usage), counts tokens per scope since the server started, records every
+completion in the on-disk savings ledger (so `snapcache stats` can say what was saved across
+restarts), and exposes both, with the store's own counters, to `/snapcache/stats` and `/metrics`.
+
+Seconds saved are an estimate: tokens not read, at the rate this model read prompts here (this
+run's timed reads, else the ledger's history for the same model).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from snapcache.llama.reports import CompletionReport, RestoreInfo
+from snapcache.savings import MIN_TIMED_TOKENS, SavingsLedger, ScopeSavings
+from snapcache.server.request import current_record
+from snapcache.store import SnapshotStore
+
+__all__ = ["ScopeTotals", "ServeMonitor"]
+
+
+@dataclass(slots=True)
+class ScopeTotals:
+    """One scope's completions since the server started."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    restored_from_ram: int = 0
+    restored_from_disk: int = 0
+    reused_context: int = 0
+    misses: int = 0
+
+
+class ServeMonitor:
+    """The listener the server attaches with the hook; thread-safe."""
+
+    def __init__(self, store: SnapshotStore, model_fingerprint: str, ledger: SavingsLedger | None) -> None:
+        self._store = store
+        self._fingerprint = model_fingerprint
+        self._ledger = ledger
+        self._lock = threading.Lock()
+        self._scopes: dict[str, ScopeTotals] = {}
+        self._timed_tokens = 0
+        self._timed_seconds = 0.0
+        self._history_rate = self._ledger_rate()
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._requests = Counter(
+            "snapcache_requests",
+            "Completions served, by scope and where their prefix came from.",
+            ["scope", "source"],
+            registry=self.registry,
+        )
+        self._prompt_tokens = Counter(
+            "snapcache_prompt_tokens",
+            "Prompt tokens of completions, by scope.",
+            ["scope"],
+            registry=self.registry,
+        )
+        self._cached_tokens = Counter(
+            "snapcache_cached_tokens",
+            "Prompt tokens not read by llama.cpp (restored or reused), by scope.",
+            ["scope"],
+            registry=self.registry,
+        )
+        self._seconds_saved = Counter(
+            "snapcache_prefill_seconds_saved",
+            "Estimated prefill seconds saved, by scope.",
+            ["scope"],
+            registry=self.registry,
+        )
+        self.registry.register(_StoreCollector(store))
+
+    # -- the hook's listener ------------------------------------------------------------------------
+
+    def restored(self, scope: str, info: RestoreInfo) -> None:
+        record = current_record()
+        if record is not None:
+            record.restore = info
+
+    def finished(self, report: CompletionReport) -> None:
+        record = current_record()
+        if record is not None:
+            record.completion_tokens = report.completion_tokens
+        restore = report.restore
+        read_tokens = restore.evaluated_tokens
+        with self._lock:
+            if report.read_seconds is not None and read_tokens >= MIN_TIMED_TOKENS:
+                self._timed_tokens += read_tokens
+                self._timed_seconds += report.read_seconds
+            rate = self._rate()
+            saved = restore.cached_tokens * rate if rate is not None else 0.0
+            totals = self._scopes.setdefault(report.scope, ScopeTotals())
+            totals.requests += 1
+            totals.prompt_tokens += restore.prompt_tokens
+            totals.cached_tokens += restore.cached_tokens
+            if restore.source == "ram":
+                totals.restored_from_ram += 1
+            elif restore.source == "disk":
+                totals.restored_from_disk += 1
+            elif restore.source == "context":
+                totals.reused_context += 1
+            else:
+                totals.misses += 1
+        self._requests.labels(report.scope, restore.source or "none").inc()
+        self._prompt_tokens.labels(report.scope).inc(restore.prompt_tokens)
+        self._cached_tokens.labels(report.scope).inc(restore.cached_tokens)
+        self._seconds_saved.labels(report.scope).inc(saved)
+        if self._ledger is not None:
+            self._ledger.record(
+                self._fingerprint,
+                report.scope,
+                prompt_tokens=restore.prompt_tokens,
+                cached_tokens=restore.cached_tokens,
+                read_tokens=read_tokens,
+                read_seconds=report.read_seconds,
+            )
+
+    # -- what the routes show -----------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """The JSON of `/snapcache/stats`."""
+        all_time = self._ledger.totals() if self._ledger is not None else None
+        with self._lock:
+            scopes = {name: dataclasses.asdict(totals) for name, totals in sorted(self._scopes.items())}
+            # One rate for every figure: the ledger's (this run's reads are in it), else this run's.
+            rate = _rate_of(all_time, self._fingerprint) if all_time else None
+            rate = rate if rate is not None else self._rate()
+        for totals in scopes.values():
+            totals["seconds_saved"] = totals["cached_tokens"] * rate if rate is not None else None
+        since_start = {
+            "requests": sum(s["requests"] for s in scopes.values()),
+            "prompt_tokens": sum(s["prompt_tokens"] for s in scopes.values()),
+            "cached_tokens": sum(s["cached_tokens"] for s in scopes.values()),
+            "seconds_saved": sum(s["cached_tokens"] for s in scopes.values()) * rate
+            if rate is not None
+            else None,
+        }
+        result: dict[str, Any] = {
+            "model_fingerprint": self._fingerprint,
+            "since_start": since_start,
+            "scopes": scopes,
+            "prefill_seconds_per_token": rate,
+            "store": dataclasses.asdict(self._store.stats()),
+        }
+        if all_time is not None:
+            result["all_time"] = [dataclasses.asdict(row) for row in all_time]
+        return result
+
+    def _rate(self) -> float | None:
+        if self._timed_tokens:
+            return self._timed_seconds / self._timed_tokens
+        return self._history_rate
+
+    def _ledger_rate(self) -> float | None:
+        return _rate_of(self._ledger.totals(), self._fingerprint) if self._ledger is not None else None
+
+
+def _rate_of(rows: list[ScopeSavings], fingerprint: str) -> float | None:
+    """Prefill seconds per token of one model, as the ledger's totals imply it."""
+    for row in rows:
+        if row.model_fingerprint == fingerprint and row.seconds_saved is not None and row.cached_tokens:
+            return row.seconds_saved / row.cached_tokens
+    return None
+
+
+class _StoreCollector(Collector):
+    """The store's counters and sizes, read when Prometheus scrapes."""
+
+    def __init__(self, store: SnapshotStore) -> None:
+        self._store = store
+
+    def collect(self) -> Iterator[Any]:
+        stats = self._store.stats()
+        lookups = CounterMetricFamily(
+            "snapcache_store_lookups", "Store lookups by tier and result.", labels=["tier", "result"]
+        )
+        lookups.add_metric(["ram", "hit"], stats.ram_hits)
+        lookups.add_metric(["ram", "miss"], stats.ram_misses)
+        lookups.add_metric(["disk", "hit"], stats.disk_hits)
+        lookups.add_metric(["disk", "miss"], stats.disk_misses)
+        yield lookups
+        used = GaugeMetricFamily("snapcache_store_bytes", "Bytes held per tier.", labels=["tier"])
+        used.add_metric(["ram"], stats.ram_used_bytes)
+        used.add_metric(["disk"], stats.disk_used_bytes)
+        yield used
+        budget = GaugeMetricFamily("snapcache_store_budget_bytes", "Byte budget per tier.", labels=["tier"])
+        budget.add_metric(["ram"], stats.ram_budget_bytes)
+        budget.add_metric(["disk"], stats.disk_budget_bytes)
+        yield budget
+        entries = GaugeMetricFamily("snapcache_store_entries", "Snapshots held per tier.", labels=["tier"])
+        entries.add_metric(["ram"], stats.ram_entries)
+        entries.add_metric(["disk"], stats.disk_entries)
+        yield entries
+        evictions = CounterMetricFamily("snapcache_store_evictions", "Evictions per tier.", labels=["tier"])
+        evictions.add_metric(["ram"], stats.ram_evictions)
+        evictions.add_metric(["disk"], stats.disk_evictions)
+        yield evictions

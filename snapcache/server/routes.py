@@ -1,0 +1,83 @@
+"""snapcache's own routes: warm a prompt in the running server, its statistics, Prometheus metrics.
+
+They sit beside llama-cpp-python's OpenAI routes and use the same API-key check. Warming takes the
+model's lock like a completion, so it waits its turn instead of racing one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Any
+
+from fastapi import APIRouter, Depends
+from fastapi.responses import JSONResponse, Response
+from llama_cpp.server.app import authenticate, get_llama_proxy
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
+
+from snapcache.errors import InvalidArgument
+from snapcache.key import DEFAULT_SCOPE
+from snapcache.llama.hook import CacheHook
+from snapcache.llama.reports import WarmResult
+from snapcache.server.middleware import error_document
+from snapcache.server.monitor import ServeMonitor
+
+__all__ = ["WarmRequest", "snapcache_router"]
+
+
+class WarmRequest(BaseModel):
+    """`POST /snapcache/warm`: exactly one of `system`, `messages` (their leading system messages) or
+    `prompt` (raw text, as a completion prompt starts)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    system: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    prompt: str | None = None
+    scope: str = Field(default=DEFAULT_SCOPE, min_length=1, max_length=256)
+    priority: int = 0
+
+
+def snapcache_router(hook: CacheHook, monitor: ServeMonitor) -> APIRouter:
+    router = APIRouter(tags=["snapcache"], dependencies=[Depends(authenticate)])
+
+    @router.post("/snapcache/warm")
+    async def warm(body: WarmRequest) -> Response:
+        given = [name for name in ("system", "messages", "prompt") if getattr(body, name) is not None]
+        if len(given) != 1:
+            message = "give exactly one of system, messages or prompt"
+            return JSONResponse(error_document(message), status_code=400)
+        async with contextlib.asynccontextmanager(get_llama_proxy)():
+            try:
+                result = await run_in_threadpool(_warm, hook, body)
+            except InvalidArgument as exc:
+                return JSONResponse(error_document(str(exc)), status_code=400)
+        return JSONResponse(_warm_report(result, body))
+
+    @router.get("/snapcache/stats")
+    async def stats() -> dict[str, Any]:
+        return await run_in_threadpool(monitor.stats)
+
+    @router.get("/metrics")
+    async def metrics() -> Response:
+        text = await run_in_threadpool(generate_latest, monitor.registry)
+        return Response(text, media_type=CONTENT_TYPE_LATEST)
+
+    return router
+
+
+def _warm(hook: CacheHook, body: WarmRequest) -> WarmResult:
+    if body.system is not None:
+        return hook.warm(body.system, body.priority, scope=body.scope)
+    if body.messages is not None:
+        return hook.warm_chat(body.messages, body.priority, scope=body.scope)
+    assert body.prompt is not None
+    return hook.warm(body.prompt, body.priority, raw=True, scope=body.scope)
+
+
+def _warm_report(result: WarmResult, body: WarmRequest) -> dict[str, Any]:
+    report = dataclasses.asdict(result)
+    key = report.pop("key")
+    return {"key": result.key.id, "scope": key["scope"], "priority": body.priority, **report}

@@ -649,6 +649,10 @@ def main(argv: list[str] | None = None) -> int:
     if "none" not in args.servers:
         args.servers.insert(0, "none")  # the cold answers every other column is checked against
     agents = list(AGENTS)[:QUICK_AGENTS] if args.quick else list(AGENTS)
+    if util.find_spec("openai") is None:
+        print("serve_vs_peers.py asks the servers with the openai client: pip install openai",
+              file=sys.stderr)
+        return 2
 
     def say(line: str) -> None:
         print(f"  {line}", file=sys.stderr, flush=True)

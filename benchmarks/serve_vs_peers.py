@@ -465,27 +465,23 @@ def run_column(column: Column, model: Path, agents: list[str], quick: bool, tmp:
     run = ColumnRun(column)
     systems = {agent: _system_prompt(agent, quick) for agent in agents}
 
-    def turn(server: Server, scenario: str, step: str, question_index: int) -> None:
+    def turn(server: Server, scenario: str, step: str, question_index: int, first: bool = False) -> None:
         for agent in agents:
+            if first and column.client_prefix:
+                # The client meets the agent: it stores (or warms) the system prompt, then asks.
+                run.prefix_s.append(store_prefix(server, column, systems[agent], prefixes))
             question = AGENTS[agent][1][question_index]
             run.asks.append(ask(server, column, Ask(scenario, step, agent, question), systems[agent]))
-
-    def prepare(server: Server) -> None:
-        if column.client_prefix:
-            for agent in agents:
-                run.prefix_s.append(store_prefix(server, column, systems[agent], prefixes))
 
     # (a) restart: one question each, stop, start on the same cache directory, a new question each.
     restart_dir = tmp / f"{column.key}-restart"
     with running(launch_for(column, model, restart_dir, example), run.starts) as server:
-        prepare(server)
-        turn(server, "restart", "before", 0)
+        turn(server, "restart", "before", 0, first=True)
     with running(launch_for(column, model, restart_dir, example), run.starts) as server:
         turn(server, "restart", "after restart", 1)
     # (b) rotation: two rounds in one running server, on a fresh cache directory.
     with running(launch_for(column, model, tmp / f"{column.key}-rotation", example), run.starts) as server:
-        prepare(server)
-        turn(server, "rotation", "round 1", 0)
+        turn(server, "rotation", "round 1", 0, first=True)
         turn(server, "rotation", "round 2", 1)
     return run
 

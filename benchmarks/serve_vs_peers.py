@@ -90,10 +90,7 @@ COLUMNS = [
 BY_KEY = {column.key: column for column in COLUMNS}
 PEERS = ("ram", "disk", "example")  # the peers as they come, for "the best peer"
 
-SCENARIOS = ("restart", "rotation")
-# (scenario, step): which question each agent asks, and whether the step is the one measured.
-STEPS = [("restart", "before", 0), ("restart", "after restart", 1), ("rotation", "round 1", 0),
-         ("rotation", "round 2", 1)]
+# The step of each scenario whose time to first token is the one measured.
 MEASURED = {"restart": "after restart", "rotation": "round 2"}
 
 
@@ -457,7 +454,6 @@ class ColumnRun:
     asks: list[Ask] = field(default_factory=list)
     starts: list[float] = field(default_factory=list)
     prefix_s: list[float] = field(default_factory=list)
-    error: str | None = None
 
 
 def run_column(column: Column, model: Path, agents: list[str], quick: bool, tmp: Path,

@@ -264,3 +264,49 @@ def new_llama(model_path: Path, n_ctx: int, **kwargs: Any) -> Any:
 
     kwargs.setdefault("n_threads_batch", LLAMA_THREADS)
     return load_llama(model_path, n_ctx=n_ctx, n_threads=kwargs.pop("n_threads", LLAMA_THREADS), **kwargs)
+
+
+def gguf_with_chat_template(source: Path, target: Path, template: str) -> Path:
+    """A copy of the GGUF `source` at `target` whose `tokenizer.chat_template` is `template`.
+
+    Every key-value pair and tensor is copied as it is (any chat template replaced); written beside
+    `target` and renamed into place, and kept when `target` already holds that template.
+    """
+    import gguf
+
+    if target.exists():
+        field = gguf.GGUFReader(str(target)).get_field(gguf.Keys.Tokenizer.CHAT_TEMPLATE)
+        if field is not None and field.contents() == template:
+            return target
+    reader = gguf.GGUFReader(str(source))
+    architecture = reader.get_field(gguf.Keys.General.ARCHITECTURE)
+    if architecture is None:
+        raise ValueError(f"{source} has no {gguf.Keys.General.ARCHITECTURE}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    writer = gguf.GGUFWriter(str(partial), architecture.contents(), endianess=reader.endianess)
+    try:
+        for field in reader.fields.values():
+            # The writer adds the architecture and the GGUF.* header fields itself.
+            if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
+                continue
+            if field.name.startswith(gguf.Keys.Tokenizer.CHAT_TEMPLATE):
+                continue
+            value_type = field.types[0]
+            sub_type = field.types[-1] if value_type == gguf.GGUFValueType.ARRAY else None
+            writer.add_key_value(field.name, field.contents(), value_type, sub_type=sub_type)
+        writer.add_chat_template(template)
+        for tensor in reader.tensors:
+            writer.add_tensor_info(
+                tensor.name, tensor.data.shape, tensor.data.dtype, tensor.data.nbytes, tensor.tensor_type
+            )
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+        for tensor in reader.tensors:
+            writer.write_tensor_data(tensor.data, tensor_endianess=reader.endianess)
+        writer.close()
+        os.replace(partial, target)
+    finally:
+        partial.unlink(missing_ok=True)
+    return target

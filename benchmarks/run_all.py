@@ -24,6 +24,7 @@ SCRIPTS = [
     "hot_path.py",
     "bench_restore.py",
     "agent_rotation.py",
+    "serve_vs_peers.py",
 ]
 
 

@@ -94,6 +94,34 @@ def test_agent_rotation_quick(tmp_path: Path) -> None:
     assert payload["outputs_match_first_mode"]["snapcache"] == 9
 
 
+def test_serve_vs_peers_quick(tmp_path: Path) -> None:
+    out = tmp_path / "serve.json"
+    proc = _run("serve_vs_peers.py", "--quick", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    _assert_header(proc.stdout, "Serving 2 agents over HTTP: mean time to first token", "server")
+    _assert_header(proc.stdout, "Time to first token per request", "#")
+    _assert_header(proc.stdout, "Targets (measured side by side in this run)", "comparison")
+    payload = _load_json(out, "serve_vs_peers")
+    requests = payload["requests"]
+    # The servers that need nothing beyond the server extra always run.
+    assert {"none", "ram", "disk"} <= set(requests)
+    steps = ["before"] * 2 + ["after restart"] * 2 + ["round 1"] * 2 + ["round 2"] * 2
+    for asks in requests.values():
+        assert [a["step"] for a in asks] == steps
+        assert all(a["ttft_s"] is not None and 0 < a["ttft_s"] <= a["turn_s"] for a in asks)
+    # Servers on the same model, prompt and greedy settings: llama_cpp.server's caches keep the answers.
+    assert payload["answers_equal_to_cold"]["ram"] == 8
+    assert payload["answers_equal_to_cold"]["disk"] == 8
+    try:
+        import snapcache.server  # noqa: F401
+    except ImportError:
+        return
+    # snapcache serve gives the cold answers and restores each system prompt after the restart.
+    assert payload["answers_equal_to_cold"]["snapcache"] == 8
+    after = [a for a in requests["snapcache"] if a["step"] == "after restart"]
+    assert all(int(a["restored"].split()[0]) > 0 for a in after)
+
+
 def test_run_all_runs_the_chosen_scripts(tmp_path: Path) -> None:
     proc = _run("run_all.py", "--quick", "--only", "lookup_scaling", "--results", str(tmp_path))
     assert proc.returncode == 0, proc.stderr

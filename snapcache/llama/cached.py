@@ -161,6 +161,6 @@ class CachedLlama:
         (raw=True: the text as a completion prompt would start). A token list is cached as it is.
         `progress(done, total)` is called as tokens are read, ending with done == total.
         Raises InvalidArgument when the tokens do not fit in the Llama's context, and for a system
-        prompt so short that chats with it share less than one checkpoint block (64 tokens).
+        prompt so short that chats with it share fewer than 64 tokens (not worth caching).
         """
         return self._hook.warm(prompt, priority, raw=raw, progress=progress)

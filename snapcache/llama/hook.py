@@ -496,8 +496,8 @@ class CacheHook:
         (raw=True: the text as a completion prompt would start). A token list is cached as it is.
         `progress(done, total)` is called as tokens are read, ending with done == total. `scope`
         defaults to the hook's. Raises InvalidArgument when the tokens do not fit in the Llama's
-        context, and for a system prompt so short that chats with it share less than one checkpoint
-        block (64 tokens).
+        context, and for a system prompt so short that chats with it share fewer than 64 tokens
+        (shorter prefixes are not worth caching).
         """
         started = time.perf_counter()
         self._ready_to_save()

@@ -372,10 +372,10 @@ class CacheHook:
         original = self._llm.generate
 
         def generate(tokens: Sequence[int], *args: Any, **kwargs: Any) -> Iterator[int]:
+            started = time.perf_counter()  # the checkpoints read in _prepare are part of the read
             if not call.prepared:
                 call.prepared = True
                 self._prepare(tokens, call)
-            started = time.perf_counter()
             inner = original(tokens, *args, **kwargs)
             try:
                 for token in inner:

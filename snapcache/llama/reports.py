@@ -38,8 +38,9 @@ class RestoreInfo:
 class CompletionReport:
     """What one completion did with the cache, handed to a listener when the completion ends.
 
-    `read_seconds` is the time from the start of llama.cpp's read of the evaluated part of the
-    prompt to the first sampled token (None when no token was sampled).
+    `read_seconds` is the time from the moment the prompt reached the hook (restore, checkpoints and
+    the read of the evaluated tokens, all of it) to the first sampled token; None when no token was
+    sampled.
     """
 
     scope: str

@@ -71,3 +71,21 @@ def test_the_alignment_is_kept_with_the_fingerprint(make_llama, tiny_model_path,
     again = snapcache.CachedLlama(make_llama(tiny_model_path, n_ctx=N_CTX), store, "agent")
     assert again.warm(SYSTEM).from_cache
     assert again.alignment == 1
+
+
+@pytest.mark.gemma
+def test_a_follow_up_question_reuses_the_context_only_at_an_aligned_point(
+    make_llama, gemma_model_path, store
+):
+    system = "You are Desk, a careful assistant on the user's own computer. " + SYSTEM * 4
+    llm = make_llama(gemma_model_path, n_ctx=2048)
+    hook = snapcache.attach(llm, store, scope="desk")
+    llm.create_chat_completion(messages=chat(system, "Where did I save the invoice?"), **GREEDY)
+    question = chat(system, "Which folder holds my tax papers?")
+    reply = chat_reply(llm.create_chat_completion(messages=question, **GREEDY))
+    info = hook.last_restore
+    assert info is not None
+    assert info.source == "context"
+    assert info.restored_tokens % hook.alignment == 0  # not where the two questions part
+    cold = make_llama(gemma_model_path, n_ctx=2048)
+    assert reply == chat_reply(cold.create_chat_completion(messages=question, **GREEDY))

@@ -397,7 +397,9 @@ class CacheHook:
         n = len(tokens)
         if n == 0 or n >= int(llm.n_ctx()):
             return  # llama-cpp-python raises or handles these itself
-        reused, source = self._loader.load(tokens, call.scope) if call.cacheable else (0, None)
+        reused, source = (
+            self._loader.load(tokens, call.scope, self._alignment) if call.cacheable else (0, None)
+        )
         self._last_prompts[call.scope] = (tokens, reused, time.time())
         self._last_prompts.move_to_end(call.scope)
         if len(self._last_prompts) > _REMEMBERED_SCOPES:
@@ -420,6 +422,8 @@ class CacheHook:
                 if self._loader.save(call.scope, priority):
                     call.checkpoints += 1
                 call.saved_upto = point
+        if call.cacheable:
+            self._loader.mark_read(n)  # generate reads the rest of the prompt next
         evaluated = n - min(reused, n - 1)
         call.restore = RestoreInfo(n, reused, evaluated, source, call.checkpoints)
         self.last_restore = call.restore
@@ -537,7 +541,7 @@ class CacheHook:
                 f"the prompt has {total} tokens, but this Llama's context holds {n_ctx} "
                 f"(and needs room for one more): create the Llama with n_ctx > {total}"
             )
-        return self._loader.store_prefix(tokens, scope, priority, progress, started)
+        return self._loader.store_prefix(tokens, scope, priority, self._alignment, progress, started)
 
     def _ready_to_save(self) -> None:
         """InvalidArgument when this Llama cannot be cached; else its fingerprint and alignment are

@@ -17,6 +17,7 @@ import numpy as np
 from snapcache.errors import SnapcacheError
 from snapcache.key import SnapshotKey, TokenArray
 from snapcache.llama.chat_prefix import common_prefix
+from snapcache.llama.checkpoints import align_down
 from snapcache.llama.reports import Source, WarmResult
 from snapcache.llama.state import can_truncate_to, capture_sequence, restore_sequence, truncate_sequence
 from snapcache.snapshot import Snapshot
@@ -30,6 +31,9 @@ _log = logging.getLogger("snapcache")
 
 # The scope whose completion last filled the Llama's context: another scope never reuses it.
 _CONTEXT_SCOPE_ATTRIBUTE = "_snapcache_context_scope"
+# How many leading tokens of the context were read as a prompt: the generated ones after them were
+# read one at a time, which is not what a cold read of the same text computes.
+_CONTEXT_PROMPT_ATTRIBUTE = "_snapcache_context_prompt"
 
 
 class PrefixLoader:
@@ -40,14 +44,15 @@ class PrefixLoader:
         self._store = store
         self.fingerprint = fingerprint
 
-    def load(self, tokens: TokenArray, scope: str) -> tuple[int, Source | None]:
+    def load(self, tokens: TokenArray, scope: str, alignment: int) -> tuple[int, Source | None]:
         """Make the context hold the longest available prefix of `tokens`; return its length and source.
 
-        The Llama's own context wins when it already holds at least as long a prefix that it can be cut
-        back to; otherwise the store's longest prefix is restored.
+        The Llama's own context wins when it already holds at least as long a prefix that it read as
+        a prompt and can be cut back to, at a multiple of `alignment` (a cut elsewhere would not read
+        on as a cold read does); otherwise the store's longest prefix is restored.
         """
         llm = self._llm
-        live = self._reusable(tokens, scope)
+        live = self._reusable(tokens, scope, alignment)
         setattr(llm, _CONTEXT_SCOPE_ATTRIBUTE, scope)
         if live < len(tokens):
             found = self._lookup(tokens, scope)
@@ -63,13 +68,20 @@ class PrefixLoader:
             live = 0
         return live, "context" if live > 0 else None
 
-    def _reusable(self, tokens: TokenArray, scope: str) -> int:
-        """How many tokens of `tokens` the context holds for `scope` and can be cut back to."""
-        held = int(self._llm.n_tokens)
-        if held == 0 or vars(self._llm).get(_CONTEXT_SCOPE_ATTRIBUTE, scope) != scope:
+    def mark_read(self, n_tokens: int) -> None:
+        """The context's first `n_tokens` were read as a prompt (what `load` may reuse later)."""
+        setattr(self._llm, _CONTEXT_PROMPT_ATTRIBUTE, n_tokens)
+
+    def _reusable(self, tokens: TokenArray, scope: str, alignment: int) -> int:
+        """How many tokens of `tokens` the context holds for `scope`, read as a prompt, and can be
+        cut back to at a multiple of `alignment`."""
+        llm = self._llm
+        held = int(llm.n_tokens)
+        if held == 0 or vars(llm).get(_CONTEXT_SCOPE_ATTRIBUTE, scope) != scope:
             return 0
-        common = common_prefix(np.asarray(self._llm.input_ids[:held]), tokens)
-        return common if can_truncate_to(self._llm, common) else 0
+        read = min(held, int(vars(llm).get(_CONTEXT_PROMPT_ATTRIBUTE, 0)))
+        cut = align_down(common_prefix(np.asarray(llm.input_ids[:read]), tokens), alignment)
+        return cut if can_truncate_to(llm, cut) else 0
 
     def _lookup(self, tokens: TokenArray, scope: str) -> tuple[Snapshot, Source] | None:
         """The store's longest prefix of `tokens` and the tier that served it; None on a miss."""
@@ -91,7 +103,13 @@ class PrefixLoader:
         return stored is not None
 
     def store_prefix(
-        self, tokens: TokenArray, scope: str, priority: int, progress: Progress | None, started: float
+        self,
+        tokens: TokenArray,
+        scope: str,
+        priority: int,
+        alignment: int,
+        progress: Progress | None,
+        started: float,
     ) -> WarmResult:
         """Make sure the state of exactly `tokens` is stored (at `priority`): found, or read and saved.
 
@@ -109,7 +127,7 @@ class PrefixLoader:
             return WarmResult(key, total, state_bytes, time.perf_counter() - started, True)
 
         llm = self._llm
-        self.load(tokens, scope)
+        self.load(tokens, scope, alignment)
         done = int(llm.n_tokens)
         if progress is not None:
             progress(done, total)
@@ -120,6 +138,7 @@ class PrefixLoader:
             done = end
             if progress is not None:
                 progress(done, total)
+        self.mark_read(total)
         captured = capture_sequence(llm)
         self._store.put(key, captured.tokens, captured.state, priority, captured.logits)
         return WarmResult(key, total, captured.state.nbytes, time.perf_counter() - started, False)

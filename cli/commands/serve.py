@@ -71,8 +71,8 @@ def serve(
     from snapcache import SnapshotStore
 
     choice = choose_model(model)
-    ram_bytes = parse_size(ram)
-    disk_bytes = parse_size(disk) if disk is not None else None
+    ram_bytes = _size(ram, "--ram")
+    disk_bytes = _size(disk, "--disk") if disk is not None else None
     _check_port_free(host, port)
     settings = settings_of(ctx)
     directory = settings.cache_dir
@@ -100,6 +100,13 @@ def serve(
             run_server(app, host=host, port=port)
         finally:
             llm.close()
+
+
+def _size(text: str, option: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise CliError(f"{option}: {exc}") from None
 
 
 def _check_port_free(host: str, port: int) -> None:

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -46,17 +45,9 @@ def why(
         finally:
             llm.close()
     if as_json:
-        typer.echo(json.dumps(explanation_json(explanation), indent=2))
+        typer.echo(json.dumps(explanation.as_json(), indent=2))
         return
     typer.echo(render_pairs(_lines(explanation)))
-
-
-def explanation_json(explanation: MissExplanation) -> dict[str, Any]:
-    document = asdict(explanation)
-    document["closest"] = None if explanation.closest is None else explanation.closest.id
-    document["other_fingerprints"] = list(explanation.other_fingerprints)
-    document["differing_parts"] = list(explanation.differing_parts)
-    return document
 
 
 def _lines(e: MissExplanation) -> list[tuple[str, str]]:

@@ -9,7 +9,7 @@ llama.cpp; the explanation names the fingerprint parts that differ (see `fingerp
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import llama_cpp
@@ -67,6 +67,14 @@ class MissExplanation:
     other_fingerprints: tuple[str, ...]
     differing_parts: tuple[str, ...]
     reason: str
+
+    def as_json(self) -> dict[str, Any]:
+        """A JSON-ready dict: the closest snapshot by its key id, tuples as lists."""
+        document = asdict(self)
+        document["closest"] = None if self.closest is None else self.closest.id
+        document["other_fingerprints"] = list(self.other_fingerprints)
+        document["differing_parts"] = list(self.differing_parts)
+        return document
 
 
 def explain_prompt(

@@ -181,28 +181,26 @@ class _StoreCollector(Collector):
         self._store = store
 
     def collect(self) -> Iterator[Any]:
-        stats = self._store.stats()
+        stats = dataclasses.asdict(self._store.stats())
         lookups = CounterMetricFamily(
             "snapcache_store_lookups", "Store lookups by tier and result.", labels=["tier", "result"]
         )
-        lookups.add_metric(["ram", "hit"], stats.ram_hits)
-        lookups.add_metric(["ram", "miss"], stats.ram_misses)
-        lookups.add_metric(["disk", "hit"], stats.disk_hits)
-        lookups.add_metric(["disk", "miss"], stats.disk_misses)
+        for tier in _TIERS:
+            lookups.add_metric([tier, "hit"], stats[f"{tier}_hits"])
+            lookups.add_metric([tier, "miss"], stats[f"{tier}_misses"])
         yield lookups
-        used = GaugeMetricFamily("snapcache_store_bytes", "Bytes held per tier.", labels=["tier"])
-        used.add_metric(["ram"], stats.ram_used_bytes)
-        used.add_metric(["disk"], stats.disk_used_bytes)
-        yield used
-        budget = GaugeMetricFamily("snapcache_store_budget_bytes", "Byte budget per tier.", labels=["tier"])
-        budget.add_metric(["ram"], stats.ram_budget_bytes)
-        budget.add_metric(["disk"], stats.disk_budget_bytes)
-        yield budget
-        entries = GaugeMetricFamily("snapcache_store_entries", "Snapshots held per tier.", labels=["tier"])
-        entries.add_metric(["ram"], stats.ram_entries)
-        entries.add_metric(["disk"], stats.disk_entries)
-        yield entries
-        evictions = CounterMetricFamily("snapcache_store_evictions", "Evictions per tier.", labels=["tier"])
-        evictions.add_metric(["ram"], stats.ram_evictions)
-        evictions.add_metric(["disk"], stats.disk_evictions)
-        yield evictions
+        for family, name, text, field in _PER_TIER:
+            metric = family(name, text, labels=["tier"])
+            for tier in _TIERS:
+                metric.add_metric([tier], stats[field.format(tier=tier)])
+            yield metric
+
+
+_TIERS = ("ram", "disk")
+# (family, metric name, help, the StoreStats field of each tier)
+_PER_TIER: tuple[tuple[type[GaugeMetricFamily] | type[CounterMetricFamily], str, str, str], ...] = (
+    (GaugeMetricFamily, "snapcache_store_bytes", "Bytes held per tier.", "{tier}_used_bytes"),
+    (GaugeMetricFamily, "snapcache_store_budget_bytes", "Byte budget per tier.", "{tier}_budget_bytes"),
+    (GaugeMetricFamily, "snapcache_store_entries", "Snapshots held per tier.", "{tier}_entries"),
+    (CounterMetricFamily, "snapcache_store_evictions", "Evictions per tier.", "{tier}_evictions"),
+)

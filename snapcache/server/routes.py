@@ -67,9 +67,7 @@ def snapcache_router(hook: CacheHook, monitor: ServeMonitor) -> APIRouter:
         if explanation is None:
             message = f"no completion has run in scope {scope!r} since the server started"
             return JSONResponse(error_document(message, param="scope"), status_code=404)
-        document = dataclasses.asdict(explanation)
-        document["closest"] = None if explanation.closest is None else explanation.closest.id
-        return JSONResponse(document)
+        return JSONResponse(explanation.as_json())
 
     @router.get("/snapcache/stats")
     async def stats() -> dict[str, Any]:

@@ -418,6 +418,24 @@ class DiskIndex:
             finally:
                 self._conn.execute(f"PRAGMA busy_timeout = {int(_BUSY_TIMEOUT_S * 1000)}")
 
+    def touch_many(self, uses: list[tuple[str, str, float]]) -> None:
+        """Record several uses (key id, file name, when) in one transaction; like `touch` otherwise."""
+        with self._lock, self._errors("record uses"):
+            self._conn.execute(f"PRAGMA busy_timeout = {_TOUCH_BUSY_TIMEOUT_MS}")
+            try:
+                self._conn.execute("BEGIN IMMEDIATE")
+                try:
+                    self._conn.executemany(
+                        "UPDATE entries SET last_used_at = ? WHERE key_id = ? AND file_name = ?",
+                        [(when, key_id, file_name) for key_id, file_name, when in uses],
+                    )
+                except BaseException:
+                    self._conn.execute("ROLLBACK")
+                    raise
+                self._conn.execute("COMMIT")
+            finally:
+                self._conn.execute(f"PRAGMA busy_timeout = {int(_BUSY_TIMEOUT_S * 1000)}")
+
     def delete(self, key_id: str, file_name: str | None = None) -> Change | None:
         """Remove the row of `key_id` (only if it still names `file_name`, when given)."""
 

@@ -50,6 +50,8 @@ _CHUNK_HEADER_BYTES = 32
 _SPECIAL_FLAGS_AT = 31
 _SPECIAL_UNINIT = 4
 _SHUFFLE_TYPESIZE = 2
+# Below this many bytes a state is decoded on one thread (a 64-token block of a small model).
+_THREADED_BYTES = 4 << 20
 
 # Format 1: no frame we wrote needs a larger window (level 19 uses 8 MiB); refuse bigger ones.
 _MAX_WINDOW_BYTES = 1 << 27
@@ -134,6 +136,8 @@ def decompress_into(payload: Buffer, out: Buffer, *, threads: int = DEFAULT_THRE
     if target.readonly:
         raise InvalidArgument("decompress_into needs a writable output buffer")
     blosc2 = _blosc2()
+    if target.nbytes < _THREADED_BYTES:
+        threads = 1  # blosc2 restarts its thread pool whenever the count changes: costly for small chunks
     position = 0
     for start in range(0, target.nbytes, CHUNK_BYTES):
         expected = min(CHUNK_BYTES, target.nbytes - start)

@@ -222,8 +222,11 @@ class DiskTier:
         found = self.read(key)
         return found if isinstance(found, Snapshot) else None
 
-    def read(self, key: SnapshotKey) -> Snapshot | Miss:
-        """Like `get`, but a miss says why: whether asking again later may find the snapshot."""
+    def read(self, key: SnapshotKey, *, touch: bool = True) -> Snapshot | Miss:
+        """Like `get`, but a miss says why: whether asking again later may find the snapshot.
+
+        `touch=False` leaves recording the use to a later `touch` of many keys at once.
+        """
         index = self._open_index()
         try:
             row = index.get(key.id)
@@ -255,14 +258,36 @@ class DiskTier:
                 except CorruptSnapshot as exc:
                     self._discard(row, str(exc))
                     return Miss.DISCARDED
-                try:
-                    index.touch(row.key_id, row.file_name, time.time())
-                except StoreUnavailable as exc:  # a full disk, a busy writer: the hit still stands
-                    logger.debug("could not record the use of %s: %s", row.file_name, exc)
+                if touch:
+                    try:
+                        index.touch(row.key_id, row.file_name, time.time())
+                    except StoreUnavailable as exc:  # a full disk, a busy writer: the hit still stands
+                        logger.debug("could not record the use of %s: %s", row.file_name, exc)
                 return snapshot
         except StoreUnavailable as exc:
             logger.warning("disk tier index unavailable, treating the lookup as a miss: %s", exc)
         return Miss.UNAVAILABLE
+
+    def touch(self, keys: list[SnapshotKey]) -> None:
+        """Record a use of each of `keys` in one transaction, the first as the most recent."""
+        index = self._open_index()
+        now = time.time()
+        uses = []
+        for i, key in enumerate(keys):
+            row = index.get(key.id)
+            if row is not None:
+                uses.append((row.key_id, row.file_name, now - i * 1e-6))
+        if not uses:
+            return
+        try:
+            index.touch_many(uses)
+        except StoreUnavailable as exc:
+            logger.debug("could not record the use of %d blocks: %s", len(uses), exc)
+
+    def held_priority(self, key: SnapshotKey) -> int | None:
+        """The priority recorded for `key`, or None when the index has no row for it."""
+        row = self._open_index().get(key.id)
+        return None if row is None else row.priority
 
     def stored_tokens(self, key: SnapshotKey) -> TokenArray | None:
         """The tokens in the checked header of `key`'s file, without reading its payload; None if absent

@@ -124,13 +124,69 @@ def validate_budget(name: str, budget: object) -> int:
 
 
 def validate_scope(scope: object) -> str:
+    """`scope` if a user may name it: 1 to 200 characters, no NUL, line break or unit separator."""
     if not isinstance(scope, str) or not scope:
         raise InvalidArgument(f"scope must be a non-empty string, got {scope!r}")
-    if len(scope) > MAX_SCOPE_LENGTH or any(ch in scope for ch in "\x00\n\r"):
+    if len(scope) > MAX_SCOPE_LENGTH or any(ch in scope for ch in "\x00\n\r" + _BLOCK_MARK):
         raise InvalidArgument(
-            f"scope must be at most {MAX_SCOPE_LENGTH} characters without NUL or line breaks"
+            f"scope must be at most {MAX_SCOPE_LENGTH} characters without NUL, line breaks or \\x1f"
         )
     return scope
+
+
+# -- shared blocks ------------------------------------------------------------------------------------
+#
+# A block holds the state of 64 consecutive tokens of a prompt. Its key is the block's own tokens
+# (token count 64, their prefix hash) under a block scope: the user's scope, the unit separator and
+# the chain hash of every token before the block. Two prompts that start alike share the keys, and
+# so the stored bytes, of their common blocks.
+
+BLOCK_TOKENS = 64
+_BLOCK_MARK = "\x1f"
+_CHAIN_PERSON = b"snapcache.chn1"
+_CHAIN_START = "0" * 32
+
+
+def block_scope(scope: str, chain: str) -> str:
+    """The scope of a block in `scope` that follows the tokens whose chain hash is `chain`."""
+    return f"{scope}{_BLOCK_MARK}{chain}"
+
+
+def is_block_scope(scope: str) -> bool:
+    return _BLOCK_MARK in scope
+
+
+def user_scope(scope: str) -> str:
+    """The scope a user named: `scope` itself, or the scope of a block scope."""
+    return scope.partition(_BLOCK_MARK)[0]
+
+
+def chain_hashes(tokens: TokenArray, n_blocks: int) -> list[str]:
+    """The chain hash before each of the first `n_blocks` blocks of `tokens` (the first is fixed):
+    each is BLAKE2b of the one before and the previous block's tokens."""
+    chains = [_CHAIN_START]
+    data = tokens.data.cast("B")
+    step = BLOCK_TOKENS * 4
+    for i in range(1, n_blocks):
+        digest = hashlib.blake2b(chains[-1].encode(), digest_size=16, person=_CHAIN_PERSON)
+        digest.update(data[(i - 1) * step : i * step])
+        chains.append(digest.hexdigest())
+    return chains
+
+
+def block_keys(model_fingerprint: str, scope: str, tokens: TokenArray, n_blocks: int) -> list[SnapshotKey]:
+    """The keys of the first `n_blocks` blocks of `tokens` (validated) in `scope`."""
+    if n_blocks * BLOCK_TOKENS > len(tokens):
+        raise InvalidArgument(f"{len(tokens)} tokens do not fill {n_blocks} blocks")
+    return [
+        SnapshotKey(
+            model_fingerprint,
+            block_scope(scope, chain),
+            BLOCK_TOKENS,
+            prefix_hash_of_array(tokens[i * BLOCK_TOKENS : (i + 1) * BLOCK_TOKENS], BLOCK_TOKENS),
+        )
+        for i, chain in enumerate(chain_hashes(tokens, n_blocks))
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +200,12 @@ class SnapshotKey:
 
     def __post_init__(self) -> None:
         validate_fingerprint(self.model_fingerprint)
-        validate_scope(self.scope)
+        user_scope, mark, chain = (
+            self.scope.partition(_BLOCK_MARK) if isinstance(self.scope, str) else ("", "", "")
+        )
+        validate_scope(user_scope if mark else self.scope)
+        if mark and not _HEX32.fullmatch(chain):
+            raise InvalidArgument("a block scope ends in a chain hash of 32 lowercase hex digits")
         if isinstance(self.token_count, bool) or not isinstance(self.token_count, int):
             raise InvalidArgument(f"token_count must be an int, got {self.token_count!r}")
         if self.token_count < 1:
@@ -162,6 +223,16 @@ class SnapshotKey:
         """A stable 64-hex-digit name for this key: file names and the CLI use it."""
         text = "\x00".join((self.model_fingerprint, self.scope, str(self.token_count), self.prefix_hash))
         return hashlib.blake2b(text.encode(), digest_size=32, person=b"snapcache.key1").hexdigest()
+
+    @property
+    def is_block(self) -> bool:
+        """Whether this key names one shared block rather than a snapshot."""
+        return _BLOCK_MARK in self.scope
+
+    @property
+    def user_scope(self) -> str:
+        """The scope a user named: `scope`, or for a block the scope of the prompts that share it."""
+        return user_scope(self.scope)
 
     def matches(self, tokens: TokenArray) -> bool:
         """True when `tokens` (validated) are exactly the tokens this key was made from."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import logging
 import os
 import threading
@@ -39,6 +40,7 @@ from snapcache.key import (
     as_token_array,
     rolling_hash,
     rolling_prefix_hashes,
+    user_scope,
     validate_budget,
     validate_fingerprint,
     validate_priority,
@@ -213,7 +215,9 @@ class SnapshotStore:
                 in_ram = ram.put(snapshot)
                 if not in_ram:
                     ram.remove(key)  # an older state under the same key must not outlive this one
-            if in_ram or writes is not None:
+            if key.is_block:
+                pass  # found by exact key only, never by prefix
+            elif in_ram or writes is not None:
                 self._memory_index.add(key, rolling_hash(array))
             else:
                 self._memory_index.remove(key)
@@ -257,6 +261,56 @@ class SnapshotStore:
             with self._lock:
                 self._counters.misses += 1
         return snapshot
+
+    def held_priority(self, key: SnapshotKey) -> int | None:
+        """The priority of what is stored under `key`, or None: no load, no hit counted, nothing
+        marked as used (for skipping what a put would store again)."""
+        if not isinstance(key, SnapshotKey):
+            raise InvalidArgument(f"key must be a SnapshotKey, got {type(key).__name__}")
+        self._check_open()
+        with self._lock:
+            snapshot = None if self._ram is None else self._ram.peek(key)
+            if snapshot is None and self._writes is not None:
+                snapshot = self._writes.get(key)
+        if snapshot is not None:
+            return snapshot.priority
+        if self._disk is None:
+            return None
+        priority: int | None = self._disk_call("read the index", self._disk.held_priority, key, default=None)
+        return priority
+
+    def get_block(self, key: SnapshotKey) -> tuple[Snapshot, TierName] | None:
+        """The block stored under `key` and the tier that served it, or None; promoted like a get, but
+        not counted as a hit or miss (a restore counts once, not per block), and its use on disk is
+        recorded by `touch_blocks`, for many blocks at once."""
+        if not isinstance(key, SnapshotKey) or not key.is_block:
+            raise InvalidArgument(f"not the key of a block: {key!r}")
+        self._check_open()
+        with self._lock:
+            snapshot = None if self._ram is None else self._ram.get(key)
+            if snapshot is None and self._writes is not None:
+                snapshot = self._writes.get(key)
+            if snapshot is not None:
+                return snapshot, "ram" if self._ram is not None else "disk"
+            epoch = self._remove_epoch
+        disk = self._disk
+        if disk is None:
+            return None
+        read = functools.partial(disk.read, touch=False)  # touch_blocks records the uses at once
+        found: Snapshot | Miss | None = self._disk_call("get", read, key, default=None)
+        if not isinstance(found, Snapshot):
+            return None
+        with self._lock:
+            self._promote(found, epoch)
+        if self._writes is not None and not self._writes.background:
+            self._writes.drain()
+        return found, "disk"
+
+    def touch_blocks(self, keys: list[SnapshotKey]) -> None:
+        """Record on disk a use of the blocks `get_block` served, the first of `keys` as the most
+        recent (so that the first blocks of a prompt, which every longer prefix needs, go last)."""
+        if self._disk is not None and keys:
+            self._disk_call("record uses", self._disk.touch, keys, default=None)
 
     def stored_tokens(self, key: SnapshotKey) -> TokenArray | None:
         """The tokens of the snapshot under `key`, without loading its state: no hit is counted and
@@ -339,11 +393,22 @@ class SnapshotStore:
             self._catalogs.forget(key)
         return found
 
-    def entries(self, model_fingerprint: str | None = None, scope: str | None = None) -> list[EntryInfo]:
-        """One row per stored key (a StoreEntry), optionally only of one fingerprint and/or scope."""
+    def entries(
+        self, model_fingerprint: str | None = None, scope: str | None = None, *, blocks: bool = False
+    ) -> list[EntryInfo]:
+        """One row per stored snapshot (a StoreEntry), optionally only of one fingerprint and/or scope.
+
+        With `blocks`, also one row per shared block (`key.is_block`) of that fingerprint and scope.
+        """
         self._check_open()
 
         def wanted(key: SnapshotKey) -> bool:
+            if key.is_block:
+                return (
+                    blocks
+                    and (model_fingerprint is None or key.model_fingerprint == model_fingerprint)
+                    and (scope is None or user_scope(key.scope) == scope)
+                )
             return (model_fingerprint is None or key.model_fingerprint == model_fingerprint) and (
                 scope is None or key.scope == scope
             )
@@ -358,7 +423,9 @@ class SnapshotStore:
                         rows[snapshot.key] = memory_row(snapshot)
         disk_rows: list[EntryInfo] = []
         if self._disk is not None:
-            disk_rows = self._disk_call("entries", self._disk.entries, model_fingerprint, scope, default=[])
+            disk_scope = None if blocks else scope
+            found = self._disk_call("entries", self._disk.entries, model_fingerprint, disk_scope, default=[])
+            disk_rows = [row for row in found if wanted(row.key)]
         return merge_entries(rows, disk_rows)
 
     def stats(self) -> StoreStats:
@@ -513,7 +580,8 @@ class SnapshotStore:
             return
         if ram.put(snapshot):
             self._counters.promotions += 1
-            self._memory_index.add(key, rolling_hash(snapshot.tokens))
+            if not key.is_block:
+                self._memory_index.add(key, rolling_hash(snapshot.tokens))
             self._on_disk.add(key)
         self._handle_evictions()
 

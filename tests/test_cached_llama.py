@@ -27,7 +27,7 @@ from chat_support import (
 from snapcache.errors import InvalidArgument
 from snapcache.key import SnapshotKey, as_token_array
 from snapcache.llama.cached import CachedLlama
-from snapcache.llama.checkpoints import CHECKPOINT_ALIGN, ladder_points
+from snapcache.llama.checkpoints import CHECKPOINT_ALIGN, final_point, ladder_points
 from snapcache.llama.fingerprint import model_fingerprint
 from snapcache.store import SnapshotStore
 
@@ -96,8 +96,12 @@ def test_stream_gives_the_same_tokens_and_saves_when_exhausted(cached, make_llam
     reply = chat_reply(cold.create_chat_completion(messages=messages, temperature=0.0, max_tokens=64))
     assert len(context_of(warm.llm)) - warm.last_restore.prompt_tokens > 32
     assert (streamed, context_of(warm.llm)) == (reply, context_of(cold))
-    key = SnapshotKey.for_tokens(warm.fingerprint, warm.scope, context_of(warm.llm))
-    assert store.get(key) is not None
+    # The prompt's end is stored; the reply, read one token at a time, is not what a cold read of it
+    # computes and is never stored.
+    held = as_token_array(context_of(warm.llm))
+    found = store.lookup(warm.fingerprint, warm.scope, held)
+    assert found is not None
+    assert found.key.token_count == final_point(warm.last_restore.prompt_tokens, warm.alignment)
 
 
 def test_stream_closed_early_saves_what_it_read(cached, store):
@@ -107,9 +111,11 @@ def test_stream_closed_early_saves_what_it_read(cached, store):
         pass
     stream.close()
 
-    held = context_of(warm.llm)
+    held = as_token_array(context_of(warm.llm))
     assert len(held) > warm.last_restore.prompt_tokens
-    assert store.get(SnapshotKey.for_tokens(warm.fingerprint, warm.scope, held)) is not None
+    found = store.lookup(warm.fingerprint, warm.scope, held)
+    assert found is not None
+    assert found.key.token_count == final_point(warm.last_restore.prompt_tokens, warm.alignment)
 
 
 def test_new_chat_question_reuses_the_shared_prefix_without_warm(cached, make_llama, tiny_model_path):

@@ -43,7 +43,9 @@ KeyArgument = Annotated[
 def list_entries(ctx: typer.Context, scope: ScopeFilter = None, as_json: JsonOption = False) -> None:
     """List the stored snapshots, most recently used first."""
     with settings_of(ctx).open_store() as store:
-        rows = store.entries(scope=scope)
+        everything = store.entries(scope=scope, blocks=True)
+    rows = [e for e in everything if not e.key.is_block]
+    blocks = [e for e in everything if e.key.is_block]
     rows.sort(key=lambda e: e.last_used_at, reverse=True)
     if as_json:
         _print_json([entry_json(e) for e in rows])
@@ -68,7 +70,12 @@ def list_entries(ctx: typer.Context, scope: ScopeFilter = None, as_json: JsonOpt
     headers = ["KEY", "SCOPE", "TOKENS", "PRIORITY", "SIZE", "STATE", "LAST USED", "MODEL"]
     typer.echo(render_table(headers, table, right=(2, 3, 4, 5)))
     total = sum(e.nbytes for e in rows)
-    typer.echo(f"{len(rows)} snapshot{'s' if len(rows) != 1 else ''}, {format_size(total)}")
+    line = f"{len(rows)} snapshot{'s' if len(rows) != 1 else ''}, {format_size(total)}"
+    if blocks:
+        shared = sum(e.nbytes for e in blocks)
+        plural = "s" if len(blocks) != 1 else ""
+        line += f"; plus {len(blocks)} shared 64-token block{plural} ({format_size(shared)})"
+    typer.echo(line)
 
 
 def inspect(ctx: typer.Context, key: KeyArgument, as_json: JsonOption = False) -> None:
@@ -157,7 +164,7 @@ def prune(
     except ValueError as exc:
         raise CliError(str(exc)) from None
     with settings_of(ctx).open_store() as store:
-        candidates = store.entries(scope=scope)
+        candidates = store.entries(scope=scope, blocks=True)
         doomed = choose_prunable(candidates, budget, max_age, time.time())
         removed = doomed if dry_run else [e for e in doomed if store.remove(e.key)]
     freed = sum(e.nbytes for e in removed)
@@ -176,8 +183,10 @@ def prune(
         return
     verb = "would remove" if dry_run else "removed"
     for e in removed:
+        what = "block of " if e.key.is_block else ""
         typer.echo(
-            f"{verb} {e.key.id[:SHORT_ID]} ({e.key.scope}, priority {e.priority}, {format_size(e.nbytes)})"
+            f"{verb} {e.key.id[:SHORT_ID]} ({what}{e.key.user_scope}, priority {e.priority}, "
+            f"{format_size(e.nbytes)})"
         )
     typer.echo(
         f"{verb} {len(removed)} snapshot{'s' if len(removed) != 1 else ''} ({format_size(freed)}); "
@@ -212,27 +221,30 @@ def clear(
 ) -> None:
     """Remove every snapshot (or every one of --scope)."""
     with settings_of(ctx).open_store() as store:
-        doomed = store.entries(scope=scope)
+        doomed = store.entries(scope=scope, blocks=True)
         if not doomed:
             typer.echo("nothing to clear")
             return
-        what = f"all {len(doomed)} snapshot{'s' if len(doomed) != 1 else ''}"
+        n = sum(1 for e in doomed if not e.key.is_block)
+        what = f"all {n} snapshot{'s' if n != 1 else ''} and their shared blocks"
         what += f" of scope {scope!r}" if scope else ""
         if not yes:
             typer.confirm(f"Remove {what} ({format_size(sum(e.nbytes for e in doomed))})?", abort=True)
-        removed = [e for e in doomed if store.remove(e.key)]
+        removed = [e for e in doomed if store.remove(e.key) and not e.key.is_block]
     typer.echo(f"removed {len(removed)} snapshot{'s' if len(removed) != 1 else ''}")
 
 
 def stats(ctx: typer.Context, as_json: JsonOption = False) -> None:
     """How many snapshots the cache holds, their size, and their scopes and models."""
     with settings_of(ctx).open_store() as store:
-        entries = store.entries()
+        everything = store.entries(blocks=True)
         directory = store.directory
         counters = store.stats()
+    entries = [e for e in everything if not e.key.is_block]
+    blocks = [e for e in everything if e.key.is_block]
     savings = SavingsLedger(directory).totals() if directory is not None else []
-    stored = sum(e.nbytes for e in entries)
-    state = sum(e.state_bytes for e in entries)
+    stored = sum(e.nbytes for e in everything)
+    state = sum(e.state_bytes for e in everything)
     tokens = sum(e.key.token_count for e in entries)
     scopes = Counter(e.key.scope for e in entries)
     models = Counter(e.key.model_fingerprint for e in entries)
@@ -241,6 +253,8 @@ def stats(ctx: typer.Context, as_json: JsonOption = False) -> None:
             {
                 "cache_dir": str(directory),
                 "snapshots": len(entries),
+                "shared_blocks": len(blocks),
+                "shared_block_bytes": sum(e.nbytes for e in blocks),
                 "stored_bytes": stored,
                 "state_bytes": state,
                 "tokens": tokens,
@@ -258,6 +272,7 @@ def stats(ctx: typer.Context, as_json: JsonOption = False) -> None:
             [
                 ("cache directory", str(directory)),
                 ("snapshots", str(len(entries))),
+                ("shared blocks", f"{len(blocks)} ({format_size(sum(e.nbytes for e in blocks))})"),
                 ("stored", f"{format_size(stored)} of {format_size(counters.disk_budget_bytes)} budget"),
                 ("state", f"{format_size(state)} (compression ratio {ratio})"),
                 ("tokens", str(tokens)),

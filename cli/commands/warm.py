@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from snapcache import DEFAULT_SCOPE
+from snapcache.key import BLOCK_TOKENS, block_keys
 
 from ..errors import CliError
 from ..formatting import format_duration, format_size, render_pairs
@@ -142,12 +143,16 @@ def check_fits(llm: Llama, text: str) -> None:
 
 
 def _stored_bytes(settings: Settings, key_id: str, scope: str) -> int | None:
-    """The size of the snapshot's file; a fresh store has nothing in RAM, so its rows are the disk's."""
+    """The size of the snapshot's files: its record and the shared blocks it needs (a fresh store has
+    nothing in RAM, so its rows are the disk's)."""
     with settings.open_store() as store:
-        for entry in store.entries(scope=scope):
-            if entry.key.id == key_id and entry.tier == "disk":
-                return int(entry.nbytes)
-    return None
+        rows = {entry.key: entry for entry in store.entries(scope=scope, blocks=True) if entry.tier == "disk"}
+        record = next((key for key in rows if key.id == key_id), None)
+        tokens = None if record is None else store.stored_tokens(record)
+    if record is None or tokens is None:
+        return None
+    needed = block_keys(record.model_fingerprint, scope, tokens, len(tokens) // BLOCK_TOKENS)
+    return int(rows[record].nbytes) + sum(int(rows[key].nbytes) for key in needed if key in rows)
 
 
 def _round_up(count: int, step: int = 1024) -> int:

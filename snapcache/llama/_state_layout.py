@@ -39,7 +39,7 @@ class BlobHeader:
 
 
 @dataclass(frozen=True, slots=True)
-class _LayerRows:
+class LayerRows:
     header: tuple[int, int]  # byte range of this layer's type and size fields
     data: int  # offset of the rows
     row_bytes: int  # bytes per cell (per cell and element when transposed)
@@ -55,7 +55,7 @@ class CacheSection:
     positions: npt.NDArray[np.int32]
     seq_id: int
     data_header: tuple[int, int]
-    layers: tuple[_LayerRows, ...]
+    layers: tuple[LayerRows, ...]
 
 
 def read_header(state: npt.NDArray[np.uint8]) -> BlobHeader:
@@ -158,28 +158,38 @@ def _parse_section(state: npt.NDArray[np.uint8], start: int) -> CacheSection:
     if not np.array_equal(positions, np.arange(positions[0], positions[0] + n, dtype=positions.dtype)):
         raise ValueError("cell positions are not one contiguous run")
     off += n * _CELL_META_BYTES
+    data_header, layers, off = parse_layers(state, off, n)
+    return CacheSection(start, off, positions, int(meta[0, 2]), data_header, layers)
+
+
+def parse_layers(
+    state: npt.NDArray[np.uint8], off: int, n: int
+) -> tuple[tuple[int, int], tuple[LayerRows, ...], int]:
+    """The rows of `n` cells that start at `off`: (the V layout and layer count fields, the K rows of
+    every layer then their V rows, where they end); ValueError or struct.error when they do not fit."""
+    buf = state.data
     v_trans = _U32.unpack_from(buf, off)[0]
     n_layer = _U32.unpack_from(buf, off + 4)[0]
     if v_trans > 1 or not 0 < n_layer <= _MAX_LAYERS:
         raise ValueError("implausible V layout or layer count")
     data_header = (off, off + 8)
     off += 8
-    layers: list[_LayerRows] = []
+    layers: list[LayerRows] = []
     for _ in range(n_layer):
         row = _U64.unpack_from(buf, off + 4)[0]
-        layers.append(_LayerRows((off, off + 12), off + 12, row, 1))
+        layers.append(LayerRows((off, off + 12), off + 12, row, 1))
         off += 12 + _checked(n * row, buf, off)
     for _ in range(n_layer):
         if v_trans:
             element = _U32.unpack_from(buf, off + 4)[0]
             width = _U32.unpack_from(buf, off + 8)[0]
-            layers.append(_LayerRows((off, off + 12), off + 12, element, width))
+            layers.append(LayerRows((off, off + 12), off + 12, element, width))
             off += 12 + _checked(width * n * element, buf, off)
         else:
             row = _U64.unpack_from(buf, off + 4)[0]
-            layers.append(_LayerRows((off, off + 12), off + 12, row, 1))
+            layers.append(LayerRows((off, off + 12), off + 12, row, 1))
             off += 12 + _checked(n * row, buf, off)
-    return CacheSection(start, off, positions, int(meta[0, 2]), data_header, tuple(layers))
+    return data_header, tuple(layers), off
 
 
 def _checked(nbytes: int, buf: memoryview, off: int) -> int:

@@ -1,18 +1,16 @@
-"""Where a completion saves states on its way through a prompt, so later prompts can start there.
+"""Where a completion saves restore points (records, see `blocks`) on its way through a prompt.
 
 They sit at multiples of the model's measured split alignment (see `alignment`: 4 tokens for
-Gemma-3-270M Q4_K_M on a CPU build, 1 for f32 weights, at most 64), where a prompt read on from a
-checkpoint gives bit-for-bit the results of a cold read.
+Gemma-3-270M Q4_K_M on a CPU build, 1 for f32 weights, at most 64; sliding-window models keep 64),
+where a prompt read on from a point gives bit-for-bit the results of a cold read.
 
 - chat completions: the end of the leading system messages (see `chat_prefix`), and near the end of
-  the prompt (32 to 32 + alignment - 1 tokens before the reply): the next turn of the same chat
-  starts with it;
-- raw completions: a ladder of prefix lengths on a grid of 64 tokens (with `prefix_reuse=0.9`:
-  every 64 tokens up to 1152, then the largest multiple of 64 at most 1/0.9 times the one before:
-  1280, 1408, ..., 1792, 1984, ...), so that a later prompt sharing L tokens with this one restores
-  at least 90% of them once L >= 640, and all but 63 before. Sliding-window models (Gemma 3) cannot
-  cut a restored state back, so the ladder is stored. Ladder states are saved one priority lower
-  than the others, so that they are evicted first.
+  the prompt (32 to 32 + alignment - 1 tokens before the reply; 1 to 64 on the 64 grid): the next
+  turn of the same chat starts with it;
+- raw completions on sliding-window models: a sparse ladder along the prompt (`ladder_points`, cut
+  to multiples of the window length), since such a model restores only where a window was stored.
+  Models with one cache need no ladder: every 64-token block of a prompt is stored, and any run of
+  them restores. Ladder points go one priority lower than the others, so that they are evicted first.
 """
 
 from __future__ import annotations
@@ -28,6 +26,7 @@ __all__ = [
     "MIN_PREFIX_TOKENS",
     "align_down",
     "checkpoint_plan",
+    "final_point",
     "ladder_points",
 ]
 
@@ -58,8 +57,7 @@ def checkpoint_plan(
     points = {p: lower for p in ladder if p < n - 1}
     # On the coarsest grid the tail is 1 to 64 tokens, as every model's tests showed exact; a finer
     # grid leaves a tail of 32 or more (see FINAL_TAIL_TOKENS).
-    tail = 1 if alignment >= CHECKPOINT_ALIGN else FINAL_TAIL_TOKENS
-    points[align_down(n - tail, alignment)] = priority
+    points[final_point(n, alignment)] = priority
     if chat_prefix is not None:
         cut = align_down(len(chat_prefix), alignment)
         if MIN_PREFIX_TOKENS <= cut < n and np.array_equal(tokens[:cut], chat_prefix[:cut]):
@@ -79,6 +77,12 @@ def ladder_points(step: int, reuse: float, limit: int) -> list[int]:
         points.append(point)
         point = max(point + step, int(point / reuse) // step * step)
     return points
+
+
+def final_point(n_tokens: int, alignment: int) -> int:
+    """The checkpoint near the end of a prompt of `n_tokens` (see `checkpoint_plan`)."""
+    tail = 1 if alignment >= CHECKPOINT_ALIGN else FINAL_TAIL_TOKENS
+    return align_down(n_tokens - tail, alignment)
 
 
 def align_down(n_tokens: int, alignment: int = CHECKPOINT_ALIGN) -> int:

@@ -10,10 +10,11 @@ The hook steps in at two places of the Llama, as instance attributes that `insta
   system messages can become a checkpoint.
 
 When llama-cpp-python hands the final prompt tokens to `Llama.generate`, the hook loads the longest
-stored prefix of exactly those tokens into the context (`prefix_loader`), reads on to a few
-checkpoints (`checkpoints`), and lets `generate` evaluate only the rest. After the completion (for a
-stream: when it is exhausted or closed) it saves the state of the context, keyed by the tokens the
-context holds, and tells its listener what it did (`reports`).
+stored prefix of exactly those tokens into the context (`prefix_loader`) and lets `generate` evaluate
+only the rest. On a model with one cache, the state after the completion (for a stream: when it is
+exhausted or closed) is captured once and cut into the prompt's 64-token blocks and its restore
+points (`checkpoints`, `stored_states`); sliding-window and recurrent models read on to each restore
+point first and save it there. It tells its listener what it did (`reports`).
 
 Not thread-safe, like the Llama it hooks: one completion at a time.
 """
@@ -26,22 +27,25 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import llama_cpp
 from llama_cpp import llama_chat_format
 
-from snapcache.errors import InvalidArgument
+from snapcache.errors import InvalidArgument, SnapcacheError
 from snapcache.fingerprint_notes import FingerprintNotes
 from snapcache.key import (
+    BLOCK_TOKENS,
     DEFAULT_SCOPE,
+    SnapshotKey,
     TokenArray,
     as_token_array,
     validate_priority,
     validate_scope,
 )
 from snapcache.llama import alignment
+from snapcache.llama.blocks import KIND_PREFIX, KIND_PROMPT_END
 from snapcache.llama.chat_prefix import (
     ChatPrefixFinder,
     patched,
@@ -54,12 +58,15 @@ from snapcache.llama.checkpoints import (
     MIN_PREFIX_TOKENS,
     align_down,
     checkpoint_plan,
+    final_point,
     ladder_points,
 )
 from snapcache.llama.fingerprint import fingerprint_of, fingerprint_parts, model_fingerprint
 from snapcache.llama.miss import MissExplanation, explain_prompt
 from snapcache.llama.prefix_loader import PrefixLoader, Progress
 from snapcache.llama.reports import CompletionListener, CompletionReport, RestoreInfo, WarmResult
+from snapcache.llama.state import can_truncate
+from snapcache.llama.stored_states import RestorePoint
 from snapcache.llama.support import unsupported_reason
 from snapcache.store import SnapshotStore
 
@@ -93,6 +100,8 @@ class _Call:
     saved_upto: int = 0  # the longest prefix of the context known to be stored or restored
     checkpoints: int = 0
     cacheable: bool = True  # False: llama.cpp would not continue a restored state exactly
+    prompt: TokenArray | None = None
+    deferred: list[RestorePoint] = field(default_factory=list)  # cut from the capture after it
     restore: RestoreInfo | None = None
     generated: int = 0
     last_token: int | None = None
@@ -164,6 +173,11 @@ class CacheHook:
         self.last_restore: RestoreInfo | None = None
         self._told: set[str] = set()
         self._alignment = alignment.COARSEST_ALIGNMENT  # until measured for the fingerprint
+        self._windows = int(llama_cpp.llama_model_n_swa(llm.model)) > 0
+        # Sparse points of a raw prompt on a sliding-window model: each stores a whole window.
+        n_swa = int(llama_cpp.llama_model_n_swa(llm.model))
+        self._window_step = max(CHECKPOINT_ALIGN, -(-n_swa // CHECKPOINT_ALIGN) * CHECKPOINT_ALIGN)
+        self._last_prompt_end: OrderedDict[str, SnapshotKey] = OrderedDict()
 
     # -- properties ---------------------------------------------------------------------------------
 
@@ -405,22 +419,32 @@ class CacheHook:
         if len(self._last_prompts) > _REMEMBERED_SCOPES:
             self._last_prompts.popitem(last=False)
         call.saved_upto = reused
+        call.prompt = tokens
         if self._save and call.cacheable:
-            ladder = self._ladder if call.ladder else []
+            # One cache of full attention: every point is cut from one capture after the completion.
+            # Sliding windows and recurrent states hold only their last point: read on to each.
+            one_capture = can_truncate(llm)
+            ladder = self._ladder if call.ladder and not one_capture else []
             plan = checkpoint_plan(
                 tokens,
-                ladder=ladder,
+                ladder=[p for p in ladder if p % self._window_step == 0],
                 chat_prefix=call.chat_prefix,
                 priority=self._priority,
                 after=reused,
                 alignment=self._alignment,
             )
+            end = final_point(n, self._alignment)
             for point, priority in plan:
-                if point - call.saved_upto < self._min_tokens:
-                    continue
-                llm.eval(tokens[int(llm.n_tokens) : point].tolist())
-                if self._loader.save(call.scope, priority):
-                    call.checkpoints += 1
+                if not one_capture and point - call.saved_upto < self._min_tokens:
+                    continue  # a whole window (or state) for a few tokens more
+                kind = KIND_PROMPT_END if point == end else KIND_PREFIX
+                restore_point = RestorePoint(point, priority, kind)
+                if one_capture:
+                    call.deferred.append(restore_point)
+                else:
+                    llm.eval(tokens[int(llm.n_tokens) : point].tolist())
+                    call.checkpoints += self._loader.save(call.scope, [restore_point])
+                    self._superseding(call, restore_point, tokens)
                 call.saved_upto = point
         if call.cacheable:
             self._loader.mark_read(n)  # generate reads the rest of the prompt next
@@ -435,8 +459,17 @@ class CacheHook:
         """Save the context after a completion, keyed by the tokens it holds (never the last sampled one)."""
         if not call.prepared:
             return
-        if call.cacheable and self._save and int(self._llm.n_tokens) - call.saved_upto >= self._min_tokens:
-            self._loader.save(call.scope, self._priority)
+        if call.cacheable and self._save:
+            if call.deferred or (call.prompt is not None and can_truncate(self._llm)):
+                read = 0 if call.prompt is None else len(call.prompt)
+                if call.deferred or read - call.saved_upto >= BLOCK_TOKENS:
+                    call.checkpoints += self._loader.save(call.scope, call.deferred, blocks_upto=read)
+                for point in call.deferred:
+                    self._superseding(call, point, call.prompt)
+            elif not self._windows and int(self._llm.n_tokens) - call.saved_upto >= self._min_tokens:
+                # A recurrent state holds only its last point: keep the whole context.
+                n_held = int(self._llm.n_tokens)
+                self._loader.save(call.scope, [RestorePoint(n_held, self._priority, KIND_PROMPT_END)])
         if self._listener is not None and call.restore is not None:
             generated = call.generated
             if call.last_token is not None and llama_cpp.llama_vocab_is_eog(
@@ -444,6 +477,25 @@ class CacheHook:
             ):
                 generated -= 1  # llama-cpp-python does not count the end-of-generation token
             self._listener.finished(CompletionReport(call.scope, call.restore, generated, call.read_seconds))
+
+    def _superseding(self, call: _Call, point: RestorePoint, tokens: TokenArray | None) -> None:
+        """A prompt end was stored: the end of the conversation's turn before it goes (see
+        `StoredStates.supersede`)."""
+        if point.kind != KIND_PROMPT_END or tokens is None:
+            return
+        states = self._loader.states
+        for old in {self._last_prompt_end.get(call.scope), self._loader.restored_prompt_end} - {None}:
+            assert old is not None
+            try:
+                states.supersede(old, tokens[: point.n_tokens], point.priority)
+            except (SnapcacheError, OSError) as exc:
+                _log.debug("could not remove the previous turn's state: %s", exc)
+        self._last_prompt_end[call.scope] = SnapshotKey.for_tokens(
+            self.fingerprint, call.scope, tokens[: point.n_tokens]
+        )
+        self._last_prompt_end.move_to_end(call.scope)
+        if len(self._last_prompt_end) > _REMEMBERED_SCOPES:
+            self._last_prompt_end.popitem(last=False)
 
     # -- why it missed -----------------------------------------------------------------------------
 

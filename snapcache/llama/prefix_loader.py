@@ -16,11 +16,18 @@ import numpy as np
 
 from snapcache.errors import SnapcacheError
 from snapcache.key import SnapshotKey, TokenArray
+from snapcache.llama.blocks import KIND_PREFIX, KIND_PROMPT_END
 from snapcache.llama.chat_prefix import common_prefix
 from snapcache.llama.checkpoints import align_down
 from snapcache.llama.reports import Source, WarmResult
-from snapcache.llama.state import can_truncate_to, capture_sequence, restore_sequence, truncate_sequence
-from snapcache.snapshot import Snapshot
+from snapcache.llama.state import (
+    can_truncate,
+    can_truncate_to,
+    capture_sequence,
+    restore_sequence,
+    truncate_sequence,
+)
+from snapcache.llama.stored_states import RestorePoint, StoredStates
 from snapcache.store import SnapshotStore
 
 __all__ = ["PrefixLoader", "Progress"]
@@ -42,7 +49,15 @@ class PrefixLoader:
     def __init__(self, llm: llama_cpp.Llama, store: SnapshotStore, fingerprint: str) -> None:
         self._llm = llm
         self._store = store
+        self._states = StoredStates(store, fingerprint)
         self.fingerprint = fingerprint
+        # The record the last `load` restored, when it was the end of a prompt: the next turn of that
+        # conversation stores its own end and may supersede it.
+        self.restored_prompt_end: SnapshotKey | None = None
+
+    @property
+    def states(self) -> StoredStates:
+        return self._states
 
     def load(self, tokens: TokenArray, scope: str, alignment: int) -> tuple[int, Source | None]:
         """Make the context hold the longest available prefix of `tokens`; return its length and source.
@@ -52,14 +67,16 @@ class PrefixLoader:
         on as a cold read does); otherwise the store's longest prefix is restored.
         """
         llm = self._llm
+        self.restored_prompt_end = None
         live = self._reusable(tokens, scope, alignment)
         setattr(llm, _CONTEXT_SCOPE_ATTRIBUTE, scope)
         if live < len(tokens):
-            found = self._lookup(tokens, scope)
-            if found is not None and found[0].key.token_count > live:
-                snapshot, tier = found
-                if restore_sequence(llm, snapshot, tokens):
-                    return snapshot.key.token_count, tier
+            found = self._states.find(tokens, scope, blocks_alone=can_truncate(llm))
+            if found is not None and found.snapshot.key.token_count > live:
+                if restore_sequence(llm, found.snapshot, tokens):
+                    if found.kind == KIND_PROMPT_END:
+                        self.restored_prompt_end = found.record_key
+                    return found.snapshot.key.token_count, found.source
                 if int(llm.n_tokens) == 0:
                     return 0, None  # empty: llama.cpp refused the state and the sequence was cleared
                 # Refused before any byte reached llama.cpp: the context is as it was; cut it back.
@@ -83,24 +100,15 @@ class PrefixLoader:
         cut = align_down(common_prefix(np.asarray(llm.input_ids[:read]), tokens), alignment)
         return cut if can_truncate_to(llm, cut) else 0
 
-    def _lookup(self, tokens: TokenArray, scope: str) -> tuple[Snapshot, Source] | None:
-        """The store's longest prefix of `tokens` and the tier that served it; None on a miss."""
-        try:
-            return self._store.lookup_with_tier(self.fingerprint, scope, tokens)
-        except (SnapcacheError, OSError) as exc:
-            _log.warning("snapshot lookup failed, reading the prompt in full: %s", exc)
-            return None
-
-    def save(self, scope: str, priority: int) -> bool:
-        """Capture the context's state into the store; False (logged) when that fails."""
+    def save(self, scope: str, points: list[RestorePoint], *, blocks_upto: int = 0) -> int:
+        """Capture the context's state into the store for `points` (and its blocks up to
+        `blocks_upto` tokens); return how many points were stored, 0 (logged) when that fails."""
         try:
             captured = capture_sequence(self._llm)
-            key = SnapshotKey.for_tokens(self.fingerprint, scope, captured.tokens)
-            stored = self._store.put(key, captured.tokens, captured.state, priority, captured.logits)
+            return self._states.save(captured, scope, points, blocks_upto=blocks_upto)
         except (SnapcacheError, OSError) as exc:
             _log.warning("could not save the state of %d tokens: %s", int(self._llm.n_tokens), exc)
-            return False
-        return stored is not None
+            return 0
 
     def store_prefix(
         self,
@@ -117,10 +125,10 @@ class PrefixLoader:
         """
         total = len(tokens)
         key = SnapshotKey.for_tokens(self.fingerprint, scope, tokens)
-        existing = self._store.get(key)
+        existing = self._states.complete(key)
         if existing is not None:
             if existing.priority != priority:
-                self._store.put(key, tokens, existing.state, priority, existing.logits)
+                self._states.raise_priority(key, priority)
             if progress is not None:
                 progress(total, total)
             state_bytes = memoryview(existing.state).nbytes
@@ -140,5 +148,6 @@ class PrefixLoader:
                 progress(done, total)
         self.mark_read(total)
         captured = capture_sequence(llm)
-        self._store.put(key, captured.tokens, captured.state, priority, captured.logits)
+        point = RestorePoint(total, priority, KIND_PREFIX)
+        self._states.save(captured, scope, [point], blocks_upto=total)
         return WarmResult(key, total, captured.state.nbytes, time.perf_counter() - started, False)

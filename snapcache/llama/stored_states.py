@@ -1,0 +1,227 @@
+"""States in the store as shared 64-token blocks plus one small record per restore point.
+
+Saving a capture stores the blocks of its first cache that the store does not hold yet (or holds at
+a lower priority), then a record per restore point (see `blocks`). A capture whose layout cannot be
+cut (recurrent and hybrid models) is stored whole, as one snapshot. Finding the longest prefix of a
+prompt takes the longer of:
+
+- the longest stored record (or whole snapshot) whose tokens start the prompt, with all its blocks;
+- on a model with one cache (no sliding window), the longest run of stored blocks along the
+  prompt's own tokens: any 64-aligned prefix of any stored prompt.
+
+Blocks are fetched from the last to the first, so that the first blocks of a prompt, which every
+longer prefix needs, are the most recently used and the last to be evicted.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from snapcache.errors import SnapcacheError
+from snapcache.key import BLOCK_TOKENS, SnapshotKey, TokenArray, block_keys
+from snapcache.llama.blocks import KIND_PROMPT_END, Record, assemble, is_record, read_record, split_state
+from snapcache.llama.reports import Source
+from snapcache.llama.state import CapturedState
+from snapcache.snapshot import Snapshot
+from snapcache.store import SnapshotStore
+
+__all__ = ["Found", "RestorePoint", "StoredStates"]
+
+_log = logging.getLogger("snapcache")
+
+
+@dataclass(frozen=True, slots=True)
+class RestorePoint:
+    """Where a saved capture can be restored: after `n_tokens`, at `priority`, of a record `kind`."""
+
+    n_tokens: int
+    priority: int
+    kind: int
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """A prefix ready to restore: the assembled snapshot, the tier that served it, and the record
+    it came from (None for blocks alone or a whole snapshot) and that record's kind."""
+
+    snapshot: Snapshot
+    source: Source
+    record_key: SnapshotKey | None
+    kind: int | None
+
+
+class StoredStates:
+    """Saves captures into one store under one fingerprint, and finds and assembles prefixes."""
+
+    def __init__(self, store: SnapshotStore, fingerprint: str) -> None:
+        self._store = store
+        self.fingerprint = fingerprint
+
+    # -- saving -------------------------------------------------------------------------------------
+
+    def save(
+        self,
+        captured: CapturedState,
+        scope: str,
+        points: Sequence[RestorePoint],
+        *,
+        blocks_upto: int = 0,
+    ) -> int:
+        """Store `captured` for each restore point (at most its length) and its blocks up to
+        `blocks_upto` tokens at least; return how many points were stored.
+
+        A capture that cannot be cut is stored whole, for the point at its own length only.
+        """
+        tokens, n = captured.tokens, len(captured.tokens)
+        points = [p for p in points if 0 < p.n_tokens <= n]
+        split = split_state(captured.state)
+        if split is None:
+            whole = [p for p in points if p.n_tokens == n]
+            for point in whole:
+                key = SnapshotKey.for_tokens(self.fingerprint, scope, tokens)
+                self._store.put(key, tokens, captured.state, point.priority, captured.logits)
+            return len(whole)
+        if split.windows:
+            points = [p for p in points if p.n_tokens == n]  # window caches hold only their own point
+        n_blocks = max([p.n_tokens for p in points] + [min(blocks_upto, n)]) // BLOCK_TOKENS
+        keys = block_keys(self.fingerprint, scope, tokens, n_blocks)
+        for i, key in enumerate(keys):
+            needed = [p.priority for p in points if p.n_tokens >= (i + 1) * BLOCK_TOKENS]
+            priority = max(needed) if needed else min((p.priority for p in points), default=0)
+            held = self._store.held_priority(key)
+            if held is None or held < priority:
+                start = i * BLOCK_TOKENS
+                self._store.put(key, tokens[start : start + BLOCK_TOKENS], split.block(i), priority)
+        for point in points:
+            prefix = tokens[: point.n_tokens]
+            key = SnapshotKey.for_tokens(self.fingerprint, scope, prefix)
+            logits = captured.logits if point.n_tokens == n else None
+            self._store.put(key, prefix, split.record(point.n_tokens, point.kind), point.priority, logits)
+        return len(points)
+
+    def raise_priority(self, key: SnapshotKey, priority: int) -> None:
+        """Store the record (or whole state) under `key` and every block it needs at `priority`."""
+        snapshot = self._store.get(key)
+        if snapshot is None:
+            return
+        if is_record(snapshot.state):
+            record = read_record(snapshot.state)
+            keys = block_keys(self.fingerprint, key.scope, snapshot.tokens, record.n_blocks)
+            for block_key in keys:
+                found = self._store.get_block(block_key)
+                if found is not None and found[0].priority < priority:
+                    block = found[0]
+                    self._store.put(block_key, block.tokens, block.state, priority)
+        self._store.put(key, snapshot.tokens, snapshot.state, priority, snapshot.logits)
+
+    def supersede(self, old: SnapshotKey, new_tokens: TokenArray, priority: int) -> bool:
+        """Remove the prompt-end record `old` now that a later turn of the same conversation stored
+        one after `new_tokens`: only when its tokens start them and its priority is at most `priority`."""
+        if old.token_count >= len(new_tokens):
+            return False
+        if SnapshotKey.for_tokens(self.fingerprint, old.scope, new_tokens[: old.token_count]) != old:
+            return False
+        held = self._store.held_priority(old)
+        if held is None or held > priority:
+            return False
+        return self._store.remove(old)
+
+    # -- finding ------------------------------------------------------------------------------------
+
+    def complete(self, key: SnapshotKey) -> Snapshot | None:
+        """The snapshot under `key`, assembled from its record and blocks (or stored whole); None when
+        absent or when a block it needs is missing."""
+        snapshot = self._store.get(key)
+        if snapshot is None:
+            return None
+        found = self._from_record(snapshot, "ram")
+        return None if found is None else found.snapshot
+
+    def find(self, tokens: TokenArray, scope: str, *, blocks_alone: bool) -> Found | None:
+        """The longest prefix of `tokens` this store can restore, assembled; None on a miss.
+
+        `blocks_alone`: whether a run of blocks without a record may serve (a model with one cache).
+        Blocks never cover the prompt's last token, which a completion must read itself.
+        """
+        best: Found | None = None
+        try:
+            found = self._store.lookup_with_tier(self.fingerprint, scope, tokens)
+        except (SnapcacheError, OSError) as exc:
+            _log.warning("snapshot lookup failed, reading the prompt in full: %s", exc)
+            found = None
+        if found is not None:
+            snapshot, tier = found
+            best = self._from_record(snapshot, tier)
+        if blocks_alone:
+            limit = (len(tokens) - 1) // BLOCK_TOKENS
+            longest = 0 if best is None else best.snapshot.key.token_count
+            if limit * BLOCK_TOKENS > longest:
+                from_blocks = self._from_blocks(tokens, scope, limit, longest)
+                if from_blocks is not None:
+                    best = from_blocks
+        return best
+
+    def _from_record(self, snapshot: Snapshot, tier: Source) -> Found | None:
+        if not is_record(snapshot.state):
+            return Found(snapshot, tier, None, None)  # a whole state
+        try:
+            record = read_record(snapshot.state)
+        except ValueError as exc:
+            _log.warning("record %s is malformed, ignored: %s", snapshot.key.id[:12], exc)
+            return None
+        keys = block_keys(self.fingerprint, snapshot.key.scope, snapshot.tokens, record.n_blocks)
+        assembled = self._assemble(keys, record, tier)
+        if assembled is None:
+            _log.debug("record %s lacks some of its %d blocks", snapshot.key.id[:12], record.n_blocks)
+            return None
+        state, source = assembled
+        restored = Snapshot(snapshot.key, snapshot.tokens, state, snapshot.logits, snapshot.priority)
+        return Found(restored, source, snapshot.key, record.kind)
+
+    def _from_blocks(self, tokens: TokenArray, scope: str, limit: int, longer_than: int) -> Found | None:
+        keys = block_keys(self.fingerprint, scope, tokens, limit)
+        run = 0
+        for key in keys:
+            if self._store.held_priority(key) is None:
+                break
+            run += 1
+        if run * BLOCK_TOKENS <= longer_than:
+            return None
+        assembled = self._assemble(keys[:run], None, "ram")
+        if assembled is None:
+            return None
+        state, source = assembled
+        prefix = tokens[: run * BLOCK_TOKENS]
+        key = SnapshotKey.for_tokens(self.fingerprint, scope, prefix)
+        return Found(Snapshot(key, prefix, state), source, None, None)
+
+    def _assemble(
+        self, keys: Sequence[SnapshotKey], record: Record | None, tier: Source
+    ) -> tuple[bytearray, Source] | None:
+        """The blob of `keys`' blocks and `record`; None when a block is missing or they do not fit."""
+        blocks: list[memoryview] = []
+        source = tier
+        for key in reversed(keys):
+            try:
+                found = self._store.get_block(key)
+            except (SnapcacheError, OSError) as exc:
+                _log.warning("block lookup failed: %s", exc)
+                return None
+            if found is None:
+                return None
+            blocks.append(memoryview(found[0].state))
+            if found[1] == "disk":
+                source = "disk"
+        blocks.reverse()
+        self._store.touch_blocks(list(keys))
+        try:
+            return assemble(blocks, record), source
+        except ValueError as exc:
+            _log.warning("stored blocks do not fit together, not restored: %s", exc)
+            return None
+
+
+def is_prompt_end(found: Found) -> bool:
+    return found.kind == KIND_PROMPT_END

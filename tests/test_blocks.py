@@ -1,0 +1,212 @@
+"""Shared 64-token blocks: states cut into blocks and records, assembled back, shared across prompts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from chat_support import GREEDY, N_CTX, SYSTEM, chat, chat_reply, context_of
+
+from snapcache.key import BLOCK_TOKENS, SnapshotKey
+from snapcache.llama.blocks import KIND_PROMPT_END, assemble, read_record, split_state
+from snapcache.llama.cached import CachedLlama
+from snapcache.llama.state import capture_sequence
+from snapcache.store import SnapshotStore
+
+RAW = "Report: the quick brown fox jumps over the lazy dog near the river bank today. " * 12
+
+
+def _greedy_tokens(llm: Any, prompt: str) -> list[int]:
+    out = llm.create_completion(prompt, **GREEDY)
+    return [int(t) for t in llm.tokenize(out["choices"][0]["text"].encode(), add_bos=False, special=True)]
+
+
+def _cold(make_llama: Any, path: Path, prompt: str) -> tuple[str, list[int]]:
+    llm = make_llama(path, n_ctx=N_CTX)
+    text = llm.create_completion(prompt, **GREEDY)["choices"][0]["text"]
+    return text, context_of(llm)
+
+
+def test_a_capture_cut_into_blocks_and_records_assembles_back_byte_for_byte(make_llama, tiny_model_path):
+    llm = make_llama(tiny_model_path, n_ctx=N_CTX)
+    tokens = llm.tokenize(RAW.encode())[:700]
+    llm.eval(tokens[:650])
+    split = split_state(capture_sequence(llm).state)
+    assert split is not None
+    assert not split.windows
+    blocks = [split.block(i) for i in range(650 // BLOCK_TOKENS)]
+
+    # The record at the capture's end: the whole blob again.
+    record = read_record(split.record(650, KIND_PROMPT_END))
+    assert bytes(assemble(blocks, record)) == bytes(capture_sequence(llm).state)
+
+    # Blocks alone, and a record cut short of the capture: what a read of just those tokens holds.
+    short = make_llama(tiny_model_path, n_ctx=N_CTX)
+    short.eval(tokens[:320])
+    assert bytes(assemble(blocks[:5], None)) == bytes(capture_sequence(short).state)
+    short.eval(tokens[320:330])
+    record = read_record(split.record(330, KIND_PROMPT_END))
+    assert bytes(assemble(blocks[:5], record)) == bytes(capture_sequence(short).state)
+
+
+def test_pieces_that_do_not_fit_together_are_refused(make_llama, tiny_model_path, gemma_model_path):
+    tiny = make_llama(tiny_model_path, n_ctx=N_CTX)
+    tiny.eval(tiny.tokenize(RAW.encode())[:200])
+    split = split_state(capture_sequence(tiny).state)
+    assert split is not None
+    blocks = [split.block(i) for i in range(3)]
+    record = read_record(split.record(200, KIND_PROMPT_END))
+    with pytest.raises(ValueError, match="needs 3 blocks"):
+        assemble(blocks[:2], record)  # the record needs three
+    with pytest.raises(ValueError, match="layout"):
+        assemble([blocks[0], blocks[1][:-1]], None)  # a short block
+    with pytest.raises(ValueError, match="end"):
+        read_record(split.record(200, KIND_PROMPT_END)[:-5])  # a truncated record
+
+    gemma = make_llama(gemma_model_path, n_ctx=1024)
+    gemma.eval(gemma.tokenize(RAW.encode())[:200])
+    other = split_state(capture_sequence(gemma).state)
+    assert other is not None
+    assert other.windows
+    with pytest.raises(ValueError, match="layout"):
+        assemble([blocks[0], other.block(1)], None)  # another model's layout
+    with pytest.raises(ValueError, match="no record of 100 tokens"):
+        other.record(100, KIND_PROMPT_END)  # a window cache holds only the point it was captured at
+
+
+def test_blocks_are_not_listed_as_snapshots(cached, store):
+    llm = cached(scope="agent")
+    llm.create_completion(RAW, **GREEDY)
+    store.flush()
+    snapshots = store.entries()
+    with_blocks = store.entries(blocks=True)
+    assert snapshots
+    assert all(not row.key.is_block for row in snapshots)
+    blocks = [row for row in with_blocks if row.key.is_block]
+    n_prompt = llm.last_restore.prompt_tokens
+    assert len(blocks) == n_prompt // BLOCK_TOKENS
+    assert {row.key.model_fingerprint for row in blocks} == {llm.fingerprint}
+    assert len(store.entries(scope="agent", blocks=True)) == len(with_blocks)
+    assert store.entries(scope="other", blocks=True) == []
+
+
+def test_a_raw_prompt_sharing_tokens_restores_them_rounded_down(cached, make_llama, tiny_model_path):
+    first = cached()
+    first.create_completion(RAW + "Question: where is the fox?", **GREEDY)
+    prompt1 = context_of(first.llm)[: first.last_restore.prompt_tokens]
+
+    prompt = RAW[: len(RAW) - 100] + "A different ending, about a cat that sleeps all day."
+    second = cached()
+    text = second.create_completion(prompt, **GREEDY)["choices"][0]["text"]
+    prompt2 = context_of(second.llm)[: second.last_restore.prompt_tokens]
+    shared = next(i for i, (a, b) in enumerate(zip(prompt1, prompt2, strict=False)) if a != b)
+
+    assert shared % BLOCK_TOKENS != 0  # otherwise the test shows nothing about rounding
+    assert second.last_restore.restored_tokens == shared // BLOCK_TOKENS * BLOCK_TOKENS
+    assert second.last_restore.source in ("ram", "disk")
+    assert (text, context_of(second.llm)) == _cold(make_llama, tiny_model_path, prompt)
+
+
+def test_blocks_written_by_different_requests_restore_as_cold(cached, make_llama, tiny_model_path):
+    # Request 1 stores the blocks of A; request 2 restores them and stores those of A + B after them;
+    # request 3 restores A + B + C's prefix from blocks of both, and answers as a cold read.
+    a, b, c = RAW, "Then a heron landed on the bank and looked around. " * 4, "Question: who landed?"
+    cached().create_completion(a, **GREEDY)
+    second = cached()
+    second.create_completion(a + b, **GREEDY)
+    assert second.last_restore.restored_tokens > 0
+    third = cached()
+    text = third.create_completion(a + b + c, **GREEDY)["choices"][0]["text"]
+    restored = third.last_restore.restored_tokens
+    assert restored > second.last_restore.prompt_tokens - BLOCK_TOKENS - 40
+    assert (text, context_of(third.llm)) == _cold(make_llama, tiny_model_path, a + b + c)
+
+
+def test_gemma_restores_from_blocks_of_earlier_requests_as_cold(make_llama, gemma_model_path, store):
+    system = "You are a helpful assistant for a small bakery. Keep answers short and friendly. " * 12
+
+    def turn(messages: list[dict[str, str]], **kwargs: Any) -> tuple[str, CachedLlama]:
+        llm = CachedLlama(make_llama(gemma_model_path, n_ctx=2048), store, scope="bakery")
+        return chat_reply(llm.create_chat_completion(messages, temperature=0.0, max_tokens=12)), llm
+
+    turn(chat(system, "When do you open?"))
+    reply2, second = turn(chat(system, "Do you sell rye bread?"))
+    assert second.last_restore.restored_tokens >= 64  # the system part, from the first request's blocks
+    messages = chat(system, "Do you sell rye bread?", reply2, "And on Sundays?")
+    reply3, third = turn(messages)
+    # The end of the second request's prompt: blocks from both requests, its own window.
+    assert third.last_restore.restored_tokens > second.last_restore.prompt_tokens - 2 * BLOCK_TOKENS
+    cold = make_llama(gemma_model_path, n_ctx=2048)
+    cold_reply = chat_reply(cold.create_chat_completion(messages=messages, temperature=0.0, max_tokens=12))
+    assert (reply3, context_of(third.llm)) == (cold_reply, context_of(cold))
+
+
+def _stored_bytes(store: SnapshotStore) -> tuple[int, int]:
+    """(state bytes, file bytes) of everything `store` holds: snapshots and shared blocks."""
+    store.flush()
+    rows = store.entries(blocks=True)
+    return sum(row.state_bytes for row in rows), sum(row.nbytes for row in rows if row.tier == "disk")
+
+
+def _ten_turn_chat(llm: CachedLlama, system: str, max_tokens: int) -> list[dict[str, str]]:
+    messages = [{"role": "system", "content": system}]
+    for i in range(10):
+        question = f"Question {i}: " + "tell me about the weather there. " * 3
+        messages.append({"role": "user", "content": question})
+        out = llm.create_chat_completion(messages, temperature=0.0, max_tokens=max_tokens)
+        messages.append({"role": "assistant", "content": chat_reply(out)})
+    return messages
+
+
+@pytest.mark.parametrize(("model", "limit"), [("tiny", 1.3), ("gemma", 2.0)])
+def test_a_ten_turn_chat_stores_little_more_than_one_snapshot_of_its_end(
+    model, limit, make_llama, tiny_model_path, request, tmp_path
+):
+    path = tiny_model_path if model == "tiny" else request.getfixturevalue("gemma_model_path")
+    store = SnapshotStore(tmp_path / "chat", ram_bytes=0, disk_bytes=2 << 30)
+    llm = CachedLlama(make_llama(path, n_ctx=4096), store, scope="chat")
+    _ten_turn_chat(llm, SYSTEM * 2, max_tokens=12)
+    state_bytes, file_bytes = _stored_bytes(store)
+    store.close()
+
+    # One snapshot of the final prompt, read cold.
+    prompt = context_of(llm.llm)[: llm.last_restore.prompt_tokens]
+    cold = make_llama(path, n_ctx=4096)
+    cold.eval(prompt)
+    captured = capture_sequence(cold)
+    with SnapshotStore(tmp_path / "one", ram_bytes=0, disk_bytes=1 << 30) as one:
+        one.put(SnapshotKey.for_tokens("whole", "default", captured.tokens), captured.tokens, captured.state)
+        one_state, one_file = _stored_bytes(one)
+    assert one_state == captured.state.nbytes
+    assert state_bytes <= limit * one_state, (state_bytes, one_state)
+    if model == "gemma":
+        # The tiny model's random KV of repeated text compresses far better whole than in blocks;
+        # Gemma's compresses alike either way.
+        assert file_bytes <= limit * one_file, (file_bytes, one_file)
+
+
+def test_a_damaged_block_serves_a_shorter_prefix_never_wrong_bytes(make_llama, tiny_model_path, tmp_path):
+    directory = tmp_path / "cache"
+    with SnapshotStore(directory, ram_bytes=0, disk_bytes=1 << 30) as store:
+        CachedLlama(make_llama(tiny_model_path, n_ctx=N_CTX), store).create_completion(RAW, **GREEDY)
+        store.flush()
+        blocks = sorted(
+            (row for row in store.entries(blocks=True) if row.key.is_block), key=lambda row: row.created_at
+        )
+    assert len(blocks) >= 8
+    # Damage the fourth block's file: the record needs it, and a run of blocks ends before it.
+    victim = blocks[3].key
+    (path,) = [p for p in (directory).rglob(f"{victim.id}-*") if p.is_file()]
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(data)
+
+    with SnapshotStore(directory, ram_bytes=64 << 20, disk_bytes=1 << 30) as store:
+        again = CachedLlama(make_llama(tiny_model_path, n_ctx=N_CTX), store)
+        text = again.create_completion(RAW, **GREEDY)["choices"][0]["text"]
+        assert again.last_restore.restored_tokens == 3 * BLOCK_TOKENS
+        # The damaged file was removed, and the completion's own read stored that block afresh.
+        assert store.get(victim) is not None
+        assert not any(p.read_bytes() == bytes(data) for p in directory.rglob(f"{victim.id}-*"))
+    assert (text, context_of(again.llm)) == _cold(make_llama, tiny_model_path, RAW)

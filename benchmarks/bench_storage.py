@@ -51,7 +51,7 @@ from _common import (
     tiny_model,
 )
 
-from snapcache import CachedLlama, SnapshotStore
+from snapcache import CachedLlama, RestoreInfo, SnapshotStore, attach, detach
 
 REPLY_TOKENS = 16
 BIG_RAM = 4 << 30  # stores whose bytes are counted: nothing may be evicted
@@ -99,10 +99,6 @@ def _one_snapshot_bytes(model: ModelChoice, n_ctx: int, tokens: list[int], workd
         llm.close()
     disk = directory_bytes(directory)
     return disk, ram
-
-
-def _difference(seconds: float) -> str:
-    return fmt_seconds(seconds) if seconds > 0 else "< 0 (noise)"
 
 
 def _ratio(stored: int, reference: int) -> str:
@@ -206,6 +202,22 @@ def _distinct_prompt(i: int, n_tokens: int) -> list[int]:
     return [1] + [3 + b for b in text.encode("ascii")[: n_tokens - 1]]  # <s>, then byte tokens
 
 
+class _RestoreTimer:
+    """A completion listener: the seconds from `started` until the hook has put the prefix in place."""
+
+    def __init__(self) -> None:
+        self.started = 0.0
+        self.seconds = 0.0
+        self.info: RestoreInfo | None = None
+
+    def restored(self, scope: str, info: RestoreInfo) -> None:
+        self.seconds = time.perf_counter() - self.started
+        self.info = info
+
+    def finished(self, report: Any) -> None:
+        pass
+
+
 def _median_time(fn: Any, reps: int) -> float:
     samples = []
     for _ in range(reps):
@@ -222,10 +234,7 @@ def geometry(sizes: Sizes, workdir: Path, reps: int) -> dict[str, Any]:
     n = sizes.geometry_prompt
     n_ctx = max(256, n + 64)
     prompt = _distinct_prompt(0, n)
-    # 16 more tokens: the request that follows the restored prefix (two, so that each held-context
-    # request reads its 16 tokens rather than finding them in the context)
-    tails = [_distinct_prompt(1, 17)[1:], _distinct_prompt(2, 17)[1:]]
-    tail = tails[0]
+    tail = _distinct_prompt(1, 17)[1:]  # 16 more tokens: the request that follows the restored prefix
     reader, restorer = new_llama(model.path, n_ctx), new_llama(model.path, n_ctx)
     directory = workdir / "geometry"
     result: dict[str, Any] = {"model": model.name, "prompt_tokens": n}
@@ -243,7 +252,6 @@ def geometry(sizes: Sizes, workdir: Path, reps: int) -> dict[str, Any]:
         result["warm_s"] = warmed.seconds
         result["state_bytes"] = warmed.state_bytes
 
-        # The state of a shorter prefix gives the per-token size without the header.
         size_n = llama_cpp.llama_state_seq_get_size(reader.ctx, 0)
         buffer = (ctypes.c_uint8 * size_n)()
         result["llama_capture_s"] = _median_time(
@@ -261,25 +269,25 @@ def geometry(sizes: Sizes, workdir: Path, reps: int) -> dict[str, Any]:
 
         result["capture_put_s"] = _median_time(capture_into_ram, reps)
 
-        def restore(target: SnapshotStore, expected: str) -> float:
+        def restore(target: SnapshotStore, expected: str) -> tuple[float, float]:
+            """(seconds until the prefix is in the context, seconds of the whole request)."""
             restorer.reset()
-            cached = CachedLlama(restorer, target, save=False)
-            t0 = time.perf_counter()
-            cached.create_completion(prompt + tail, max_tokens=1, temperature=0.0)
-            seconds = time.perf_counter() - t0
-            info = cached.last_restore
+            timer = _RestoreTimer()
+            attach(restorer, target, save=False, listener=timer)
+            try:
+                timer.started = time.perf_counter()
+                restorer.create_completion(prompt + tail, max_tokens=1, temperature=0.0)
+                request = time.perf_counter() - timer.started
+            finally:
+                detach(restorer)
+            info = timer.info
             if info is None or info.source != expected or info.restored_tokens != n:
                 raise SystemExit(f"expected a {expected} restore of {n} tokens, got {info}")
-            return seconds
+            return timer.seconds, request
 
-        result["restore_ram_s"] = statistics.median(restore(store, "ram") for _ in range(reps))
-        # The same request on a Llama that holds the prompt already: reading the tail, the floor.
-        hot = []
-        for i in range(reps):
-            t0 = time.perf_counter()
-            restorer.create_completion(prompt + tails[(i + 1) % 2], max_tokens=1, temperature=0.0)
-            hot.append(time.perf_counter() - t0)
-        result["hot_s"] = statistics.median(hot)
+        from_ram = [restore(store, "ram") for _ in range(reps)]
+        result["restore_ram_s"] = statistics.median(r for r, _ in from_ram)
+        result["request_ram_s"] = statistics.median(q for _, q in from_ram)
         llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(restorer.ctx), 0, -1, -1)
         result["llama_restore_s"] = _median_time(
             lambda: llama_cpp.llama_state_seq_set_data(restorer.ctx, buffer, size_n, 0), reps
@@ -287,17 +295,18 @@ def geometry(sizes: Sizes, workdir: Path, reps: int) -> dict[str, Any]:
         restorer.reset()
         store.close()
 
-        disk_restores, opens = [], []
+        from_disk, opens = [], []
         for _ in range(reps):
             t0 = time.perf_counter()
             reopened = _store(directory)
             opens.append(time.perf_counter() - t0)
             try:
-                disk_restores.append(restore(reopened, "disk"))
+                from_disk.append(restore(reopened, "disk"))
             finally:
                 reopened.close()
+        result["restore_disk_s"] = statistics.median(r for r, _ in from_disk)
+        result["request_disk_s"] = statistics.median(q for _, q in from_disk)
         result["open_s"] = statistics.median(opens)
-        result["restore_disk_s"] = statistics.median(disk_restores)
         result["disk_bytes"] = directory_bytes(directory)
     finally:
         reader.close()
@@ -398,36 +407,7 @@ def first_request(model: ModelChoice, sizes: Sizes, workdir: Path) -> dict[str, 
 # -- tables -------------------------------------------------------------------------------------------
 
 
-def main() -> None:
-    parser = make_parser(__doc__.splitlines()[0])
-    parser.add_argument("--reps", type=int, default=3, help="repetitions of each capture and restore")
-    args = parser.parse_args()
-    sizes = QUICK if args.quick else FULL
-    load_before = os.getloadavg()[0]
-    extra: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory(prefix="snapcache-bench-") as tmp:
-        workdir = Path(tmp)
-        models = [tiny_model(workdir)]
-        gemma = choose_model(args.quick, workdir)
-        if not gemma.is_tiny:
-            models.insert(0, gemma)
-        started = time.perf_counter()
-
-        def step(what: str) -> None:
-            print(f"  {time.perf_counter() - started:6.1f} s  {what}", file=sys.stderr, flush=True)
-
-        # The first request first: its CachedLlama is the process's first on this model.
-        step("first request")
-        first = first_request(gemma, sizes, workdir)
-        step("chat")
-        chats = [chat_bytes(m, sizes, workdir / f"chat-{i}") for i, m in enumerate(models)]
-        step("agents")
-        agents = [agent_bytes(m, sizes, workdir / f"agents-{i}") for i, m in enumerate(models)]
-        step("8B geometry")
-        geo = geometry(sizes, workdir, 1 if args.quick else args.reps)
-        step("done")
-    extra.update({"chat": chats, "agents": agents, "geometry": geo, "first_request": first})
-
+def _chat_table(chats: list[dict[str, Any]], sizes: Sizes) -> Table:
     chat = Table(
         f"Bytes stored by a {sizes.turns}-turn chat through CachedLlama (greedy, "
         f"{REPLY_TOKENS}-token replies) against one snapshot of its final context",
@@ -461,7 +441,10 @@ def main() -> None:
     )
     chat.notes.append("one snapshot: the final context (prompt and reply) warmed into a fresh store")
     chat.notes.append("targets of the block store: ratio <= 1.3x on the tiny llama, <= 2x on Gemma-3-270M")
+    return chat
 
+
+def _agent_table(agents: list[dict[str, Any]]) -> Table:
     agent = Table(
         "Bytes stored by 3 agents x 2 rounds of raw completions (system prompts share nothing)",
         [
@@ -487,7 +470,10 @@ def main() -> None:
             _ratio(row["disk_bytes"], row["one_snapshot_disk_bytes"]),
         )
     agent.notes.append("3 snapshots: each agent's round-2 prompt warmed alone into a fresh store, added up")
+    return agent
 
+
+def _geometry_tables(geo: dict[str, Any], reps: int) -> list[Table]:
     state = geo["state_bytes"]
     per_token = state / geo["prompt_tokens"]
     geometry_table = Table(
@@ -498,37 +484,26 @@ def main() -> None:
     def rate(seconds: float) -> str:
         return f"{state / seconds / 1e9:.2f}" if seconds > 0 else "-"
 
-    restore_ram = geo["restore_ram_s"] - geo["hot_s"]
-    restore_disk = geo["restore_disk_s"] - geo["hot_s"]
     geometry_table.add("warm (read the prompt, capture, put)", fmt_seconds(geo["warm_s"]), "-")
-    geometry_table.add(
-        "llama.cpp capture alone (seq_get_data)",
-        fmt_seconds(geo["llama_capture_s"]),
-        rate(geo["llama_capture_s"]),
-    )
-    geometry_table.add(
-        "capture + put into RAM (warm, prompt in context)",
-        fmt_seconds(geo["capture_put_s"]),
-        rate(geo["capture_put_s"]),
-    )
-    geometry_table.add(
-        "llama.cpp restore alone (seq_set_data)",
-        fmt_seconds(geo["llama_restore_s"]),
-        rate(geo["llama_restore_s"]),
-    )
-    geometry_table.add("request, prompt held in context (16 tokens read)", fmt_seconds(geo["hot_s"]), "-")
-    geometry_table.add("request restoring from RAM", fmt_seconds(geo["restore_ram_s"]), "-")
-    geometry_table.add("  of which restore (minus held)", _difference(restore_ram), rate(restore_ram))
-    geometry_table.add("request restoring from disk, store reopened", fmt_seconds(geo["restore_disk_s"]), "-")
-    geometry_table.add("  of which restore (minus held)", _difference(restore_disk), rate(restore_disk))
+    for label, key in (
+        ("llama.cpp capture alone (seq_get_data)", "llama_capture_s"),
+        ("capture + put into RAM (warm, prompt in context)", "capture_put_s"),
+        ("llama.cpp restore alone (seq_set_data)", "llama_restore_s"),
+        ("restore from RAM (lookup + restore)", "restore_ram_s"),
+        ("restore from disk, store reopened (lookup + read + restore)", "restore_disk_s"),
+    ):
+        geometry_table.add(label, fmt_seconds(geo[key]), rate(geo[key]))
+    geometry_table.add("whole request restoring from RAM", fmt_seconds(geo["request_ram_s"]), "-")
+    geometry_table.add("whole request restoring from disk", fmt_seconds(geo["request_disk_s"]), "-")
     geometry_table.add("opening the store again", fmt_seconds(geo["open_s"]), "-")
     geometry_table.notes.append(
         f"state {fmt_bytes(state)} ({per_token / 1024:.2f} KiB per token, header included); "
         f"files on disk {fmt_bytes(geo['disk_bytes'])}"
     )
     geometry_table.notes.append(
-        f"median of {1 if args.quick else args.reps}; a request is a raw completion of the prompt and "
-        "16 more tokens, max_tokens=1"
+        f"median of {reps}; a request is a raw completion of the prompt and "
+        "16 more tokens (max_tokens=1) through snapcache.attach(save=False); its restore is timed "
+        "up to the listener's `restored` call, before the 16 tokens are read"
     )
     geometry_table.notes.append(
         f"before, untimed here: the first CachedLlama call of the process on this model took "
@@ -572,7 +547,10 @@ def main() -> None:
         f"most used: the largest value seen after each prompt; queued for disk outside RAM at most "
         f"{fmt_bytes(b['most_pending'])}; {fmt_seconds(b['seconds'])} in all"
     )
+    return [geometry_table, budgets]
 
+
+def _first_table(first: dict[str, Any]) -> Table:
     first_table = Table(
         f"First request: time to first token of a cold {first['prompt_tokens']:,}-token raw prompt "
         f"({first['model']}, {_common.LLAMA_THREADS} threads)",
@@ -598,17 +576,58 @@ def main() -> None:
         f"before the runs, untimed here: the first CachedLlama call of the process on this model took "
         f"{fmt_seconds(first['first_cached_call_s'])} (it measures the model's split alignment once)"
     )
+    return first_table
+
+
+PARTS = ("first", "chat", "agents", "geometry")
+
+
+def main() -> None:
+    parser = make_parser(__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=3, help="repetitions of each capture and restore")
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS), help="what to measure")
+    args = parser.parse_args()
+    sizes = QUICK if args.quick else FULL
+    reps = 1 if args.quick else args.reps
+    load_before = os.getloadavg()[0]
+    extra: dict[str, Any] = {}
+    tables: list[Table] = []
+    with tempfile.TemporaryDirectory(prefix="snapcache-bench-") as tmp:
+        workdir = Path(tmp)
+        models = [tiny_model(workdir)]
+        gemma = choose_model(args.quick, workdir)
+        if not gemma.is_tiny:
+            models.insert(0, gemma)
+        started = time.perf_counter()
+
+        def step(what: str) -> None:
+            print(f"  {time.perf_counter() - started:6.1f} s  {what}", file=sys.stderr, flush=True)
+
+        # The first request first: its CachedLlama is the process's first on this model.
+        if "first" in args.parts:
+            step("first request")
+            extra["first_request"] = first_request(gemma, sizes, workdir)
+        if "chat" in args.parts:
+            step("chat")
+            extra["chat"] = [chat_bytes(m, sizes, workdir / f"chat-{i}") for i, m in enumerate(models)]
+            tables.append(_chat_table(extra["chat"], sizes))
+        if "agents" in args.parts:
+            step("agents")
+            extra["agents"] = [agent_bytes(m, sizes, workdir / f"agents-{i}") for i, m in enumerate(models)]
+            tables.append(_agent_table(extra["agents"]))
+        if "geometry" in args.parts:
+            step("8B geometry")
+            extra["geometry"] = geometry(sizes, workdir, reps)
+            tables.extend(_geometry_tables(extra["geometry"], reps))
+        step("done")
+    if "first_request" in extra:
+        tables.append(_first_table(extra["first_request"]))
     load_after = os.getloadavg()[0]
-    first_table.notes.append(
-        f"load average {load_before:.1f} before, {load_after:.1f} after (a shared machine)"
+    tables[-1].notes.append(
+        f"load average {load_before:.1f} before, {load_after:.1f} after (a shared machine: other work "
+        "slows it)"
     )
-    report(
-        "bench_storage",
-        [chat, agent, geometry_table, budgets, first_table],
-        args.json,
-        quick=args.quick,
-        extra=extra,
-    )
+    report("bench_storage", tables, args.json, quick=args.quick, extra=extra)
 
 
 if __name__ == "__main__":

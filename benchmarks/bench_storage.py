@@ -29,6 +29,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -118,7 +119,7 @@ def chat_bytes(model: ModelChoice, sizes: Sizes, workdir: Path) -> dict[str, Any
     directory = workdir / "chat"
     store = _store(directory)
     cached = CachedLlama(llm, store, scope="chat")
-    messages: list[dict[str, str]] = [{"role": "system", "content": system}]
+    messages: list[Mapping[str, Any]] = [{"role": "system", "content": system}]
     started = time.perf_counter()
     try:
         for turn in range(sizes.turns):

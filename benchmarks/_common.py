@@ -310,3 +310,76 @@ def gguf_with_chat_template(source: Path, target: Path, template: str) -> Path:
     finally:
         partial.unlink(missing_ok=True)
     return target
+
+
+def tiny_model(workdir: Path) -> ModelChoice:
+    """The test suite's tiny llama (2 layers, 64 wide, random weights), written into `workdir` once."""
+    from tiny_model import write_tiny_llama
+
+    path = workdir / "tiny-llama-0.gguf"
+    if not path.exists():
+        write_tiny_llama(path, seed=0)
+    return ModelChoice(path, "tiny llama (2 layers, 64 wide, random weights)", is_tiny=True)
+
+
+def geometry_model(workdir: Path, n_layers: int = 32) -> ModelChoice:
+    """A random llama with an 8B model's KV geometry (32 layers x 8 K/V heads x 128), 256 wide.
+
+    Fewer `n_layers` make states of the same layout, smaller (a smoke run).
+    """
+    from tiny_model import write_geometry_model
+
+    path = workdir / f"geometry-llama-{n_layers}-0.gguf"
+    if not path.exists():
+        write_geometry_model(path, n_layers=n_layers, seed=0)
+    kind = "8B KV geometry" if n_layers == 32 else "8B KV geometry, fewer layers"
+    return ModelChoice(path, f"{kind} ({n_layers} layers x 8 KV heads x 128, 256 wide)", is_tiny=True)
+
+
+# -- prompts and stores -------------------------------------------------------------------------------
+
+
+def prompt_paragraphs() -> list[str]:
+    """The paragraphs of benchmarks/prompts/*.txt, in a fixed order: deterministic text to build on."""
+    paragraphs: list[str] = []
+    for path in sorted((BENCH_DIR / "prompts").glob("*.txt")):
+        text = path.read_text(encoding="utf-8")
+        paragraphs.extend(p.strip() for p in text.split("\n\n") if p.strip())
+    return paragraphs
+
+
+def text_of_tokens(
+    llm: Any, pieces: Sequence[str], n_tokens: int, *, start: int = 0, sep: str = "\n\n"
+) -> str:
+    """`pieces` from `start` on (cycling), joined by `sep` and cut to about `n_tokens` tokens of `llm`."""
+    if not pieces:
+        raise ValueError("no text to build a prompt from")
+    chosen: list[str] = []
+    i = start
+    while True:
+        chosen.append(pieces[i % len(pieces)])
+        i += 1
+        tokens = llm.tokenize(sep.join(chosen).encode("utf-8"), add_bos=False, special=False)
+        if len(tokens) >= n_tokens:
+            text: str = llm.detokenize(tokens[:n_tokens]).decode("utf-8", errors="ignore")
+            return text
+
+
+def directory_bytes(path: Path) -> int:
+    """The sizes of every regular file under `path` added up (0 when it does not exist)."""
+    if not path.exists():
+        return 0
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def first_token_seconds(stream: Any) -> tuple[float, str]:
+    """Drain a streamed completion (chat or raw); seconds to its first chunk and the text it gave."""
+    started = time.perf_counter()
+    first: float | None = None
+    parts: list[str] = []
+    for chunk in stream:
+        if first is None:
+            first = time.perf_counter() - started
+        choice = chunk["choices"][0]
+        parts.append((choice["delta"].get("content") if "delta" in choice else choice.get("text")) or "")
+    return (time.perf_counter() - started if first is None else first), "".join(parts)

@@ -124,6 +124,52 @@ def test_serve_vs_peers_quick(tmp_path: Path) -> None:
     assert all(int(a["restored"].split()[0]) > 0 for a in after)
 
 
+def test_bench_storage_quick(tmp_path: Path) -> None:
+    out = tmp_path / "storage.json"
+    proc = _run("bench_storage.py", "--quick", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    _assert_header(proc.stdout, "Bytes stored by a 3-turn chat", "model")
+    _assert_header(proc.stdout, "Bytes stored by 3 agents", "model")
+    _assert_header(proc.stdout, "Budgets under a stream", "tier")
+    _assert_header(proc.stdout, "First request", "Llama")
+    payload = _load_json(out, "bench_storage")
+    for run in (*payload["chat"], *payload["agents"]):
+        # The final context alone is stored, and within the store's bytes.
+        assert 0 < run["one_snapshot_disk_bytes"] <= run["disk_bytes"]
+        assert 0 < run["one_snapshot_ram_bytes"] <= run["ram_bytes"]
+        assert run["evictions"] == 0
+    geometry = payload["geometry"]
+    assert geometry["state_bytes"] >= geometry["prompt_tokens"] * 4 * (4 << 10)  # 4 layers in --quick
+    assert all(geometry[k] > 0 for k in ("capture_put_s", "restore_ram_s", "restore_disk_s"))
+    budgets = geometry["budgets"]
+    # More state was offered than either tier holds: both evicted and stayed within their budgets.
+    assert budgets["offered_bytes"] > budgets["disk_budget"]
+    assert budgets["ram_evictions"] > 0
+    assert budgets["disk_evictions"] > 0
+    assert budgets["most_ram"] <= budgets["ram_budget"]
+    assert budgets["most_files"] <= budgets["disk_budget"]
+    first = payload["first_request"]
+    assert len(first["plain_s"]) == len(first["cached_s"]) >= 1
+    assert first["checkpoints"] > 0
+
+
+def test_bench_restart_quick(tmp_path: Path) -> None:
+    out = tmp_path / "restart.json"
+    proc = _run("bench_restart.py", "--quick", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    _assert_header(proc.stdout, "Time to first token after a restart", "system tokens")
+    _assert_header(proc.stdout, "The restarted process", "system tokens")
+    payload = _load_json(out, "bench_restart")
+    assert len(payload["rows"]) == 2
+    for row in payload["rows"]:
+        restored = row["restored"]
+        # The new process restored the whole warmed prefix from disk and answered as a cold read does.
+        assert restored["source"] == "disk"
+        assert restored["restored_tokens"] == row["system_tokens"] > 0
+        assert restored["text"] == row["cold_text"]
+        assert min(row["cold_s"], row["hot_s"], row["restored_s"]) > 0
+
+
 def test_run_all_runs_the_chosen_scripts(tmp_path: Path) -> None:
     proc = _run("run_all.py", "--quick", "--only", "lookup_scaling", "--results", str(tmp_path))
     assert proc.returncode == 0, proc.stderr

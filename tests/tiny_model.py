@@ -11,6 +11,9 @@ channels wide, laid out the way llama.cpp's loader expects that architecture:
 - mamba: a recurrent state-space model (no attention, no KV cache);
 - lfm2: a hybrid, short-convolution layers (recurrent state) around an attention layer (KV cache).
 
+`write_geometry_model` writes a llama with the KV geometry of a larger model (by default an 8B
+model's: 32 layers, 8 K/V heads of 128 values, 128 KiB of f16 KV per token) around narrow hidden and
+feed-forward layers, so that states have a real model's size while a prompt still reads in seconds.
 `write_tiny_lora` writes a LoRA adapter for a tiny model, `control_vector` a control vector's data.
 Nothing is downloaded.
 """
@@ -116,6 +119,64 @@ def write_tiny_model(
     shards = writer.format_shard_names(path) if len(writer.tensors) > 1 else [path]
     _finish(writer)
     return shards[0]
+
+
+def write_geometry_model(
+    path: str | Path,
+    n_layers: int = 32,
+    n_head_kv: int = 8,
+    head_dim: int = 128,
+    seed: int = 0,
+    *,
+    n_embd: int = 256,
+    n_head: int = 8,
+    n_ff: int = 512,
+) -> Path:
+    """Write a llama whose KV cache has `n_layers` x `n_head_kv` heads of `head_dim` values; return the path.
+
+    The defaults give an 8B model's KV geometry (32 * 2 * 8 * 128 * 2 bytes = 128 KiB of f16 KV per
+    token) with an `n_embd`-wide residual stream and `n_ff`-wide feed-forward layers; the matrices
+    are f16 (about 90 MB). Heads are wider than n_embd / n_head, so the key and value lengths are
+    written out.
+    """
+    if n_head % n_head_kv:
+        raise ValueError(f"n_head ({n_head}) must be a multiple of n_head_kv ({n_head_kv})")
+    path = Path(path)
+    w = _Weights(seed)
+    n_q, n_kv = n_head * head_dim, n_head_kv * head_dim
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_context_length(N_CTX_TRAIN)
+    writer.add_embedding_length(n_embd)
+    writer.add_block_count(n_layers)
+    writer.add_feed_forward_length(n_ff)
+    writer.add_head_count(n_head)
+    writer.add_head_count_kv(n_head_kv)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_layer_norm_rms_eps(1e-5)
+
+    def f16(matrix: Array) -> npt.NDArray[np.float16]:
+        return matrix.astype(np.float16)
+
+    writer.add_tensor("token_embd.weight", f16(w.embedding(n_embd)))
+    for layer in range(n_layers):
+        prefix = f"blk.{layer}"
+        writer.add_tensor(f"{prefix}.attn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        writer.add_tensor(f"{prefix}.attn_q.weight", f16(w.matrix(n_q, n_embd)))
+        writer.add_tensor(f"{prefix}.attn_k.weight", f16(w.matrix(n_kv, n_embd)))
+        writer.add_tensor(f"{prefix}.attn_v.weight", f16(w.matrix(n_kv, n_embd)))
+        writer.add_tensor(f"{prefix}.attn_output.weight", f16(w.matrix(n_embd, n_q)))
+        writer.add_tensor(f"{prefix}.ffn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        writer.add_tensor(f"{prefix}.ffn_gate.weight", f16(w.matrix(n_ff, n_embd)))
+        writer.add_tensor(f"{prefix}.ffn_up.weight", f16(w.matrix(n_ff, n_embd)))
+        writer.add_tensor(f"{prefix}.ffn_down.weight", f16(w.matrix(n_embd, n_ff)))
+    writer.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
+    writer.add_tensor("output.weight", f16(w.matrix(N_VOCAB, n_embd) * 4.0))
+    writer.add_name(f"geometry-llama-{n_layers}x{n_head_kv}x{head_dim}-seed{seed}")
+    _add_vocabulary(writer, gguf.LlamaFileType.MOSTLY_F16)
+    _finish(writer)
+    return path
 
 
 def write_tiny_lora(path: str | Path, arch: str = "llama", seed: int = 0, rank: int = 4) -> Path:
@@ -328,9 +389,11 @@ def _add_output(writer: gguf.GGUFWriter, w: _Weights, n_embd: int) -> None:
     writer.add_tensor("output.weight", w.matrix(N_VOCAB, n_embd) * 4.0)
 
 
-def _add_vocabulary(writer: gguf.GGUFWriter) -> None:
+def _add_vocabulary(
+    writer: gguf.GGUFWriter, file_type: gguf.LlamaFileType = gguf.LlamaFileType.ALL_F32
+) -> None:
     tokens, scores, types = _vocabulary()
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_file_type(file_type)
     writer.add_tokenizer_model("llama")
     writer.add_token_list(tokens)
     writer.add_token_scores(scores)

@@ -1,0 +1,245 @@
+"""Time to first token after a restart: a system prompt restored from disk in a new process.
+
+    python benchmarks/bench_restart.py [--quick] [--sizes 1000 4000 9000] [--json PATH]
+
+For system prompts of about 1K, 4K and 9K tokens (built from benchmarks/prompts/, Gemma-3-270M, 2
+threads), one chat turn (greedy, max_tokens=8) is timed to its first streamed token three ways:
+
+- cold: a plain Llama reads the system prompt and the question;
+- hot: a Llama that holds the system prompt in its context already (read there by `warm`) answers
+  the question: the floor a cache can reach;
+- restored: the system prompt was warmed into a disk store, and the store and Llama closed; a NEW
+  process loads the model, opens the store and answers the question through CachedLlama.
+
+The restored answer is compared with the cold one. --quick uses the tiny test model and small sizes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import _common
+from _common import (
+    Table,
+    choose_model,
+    first_token_seconds,
+    fmt_seconds,
+    make_parser,
+    new_llama,
+    prompt_paragraphs,
+    report,
+    text_of_tokens,
+)
+
+QUESTION = "Which of the rules above matters most, and why?"
+MAX_TOKENS = 8
+FULL_SIZES = [1_000, 4_000, 9_000]
+QUICK_SIZES = [128, 320]
+
+
+def _messages(system: str) -> list[dict[str, str]]:
+    return [{"role": "system", "content": system}, {"role": "user", "content": QUESTION}]
+
+
+def _chat(target: Any, system: str) -> tuple[float, str]:
+    stream = target.create_chat_completion(
+        messages=_messages(system), max_tokens=MAX_TOKENS, temperature=0.0, stream=True
+    )
+    return first_token_seconds(stream)
+
+
+# -- worker: the new process --------------------------------------------------------------------------
+
+
+def _restored_turn(args: argparse.Namespace) -> None:
+    from snapcache import CachedLlama, SnapshotStore
+
+    started = time.perf_counter()
+    llm = new_llama(Path(args.model), args.n_ctx)
+    loaded = time.perf_counter()
+    # llama.cpp's first evaluation in a process is slower than the rest: pay it before timing, as the
+    # parent did for cold and hot.
+    first_call = time.perf_counter()
+    llm.create_completion("Hello.", max_tokens=1)
+    llm.reset()
+    first_call = time.perf_counter() - first_call
+    opened = time.perf_counter()
+    store = SnapshotStore(Path(args.store))
+    cached = CachedLlama(llm, store)
+    opened = time.perf_counter() - opened
+    system = Path(args.system).read_text(encoding="utf-8")
+    ttft, text = _chat(cached, system)
+    info = cached.last_restore
+    store.close()
+    llm.close()
+    result = {
+        "load_s": loaded - started,
+        "first_call_s": first_call,
+        "open_s": opened,
+        "ttft_s": ttft,
+        "text": text,
+        "restored_tokens": 0 if info is None else info.restored_tokens,
+        "prompt_tokens": 0 if info is None else info.prompt_tokens,
+        "source": None if info is None else info.source,
+    }
+    Path(args.out).write_text(json.dumps(result), encoding="utf-8")
+
+
+def _spawn(model: Path, n_ctx: int, store: Path, system: Path, out: Path) -> dict[str, Any]:
+    command = [
+        sys.executable, str(Path(__file__).resolve()), "--worker", "--model", str(model),
+        "--n-ctx", str(n_ctx), "--store", str(store), "--system", str(system), "--out", str(out),
+    ]  # fmt: skip
+    proc = subprocess.run(command, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stdout + proc.stderr[-4000:])
+        raise SystemExit(f"the restarted process failed with exit status {proc.returncode}")
+    result: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))
+    return result
+
+
+# -- parent -------------------------------------------------------------------------------------------
+
+
+def measure(model_path: Path, sizes: list[int], workdir: Path) -> list[dict[str, Any]]:
+    from snapcache import CachedLlama, SnapshotStore
+
+    n_ctx = max(sizes) + 512
+    llm = new_llama(model_path, n_ctx)
+    llm.create_completion("Hello.", max_tokens=1)  # llama.cpp's slow first evaluation, untimed
+    paragraphs = prompt_paragraphs()
+    rows = []
+    try:
+        for size in sizes:
+            print(f"  {size} tokens...", file=sys.stderr, flush=True)
+            system = text_of_tokens(llm, paragraphs, size)
+            system_path = workdir / f"system-{size}.txt"
+            system_path.write_text(system, encoding="utf-8")
+
+            llm.reset()
+            cold_s, cold_text = _chat(llm, system)
+
+            directory = workdir / f"store-{size}"
+            store = SnapshotStore(directory, ram_bytes=1 << 30, disk_bytes=4 << 30)
+            llm.reset()
+            warmed = CachedLlama(llm, store).warm(system)
+            store.close()
+
+            # The Llama holds what `warm` read: the system prompt, as every chat with it starts.
+            hot_s, hot_text = _chat(llm, system)
+
+            restored = _spawn(model_path, n_ctx, directory, system_path, workdir / f"restored-{size}.json")
+            rows.append(
+                {
+                    "system_tokens": warmed.token_count,
+                    "prompt_tokens": restored["prompt_tokens"],
+                    "cold_s": cold_s,
+                    "hot_s": hot_s,
+                    "restored_s": restored["ttft_s"],
+                    "warm_s": warmed.seconds,
+                    "cold_text": cold_text,
+                    "hot_text": hot_text,
+                    "restored": restored,
+                }
+            )
+    finally:
+        llm.close()
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = make_parser(__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", help="system prompt sizes in tokens")
+    worker = parser.add_argument_group("worker (internal)")
+    worker.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    worker.add_argument("--model", help=argparse.SUPPRESS)
+    worker.add_argument("--n-ctx", type=int, help=argparse.SUPPRESS)
+    worker.add_argument("--store", help=argparse.SUPPRESS)
+    worker.add_argument("--system", help=argparse.SUPPRESS)
+    worker.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        _restored_turn(args)
+        return 0
+
+    sizes = args.sizes or (QUICK_SIZES if args.quick else FULL_SIZES)
+    load_before = os.getloadavg()[0]
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="snapcache-bench-") as tmp:
+        model = choose_model(args.quick, Path(tmp))
+        rows = measure(model.path, sorted(sizes), Path(tmp))
+    elapsed = time.perf_counter() - started
+
+    table = Table(
+        f"Time to first token after a restart ({model.name}, {_common.LLAMA_THREADS} threads, "
+        f"max_tokens={MAX_TOKENS}, greedy)",
+        ["system tokens", "prompt tokens", "cold", "hot", "restored", "restored/hot", "cold/restored",
+         "restored == cold"],
+    )  # fmt: skip
+    for row in rows:
+        restored = row["restored"]
+        table.add(
+            f"{row['system_tokens']:,}",
+            f"{row['prompt_tokens']:,}",
+            fmt_seconds(row["cold_s"]),
+            fmt_seconds(row["hot_s"]),
+            fmt_seconds(row["restored_s"]),
+            f"{row['restored_s'] / row['hot_s']:.2f}x",
+            f"{row['cold_s'] / row['restored_s']:.1f}x",
+            "yes" if restored["text"] == row["cold_text"] else "NO",
+        )
+    table.notes.append(
+        "system tokens: what every chat with that system prompt shares, as warmed (the restored prefix)"
+    )
+    table.notes.append(
+        "hot: the Llama holds that prefix in its context; restored: a new process, store opened from disk"
+    )
+    table.notes.append("target of the block store: restored/hot <= 1.25")
+
+    detail = Table(
+        "The restarted process",
+        ["system tokens", "warm (before)", "model load", "first call", "store open", "restored from",
+         "restored tokens", "hot == cold"],
+    )  # fmt: skip
+    for row in rows:
+        restored = row["restored"]
+        detail.add(
+            f"{row['system_tokens']:,}",
+            fmt_seconds(row["warm_s"]),
+            fmt_seconds(restored["load_s"]),
+            fmt_seconds(restored["first_call_s"]),
+            fmt_seconds(restored["open_s"]),
+            restored["source"] or "-",
+            f"{restored['restored_tokens']:,}",
+            "yes" if row["hot_text"] == row["cold_text"] else "no",
+        )
+    detail.notes.append(
+        "first call: an untimed one-token completion before the store opens (llama.cpp's first "
+        "evaluation in a process is slow); the parent made one too before cold and hot"
+    )
+    load_after = os.getloadavg()[0]
+    detail.notes.append(
+        f"whole run {fmt_seconds(elapsed)}; load average {load_before:.1f} before, {load_after:.1f} after "
+        "(a shared machine)"
+    )
+    report(
+        "bench_restart",
+        [table, detail],
+        args.json,
+        quick=args.quick,
+        extra={"model": model.name, "rows": rows},
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", str(_common.LLAMA_THREADS))
+    sys.exit(main())

@@ -67,10 +67,10 @@ class Greedy:
         return scores
 
 
-def complete(complete_fn: Any, llm: Any, prompt: list[int]) -> Greedy:
+def complete(complete_fn: Any, llm: Any, prompt: list[int], max_tokens: int = MAX_TOKENS) -> Greedy:
     """Complete `prompt` greedily through `complete_fn`, recording the logits of every step."""
     result = Greedy()
-    out = complete_fn(prompt, max_tokens=MAX_TOKENS, temperature=0.0, logits_processor=[result.record])
+    out = complete_fn(prompt, max_tokens=max_tokens, temperature=0.0, logits_processor=[result.record])
     result.text = out["choices"][0]["text"]
     result.context = [int(t) for t in llm.input_ids[: llm.n_tokens]]
     # The recorded picks are the tokens llama.cpp sampled: all but the last were read back in.
@@ -167,13 +167,26 @@ def test_snapshot_longer_than_the_context_is_a_miss(
     restored = complete(small.create_completion, small.llm, short)
     assert small.last_restore is not None
     assert (small.last_restore.restored_tokens, small.last_restore.source) == (0, None)
-    cold_llm = make_llama(long_tiny_path, n_ctx=small_ctx)
-    assert_same_generation(restored, complete(cold_llm.create_completion, cold_llm, short))
+    cold_small = make_llama(long_tiny_path, n_ctx=small_ctx)
+    assert_same_generation(restored, complete(cold_small.create_completion, cold_small, short))
+
+    # A context asked for exactly the snapshot's 8000 tokens (llama.cpp rounds it up to 8192, the
+    # Llama's token buffer keeps 8000): the snapshot leaves no room there, so it is not restored.
+    exact = text_tokens[:n_prompt]
+    no_room = CachedLlama(make_llama(long_tiny_path, n_ctx=n_prompt), long_store, scope, save=False)
+    restored = complete(no_room.create_completion, no_room.llm, exact, max_tokens=1)
+    assert no_room.last_restore is not None
+    assert (no_room.last_restore.restored_tokens, no_room.last_restore.source) == (0, None)
+    cold_exact = make_llama(long_tiny_path, n_ctx=n_prompt)
+    assert_same_generation(restored, complete(cold_exact.create_completion, cold_exact, exact, max_tokens=1))
+    explanation = no_room.explain()
+    assert explanation is not None
+    assert (explanation.matched_tokens, explanation.restored_tokens) == (n_prompt, 0)
 
     # The whole prompt does not fit: the Llama's own error, as without the cache, and nothing lost.
     whole = text_tokens[:n_prompt] + question
     with pytest.raises(ValueError, match="exceed context window") as cold_error:
-        cold_llm.create_completion(whole, max_tokens=MAX_TOKENS, temperature=0.0)
+        cold_small.create_completion(whole, max_tokens=MAX_TOKENS, temperature=0.0)
     with pytest.raises(ValueError, match="exceed context window") as cached_error:
         small.create_completion(whole, max_tokens=MAX_TOKENS, temperature=0.0)
     assert str(cached_error.value) == str(cold_error.value)

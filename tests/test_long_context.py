@@ -142,8 +142,9 @@ def test_tiny_llama_restore_then_continue_equals_cold(
     )
 
 
+# 32000 tokens passes too, but reads two prompts of 32K tokens: far too long for the default suite.
 @pytest.mark.gemma
-@pytest.mark.parametrize("n_prompt", [8000, 16000, 32000], ids=["8k", "16k", "32k"])
+@pytest.mark.parametrize("n_prompt", [8000, 16000], ids=["8k", "16k"])
 def test_gemma_restore_then_continue_equals_cold(
     make_llama: MakeLlama, gemma_model_path: Path, long_store: SnapshotStore, n_prompt: int
 ) -> None:

@@ -88,29 +88,38 @@ class _Weights:
         return self.rng.standard_normal((N_VOCAB, n_embd)).astype(np.float32)
 
 
-def write_tiny_llama(path: str | Path, seed: int = 0, n_ff: int = N_FF) -> Path:
+def write_tiny_llama(
+    path: str | Path, seed: int = 0, n_ff: int = N_FF, n_ctx_train: int = N_CTX_TRAIN
+) -> Path:
     """Write a 2-layer, 64-wide llama GGUF with random weights from `seed` to `path`; return the path.
 
-    A larger `n_ff` makes a bigger file of the same shape otherwise (n_ff=8192: about 13 MB).
+    A larger `n_ff` makes a bigger file of the same shape otherwise (n_ff=8192: about 13 MB);
+    `n_ctx_train` is the context length the model says it was trained for.
     """
-    return write_tiny_model(path, "llama", seed, n_ff=n_ff)
+    return write_tiny_model(path, "llama", seed, n_ff=n_ff, n_ctx_train=n_ctx_train)
 
 
 def write_tiny_model(
-    path: str | Path, arch: str = "llama", seed: int = 0, *, split_max_tensors: int = 0, n_ff: int = N_FF
+    path: str | Path,
+    arch: str = "llama",
+    seed: int = 0,
+    *,
+    split_max_tensors: int = 0,
+    n_ff: int = N_FF,
+    n_ctx_train: int = N_CTX_TRAIN,
 ) -> Path:
     """Write a tiny model of architecture `arch` (one of ARCHITECTURES) to `path`; return the path.
 
     `split_max_tensors` > 0 writes a split model instead, at most that many tensors a shard, in
     files named as llama.cpp expects them (NAME-00001-of-0000N.gguf); the first shard's path is
-    returned. `n_ff` applies to llama only.
+    returned. `n_ff` and `n_ctx_train` apply to llama only.
     """
     if arch not in _WRITERS:
         raise ValueError(f"no tiny writer for architecture {arch!r}; known: {', '.join(ARCHITECTURES)}")
     path = Path(path)
     writer = gguf.GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
     if arch == "llama":
-        _write_llama(writer, _Weights(seed), n_ff)
+        _write_llama(writer, _Weights(seed), n_ff, n_ctx_train)
     else:
         _WRITERS[arch](writer, _Weights(seed))
     # llama.cpp patches the vocabulary of models whose name says "phi3": keep the names neutral.
@@ -216,10 +225,12 @@ _ATTN_HEADS_KV = 1
 _ATTN_FF = 192
 
 
-def _write_llama(writer: gguf.GGUFWriter, w: _Weights, n_ff: int = N_FF) -> None:
+def _write_llama(
+    writer: gguf.GGUFWriter, w: _Weights, n_ff: int = N_FF, n_ctx_train: int = N_CTX_TRAIN
+) -> None:
     head_dim = N_EMBD // N_HEAD
     n_embd_kv = head_dim * N_HEAD_KV
-    _add_attention_hparams(writer, N_EMBD, N_HEAD, N_HEAD_KV, n_ff, head_dim)
+    _add_attention_hparams(writer, N_EMBD, N_HEAD, N_HEAD_KV, n_ff, head_dim, n_ctx_train)
     writer.add_tensor("token_embd.weight", w.embedding(N_EMBD))
     for layer in range(N_LAYERS):
         prefix = f"blk.{layer}"
@@ -365,9 +376,15 @@ _WRITERS: dict[str, Callable[[gguf.GGUFWriter, _Weights], None]] = {
 
 
 def _add_attention_hparams(
-    writer: gguf.GGUFWriter, n_embd: int, n_head: int, n_head_kv: int, n_ff: int, head_dim: int
+    writer: gguf.GGUFWriter,
+    n_embd: int,
+    n_head: int,
+    n_head_kv: int,
+    n_ff: int,
+    head_dim: int,
+    n_ctx_train: int = N_CTX_TRAIN,
 ) -> None:
-    writer.add_context_length(N_CTX_TRAIN)
+    writer.add_context_length(n_ctx_train)
     writer.add_embedding_length(n_embd)
     writer.add_block_count(N_LAYERS)
     writer.add_feed_forward_length(n_ff)

@@ -87,7 +87,16 @@ threading.Thread(target=_import_blosc2, name="snapcache-import-blosc2", daemon=T
 def _blosc2() -> Any:
     import blosc2  # returns at once, or waits for the import under way
 
+    global _gil_released
+    if not _gil_released:
+        # Let other threads run while blosc2 works: a completion's Python side while the background
+        # writer compresses.
+        blosc2.set_releasegil(True)
+        _gil_released = True
     return blosc2
+
+
+_gil_released = False
 
 
 def validate_level(level: object) -> int:

@@ -307,8 +307,12 @@ class SnapshotStore:
         return found, "disk"
 
     def touch_blocks(self, keys: list[SnapshotKey]) -> None:
-        """Record on disk a use of the blocks `get_block` served, the first of `keys` as the most
-        recent (so that the first blocks of a prompt, which every longer prefix needs, go last)."""
+        """Record a use of the blocks `get_block` served, the first of `keys` as the most recent (so
+        that the first blocks of a prompt, which every longer prefix needs, are evicted last)."""
+        if self._ram is not None:
+            with self._lock:
+                for key in reversed(keys):
+                    self._ram.get(key)  # in RAM too, the first becomes the most recently used
         if self._disk is not None and keys:
             self._disk_call("record uses", self._disk.touch, keys, default=None)
 

@@ -104,13 +104,17 @@ def parse_sections(state: npt.NDArray[np.uint8]) -> list[CacheSection]:
     return sections
 
 
-def pad_window(state: npt.NDArray[np.uint8], sections: list[CacheSection]) -> bytes | None:
+def pad_window(state: npt.NDArray[np.uint8], sections: list[CacheSection]) -> npt.NDArray[np.uint8] | None:
     """The blob with the sliding-window section padded with masked cells from position 0, or None.
 
     A window cache restored bare puts its cells at the front of the cache, where a cold run has them
     at their positions; the attention sums then add the same values in another order and greedy
     output can drift from a cold run. Zero cells at the positions the window already masks put
     every cell back where a cold prefill in a full-size window cache leaves it.
+
+    The padded blob is several times the window (164 MiB for 9,344 Gemma-3 tokens): it is built in
+    one zeroed allocation, whose zero pages the system provides lazily, and only the window's own
+    rows are copied in.
     """
     if len(sections) != 2:
         return None
@@ -118,26 +122,33 @@ def pad_window(state: npt.NDArray[np.uint8], sections: list[CacheSection]) -> by
     first = int(window.positions[0]) if len(window.positions) else 0
     if first <= 0:
         return None
-    m, buf = len(window.positions), state.data
-    pad_meta = np.empty((first, 3), dtype="<i4")
-    pad_meta[:, 0] = np.arange(first)
-    pad_meta[:, 1] = 1
-    pad_meta[:, 2] = window.seq_id
+    m = len(window.positions)
+    n = first + m
+    rows_bytes = sum(12 + layer.width * n * layer.row_bytes for layer in window.layers)
+    total = window.start + 8 + n * _CELL_META_BYTES + 8 + rows_bytes
+    out = np.zeros(total, dtype=np.uint8)
+    out[: window.start + 4] = state[: window.start + 4]
+    _U32.pack_into(out.data, window.start + 4, n)
+    off = window.start + 8
+    meta = out[off : off + n * _CELL_META_BYTES].view("<i4").reshape(n, 3)
+    meta[:first, 0] = np.arange(first)
+    meta[:first, 1] = 1
+    meta[:first, 2] = window.seq_id
     meta_start = window.start + 8
-    pieces: list[bytes | memoryview] = [
-        buf[: window.start + 4],
-        _U32.pack(first + m),
-        pad_meta.tobytes(),
-        buf[meta_start : meta_start + m * _CELL_META_BYTES],
-        buf[window.data_header[0] : window.data_header[1]],
+    out[off + first * _CELL_META_BYTES : off + n * _CELL_META_BYTES] = state[
+        meta_start : meta_start + m * _CELL_META_BYTES
     ]
+    off += n * _CELL_META_BYTES
+    out[off : off + 8] = state[window.data_header[0] : window.data_header[1]]
+    off += 8
     for layer in window.layers:
-        pieces.append(buf[layer.header[0] : layer.header[1]])
+        out[off : off + 12] = state[layer.header[0] : layer.header[1]]
+        off += 12
+        size = layer.width * n * layer.row_bytes
         rows = state[layer.data : layer.data + layer.width * m * layer.row_bytes].reshape(layer.width, -1)
-        padded = np.zeros((layer.width, (first + m) * layer.row_bytes), dtype=np.uint8)
-        padded[:, first * layer.row_bytes :] = rows
-        pieces.append(padded.data)
-    return b"".join(pieces)
+        out[off : off + size].reshape(layer.width, -1)[:, first * layer.row_bytes :] = rows
+        off += size
+    return out
 
 
 def _parse_section(state: npt.NDArray[np.uint8], start: int) -> CacheSection:

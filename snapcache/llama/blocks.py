@@ -162,7 +162,7 @@ def read_record(state: memoryview | bytes | bytearray) -> Record:
     return Record(n_tokens, n_blocks, kind, blob, sections)
 
 
-def assemble(blocks: Sequence[memoryview | bytes | bytearray], record: Record | None) -> bytearray:
+def assemble(blocks: Sequence[memoryview | bytes | bytearray], record: Record | None) -> memoryview:
     """The blob of the blocks' tokens followed by the record's tail and later caches (or, without a
     record, of the blocks alone). ValueError when the pieces do not fit together."""
     if not blocks:
@@ -196,8 +196,8 @@ def assemble(blocks: Sequence[memoryview | bytes | bytearray], record: Record | 
 
     total = BLOB_HEADER_BYTES + 8 + n * _CELL.itemsize + 8
     total += sum(12 + layer.width * n * layer.row_bytes for layer in layers) + rest.nbytes
-    out = bytearray(total)
-    view = np.frombuffer(out, dtype=np.uint8)
+    view = np.empty(total, dtype=np.uint8)  # every byte is written below
+    out = view.data
     if record is not None:
         view[:BLOB_HEADER_BYTES] = record.blob[:BLOB_HEADER_BYTES]
     else:

@@ -70,16 +70,21 @@ class PrefixLoader:
         self.restored_prompt_end = None
         live = self._reusable(tokens, scope, alignment)
         setattr(llm, _CONTEXT_SCOPE_ATTRIBUTE, scope)
-        if live < len(tokens):
-            found = self._states.find(tokens, scope, blocks_alone=can_truncate(llm))
-            if found is not None and found.snapshot.key.token_count > live:
-                if restore_sequence(llm, found.snapshot, tokens):
-                    if found.kind == KIND_PROMPT_END:
-                        self.restored_prompt_end = found.record_key
-                    return found.snapshot.key.token_count, found.source
-                if int(llm.n_tokens) == 0:
-                    return 0, None  # empty: llama.cpp refused the state and the sequence was cleared
-                # Refused before any byte reached llama.cpp: the context is as it was; cut it back.
+        query = tokens
+        held = int(llm.n_tokens)
+        while live < len(query):
+            found = self._states.find(query, scope, blocks_alone=can_truncate(llm))
+            if found is None or found.snapshot.key.token_count <= live:
+                break
+            if restore_sequence(llm, found.snapshot, tokens):
+                if found.kind == KIND_PROMPT_END:
+                    self.restored_prompt_end = found.record_key
+                return found.snapshot.key.token_count, found.source
+            if held > 0 and int(llm.n_tokens) == 0:
+                return 0, None  # empty: llama.cpp refused the state and the sequence was cleared
+            # Refused before any byte reached llama.cpp (no room for it, say): the context is as it
+            # was; a shorter prefix may still fit.
+            query = tokens[: found.snapshot.key.token_count - 1]
         if live < int(llm.n_tokens) and not truncate_sequence(llm, live):
             truncate_sequence(llm, 0)  # _reusable_context said it could; llama.cpp disagreed
             live = 0

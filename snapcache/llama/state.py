@@ -254,7 +254,7 @@ def _checked_blob(
     if int(llama_cpp.llama_model_n_swa(model)) > 0 and bool(llm.context_params.swa_full):
         padded = pad_window(state, sections)
         if padded is not None:
-            return None, np.frombuffer(padded, dtype=np.uint8), True
+            return None, padded, True
     return None, state, False
 
 

@@ -9,8 +9,8 @@ prompt takes the longer of:
 - on a model with one cache (no sliding window), the longest run of stored blocks along the
   prompt's own tokens: any 64-aligned prefix of any stored prompt.
 
-Blocks are fetched from the last to the first, so that the first blocks of a prompt, which every
-longer prefix needs, are the most recently used and the last to be evicted.
+Blocks are marked as used from the last to the first, so that the first blocks of a prompt, which
+every longer prefix needs, are the last to be evicted.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from snapcache.errors import SnapcacheError
 from snapcache.key import BLOCK_TOKENS, SnapshotKey, TokenArray, block_keys
-from snapcache.llama.blocks import KIND_PROMPT_END, Record, assemble, is_record, read_record, split_state
+from snapcache.llama.blocks import Record, assemble, is_record, read_record, split_state
 from snapcache.llama.reports import Source
 from snapcache.llama.state import CapturedState
 from snapcache.snapshot import Snapshot
@@ -199,29 +199,24 @@ class StoredStates:
 
     def _assemble(
         self, keys: Sequence[SnapshotKey], record: Record | None, tier: Source
-    ) -> tuple[bytearray, Source] | None:
+    ) -> tuple[memoryview, Source] | None:
         """The blob of `keys`' blocks and `record`; None when a block is missing or they do not fit."""
+        try:
+            fetched = [self._store.get_block(key) for key in keys]
+        except (SnapcacheError, OSError) as exc:
+            _log.warning("block lookup failed: %s", exc)
+            return None
         blocks: list[memoryview] = []
         source = tier
-        for key in reversed(keys):
-            try:
-                found = self._store.get_block(key)
-            except (SnapcacheError, OSError) as exc:
-                _log.warning("block lookup failed: %s", exc)
-                return None
+        for found in fetched:
             if found is None:
                 return None
             blocks.append(memoryview(found[0].state))
             if found[1] == "disk":
                 source = "disk"
-        blocks.reverse()
         self._store.touch_blocks(list(keys))
         try:
             return assemble(blocks, record), source
         except ValueError as exc:
             _log.warning("stored blocks do not fit together, not restored: %s", exc)
             return None
-
-
-def is_prompt_end(found: Found) -> bool:
-    return found.kind == KIND_PROMPT_END

@@ -134,9 +134,9 @@ def test_bench_storage_quick(tmp_path: Path) -> None:
     _assert_header(proc.stdout, "First request", "Llama")
     payload = _load_json(out, "bench_storage")
     for run in (*payload["chat"], *payload["agents"]):
-        # The final context alone is stored, and within the store's bytes.
-        assert 0 < run["one_snapshot_disk_bytes"] <= run["disk_bytes"]
-        assert 0 < run["one_snapshot_ram_bytes"] <= run["ram_bytes"]
+        # Shared blocks keep about one snapshot's worth (a whole-state store kept 11 to 14 times).
+        assert 0 < run["disk_bytes"] <= 2 * run["one_snapshot_disk_bytes"]
+        assert 0 < run["ram_bytes"] <= 2 * run["one_snapshot_ram_bytes"]
         assert run["evictions"] == 0
     geometry = payload["geometry"]
     assert geometry["state_bytes"] >= geometry["prompt_tokens"] * 4 * (4 << 10)  # 4 layers in --quick
@@ -147,10 +147,11 @@ def test_bench_storage_quick(tmp_path: Path) -> None:
     assert budgets["ram_evictions"] > 0
     assert budgets["disk_evictions"] > 0
     assert budgets["most_ram"] <= budgets["ram_budget"]
-    assert budgets["most_files"] <= budgets["disk_budget"]
+    assert budgets["most_disk"] <= budgets["disk_budget"]  # the snapshot files; the index is outside
     first = payload["first_request"]
     assert len(first["plain_s"]) == len(first["cached_s"]) >= 1
-    assert first["checkpoints"] > 0
+    # --quick runs the tiny llama: one cache, so nothing is saved before the first token.
+    assert first["checkpoints"] == 0
 
 
 def test_bench_restart_quick(tmp_path: Path) -> None:

@@ -265,13 +265,7 @@ class SnapshotStore:
     def held_priority(self, key: SnapshotKey) -> int | None:
         """The priority of what is stored under `key`, or None: no load, no hit counted, nothing
         marked as used (for skipping what a put would store again)."""
-        if not isinstance(key, SnapshotKey):
-            raise InvalidArgument(f"key must be a SnapshotKey, got {type(key).__name__}")
-        self._check_open()
-        with self._lock:
-            snapshot = None if self._ram is None else self._ram.peek(key)
-            if snapshot is None and self._writes is not None:
-                snapshot = self._writes.get(key)
+        snapshot = self._peek_memory(key)
         if snapshot is not None:
             return snapshot.priority
         if self._disk is None:
@@ -319,13 +313,7 @@ class SnapshotStore:
     def stored_tokens(self, key: SnapshotKey) -> TokenArray | None:
         """The tokens of the snapshot under `key`, without loading its state: no hit is counted and
         nothing is promoted (for explaining a miss). None if absent or unreadable."""
-        if not isinstance(key, SnapshotKey):
-            raise InvalidArgument(f"key must be a SnapshotKey, got {type(key).__name__}")
-        self._check_open()
-        with self._lock:
-            snapshot = None if self._ram is None else self._ram.peek(key)
-            if snapshot is None and self._writes is not None:
-                snapshot = self._writes.get(key)
+        snapshot = self._peek_memory(key)
         if snapshot is not None:
             return snapshot.tokens
         if self._disk is None:
@@ -532,6 +520,17 @@ class SnapshotStore:
         return f"SnapshotStore({where})"
 
     # -- reading ------------------------------------------------------------------------------------
+
+    def _peek_memory(self, key: SnapshotKey) -> Snapshot | None:
+        """What RAM or the write queue holds under `key`, without marking it as used or counting."""
+        if not isinstance(key, SnapshotKey):
+            raise InvalidArgument(f"key must be a SnapshotKey, got {type(key).__name__}")
+        self._check_open()
+        with self._lock:
+            snapshot = None if self._ram is None else self._ram.peek(key)
+            if snapshot is None and self._writes is not None:
+                snapshot = self._writes.get(key)
+        return snapshot
 
     def _get_memory(self, key: SnapshotKey, *, count_miss: bool = True) -> Snapshot | None:
         """RAM, else a snapshot waiting for its disk write; counts a hit. Call with the lock held."""

@@ -73,8 +73,9 @@ class CachedLlama:
     """A `llama_cpp.Llama` whose completions restore cached prefixes and save their states.
 
     `save=False` only restores. No state is saved that would spare fewer than `min_tokens` tokens
-    over one already stored. `prefix_reuse` (None: off) sets the checkpoint ladder of raw
-    completions. `priority` goes with every state a completion saves (ladder points: one lower).
+    over one already stored. `prefix_reuse` (None: off) sets the ladder of window points along a raw
+    prompt on sliding-window models (models with one cache restore any 64-token block instead).
+    `priority` goes with every state a completion saves (ladder points: one lower).
     Not thread-safe, like the Llama it wraps.
     """
 

@@ -123,7 +123,8 @@ class CacheHook:
     `scope` is a scope name, or a function that returns the scope of the completion about to run
     (a server picks it per request). `save=False` only restores. No state is saved that would spare
     fewer than `min_tokens` tokens over one already stored. `prefix_reuse` (None: off) sets the
-    checkpoint ladder of raw completions. `priority` goes with every state a completion saves
+    ladder of window points along a raw prompt on sliding-window models (models with one cache
+    restore any 64-token block instead). `priority` goes with every state a completion saves
     (ladder points: one lower). `listener` hears of every completion.
     """
 

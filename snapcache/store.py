@@ -40,7 +40,6 @@ from snapcache.key import (
     as_token_array,
     rolling_hash,
     rolling_prefix_hashes,
-    user_scope,
     validate_budget,
     validate_fingerprint,
     validate_priority,
@@ -395,14 +394,10 @@ class SnapshotStore:
         self._check_open()
 
         def wanted(key: SnapshotKey) -> bool:
-            if key.is_block:
-                return (
-                    blocks
-                    and (model_fingerprint is None or key.model_fingerprint == model_fingerprint)
-                    and (scope is None or user_scope(key.scope) == scope)
-                )
-            return (model_fingerprint is None or key.model_fingerprint == model_fingerprint) and (
-                scope is None or key.scope == scope
+            return (
+                (blocks or not key.is_block)
+                and (model_fingerprint is None or key.model_fingerprint == model_fingerprint)
+                and (scope is None or key.user_scope == scope)
             )
 
         rows: dict[SnapshotKey, EntryInfo] = {}

@@ -201,16 +201,16 @@ class StoredStates:
         self, keys: Sequence[SnapshotKey], record: Record | None, tier: Source
     ) -> tuple[memoryview, Source] | None:
         """The blob of `keys`' blocks and `record`; None when a block is missing or they do not fit."""
-        try:
-            fetched = [self._store.get_block(key) for key in keys]
-        except (SnapcacheError, OSError) as exc:
-            _log.warning("block lookup failed: %s", exc)
-            return None
         blocks: list[memoryview] = []
         source = tier
-        for found in fetched:
-            if found is None:
+        for key in keys:
+            try:
+                found = self._store.get_block(key)
+            except (SnapcacheError, OSError) as exc:
+                _log.warning("block lookup failed: %s", exc)
                 return None
+            if found is None:
+                return None  # the blocks after it would be read for nothing
             blocks.append(memoryview(found[0].state))
             if found[1] == "disk":
                 source = "disk"

@@ -61,6 +61,8 @@ def test_pieces_that_do_not_fit_together_are_refused(make_llama, tiny_model_path
         assemble(blocks[:2], record)  # the record needs three
     with pytest.raises(ValueError, match="layout"):
         assemble([blocks[0], blocks[1][:-1]], None)  # a short block
+    with pytest.raises(ValueError, match="too short"):
+        assemble([blocks[0][:10]], None)  # a block cut inside its layout fields
     with pytest.raises(ValueError, match="end"):
         read_record(split.record(200, KIND_PROMPT_END)[:-5])  # a truncated record
 

@@ -170,7 +170,10 @@ def assemble(blocks: Sequence[memoryview | bytes | bytearray], record: Record | 
     if record is not None and record.n_blocks != len(blocks):
         raise ValueError(f"the record needs {record.n_blocks} blocks, {len(blocks)} given")
     arrays = [np.frombuffer(block, dtype=np.uint8) for block in blocks]
-    data_header, layers, size = parse_layers(arrays[0], 0, BLOCK_TOKENS)
+    try:
+        data_header, layers, size = parse_layers(arrays[0], 0, BLOCK_TOKENS)
+    except struct.error as exc:
+        raise ValueError(f"a block is too short for its layout: {exc}") from None
     if size != arrays[0].nbytes:
         raise ValueError("a block does not end where its rows do")
     signature = _header_positions(data_header, layers)
@@ -181,7 +184,8 @@ def assemble(blocks: Sequence[memoryview | bytes | bytearray], record: Record | 
 
     n_whole = len(arrays) * BLOCK_TOKENS
     tail: CacheSection | None = None
-    rest = np.empty(0, dtype=np.uint8)
+    blob = np.empty(0, dtype=np.uint8)  # the record's blob, where the tail's rows are
+    rest = blob
     if record is not None:
         first = record.sections[0]
         if len(first.positions):
@@ -191,7 +195,8 @@ def assemble(blocks: Sequence[memoryview | bytes | bytearray], record: Record | 
                 record.blob[tail_signature], expected
             ):
                 raise ValueError("the record's tail has another layout than its blocks")
-        rest = record.blob[first.end :]
+        blob = record.blob
+        rest = blob[first.end :]
     n = n_whole + (0 if tail is None else len(tail.positions))
 
     total = BLOB_HEADER_BYTES + 8 + n * _CELL.itemsize + 8
@@ -224,7 +229,7 @@ def assemble(blocks: Sequence[memoryview | bytes | bytearray], record: Record | 
         if tail is not None:
             tail_layer = tail.layers[k]
             m = len(tail.positions)
-            source = record.blob[tail_layer.data : tail_layer.data + layer.width * m * layer.row_bytes]  # type: ignore[union-attr]
+            source = blob[tail_layer.data : tail_layer.data + layer.width * m * layer.row_bytes]
             target[:, n_whole * layer.row_bytes :] = source.reshape(layer.width, m * layer.row_bytes)
         off += layer.width * n * layer.row_bytes
     view[off:] = rest

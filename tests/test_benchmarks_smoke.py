@@ -177,3 +177,17 @@ def test_run_all_runs_the_chosen_scripts(tmp_path: Path) -> None:
     assert "=== lookup_scaling.py ===" in proc.stdout
     assert "Longest-prefix lookup latency" in proc.stdout
     _load_json(tmp_path / "lookup_scaling.json", "lookup_scaling")
+
+
+def test_bench_inexact_quick(tmp_path: Path) -> None:
+    out = tmp_path / "inexact.json"
+    proc = _run("bench_inexact.py", "--quick", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    _assert_header(proc.stdout, "Restored vs cold", "model")
+    [table] = _load_json(out, "bench_inexact")["tables"]
+    rows = {(row[1], row[2]): row for row in table["rows"]}
+    # Flash attention over F16: the exact cache restores nothing, exact=False restores the prompt.
+    assert rows[("flash attention, F16 KV", "exact")][3] == "0"
+    assert int(rows[("flash attention, F16 KV", "exact=False")][3].replace(",", "")) > 0
+    # Where every split is exact (the tiny llama's f32 weights), exact=False answers as cold.
+    assert rows[("default", "exact=False")][7] == "2/2"

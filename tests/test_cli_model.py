@@ -200,3 +200,19 @@ def test_gemma_default_model_warm_then_new_process_restores(gemma_model_path, mo
     assert chat["prompt_text"].endswith(f"{QUESTION}<end_of_turn>\n<start_of_turn>model\n")
     assert chat["restored"] >= 0.95 * chat["prompt"]
     assert chat["restored"] <= report["token_count"]
+
+
+def test_warm_inexact_keeps_its_snapshot_apart_from_exact_ones(tiny_model_path, short_prompt):
+    base = ["warm", str(short_prompt), "--model", str(tiny_model_path), "--n-ctx", "2048", "--json"]
+    inexact = runner.invoke(app, [*base, "--inexact"])
+    assert inexact.exit_code == 0, inexact.output
+    exact = runner.invoke(app, base)
+    assert exact.exit_code == 0, exact.output
+    # The same prompt, two fingerprints: the exact warm did not find the inexact state.
+    assert json.loads(exact.stdout)["from_cache"] is False
+    assert json.loads(exact.stdout)["key"] != json.loads(inexact.stdout)["key"]
+    assert len(listed()) == 2
+
+    with_server = runner.invoke(app, [*base[:2], "--inexact", "--server", "http://127.0.0.1:9"])
+    assert with_server.exit_code != 0
+    assert "--inexact belong to the server" in with_server.output

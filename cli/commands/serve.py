@@ -14,7 +14,7 @@ from ..formatting import parse_size
 from ..model_source import choose_model, load_llama
 from ..remote import API_KEY_ENV
 from ..settings import settings_of
-from .warm import NCtxOption, ThreadsOption
+from .warm import InexactOption, NCtxOption, ThreadsOption
 
 _NO_SERVER = (
     "snapcache serve needs llama-cpp-python's server packages: pip install 'snapcache[server]' ({missing})"
@@ -61,6 +61,7 @@ def serve(
         list[str] | None,
         typer.Option("--cors-origin", help="A browser origin allowed to call the server (repeatable)."),
     ] = None,
+    inexact: InexactOption = False,
 ) -> None:
     """Serve MODEL over an OpenAI-compatible HTTP API, restoring cached prompts before each completion."""
     try:
@@ -89,6 +90,7 @@ def serve(
                 model_alias=model_alias,
                 cors_origins=tuple(cors_origin or ()),
                 priority=priority,
+                exact=not inexact,
             )
             app = create_app(llm, store, options)
             where = store.directory if store.directory is not None else "RAM only"

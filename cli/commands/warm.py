@@ -43,6 +43,13 @@ ThreadsOption = Annotated[
         "--threads", "-t", help="CPU threads (default: all usable cores).", show_default=False, min=1
     ),
 ]
+InexactOption = Annotated[
+    bool,
+    typer.Option(
+        "--inexact",
+        help="Restore at any token, also where output may drift from a cold run (own snapshots; see README).",
+    ),
+]
 RawOption = Annotated[
     bool,
     typer.Option("--raw", help="Warm the text as it is, not as the system prompt of a chat."),
@@ -61,6 +68,7 @@ def warm(
     n_ctx: NCtxOption = None,
     threads: ThreadsOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
+    inexact: InexactOption = False,
     server: Annotated[
         str | None,
         typer.Option(
@@ -79,9 +87,9 @@ def warm(
     """Read PROMPT_FILE with the model once and store its state, so later chats skip reading it."""
     text = read_prompt(prompt_file)
     if server is not None:
-        if model is not None or n_ctx is not None or threads is not None:
+        if model is not None or n_ctx is not None or threads is not None or inexact:
             raise CliError(
-                "--model, --n-ctx and --threads belong to the server; leave them out with --server"
+                "--model, --n-ctx, --threads and --inexact belong to the server; leave them out with --server"
             )
         report = warm_on_server(server, text, scope=scope, priority=priority, raw=raw, api_key=api_key)
         typer.echo(json.dumps(report, indent=2) if as_json else render_pairs(_report_lines(report)))
@@ -95,7 +103,7 @@ def warm(
         llm = load_llama(choice, n_ctx=n_ctx, threads=threads, verbose=settings.verbose)
         try:
             check_fits(llm, text)
-            cached = CachedLlama(llm, store, scope=scope)
+            cached = CachedLlama(llm, store, scope=scope, exact=not inexact)
             with prompt_progress("reading prompt") as progress:
                 result = cached.warm(text, priority, raw=raw, progress=progress)
         finally:

@@ -40,11 +40,13 @@ def attach(
     prefix_reuse: float | None = DEFAULT_PREFIX_REUSE,
     priority: int = 0,
     listener: CompletionListener | None = None,
+    exact: bool = True,
 ) -> CacheHook:
     """Make every completion of `llm` restore the longest cached prefix first and save after.
 
     Returns the installed hook (its `last_restore` and `warm` are CachedLlama's). `scope` may be a
-    function returning each completion's scope. InvalidArgument if `llm` is attached already.
+    function returning each completion's scope. `exact=False`: see `CacheHook`. InvalidArgument if
+    `llm` is attached already.
     """
     hook = CacheHook(
         llm,
@@ -55,6 +57,7 @@ def attach(
         prefix_reuse=prefix_reuse,
         priority=priority,
         listener=listener,
+        exact=exact,
     )
     hook.install()
     return hook
@@ -76,7 +79,8 @@ class CachedLlama:
     over one already stored. `prefix_reuse` (None: off) sets the ladder of window points along a raw
     prompt on sliding-window models (models with one cache restore any 64-token block instead).
     `priority` goes with every state a completion saves (ladder points: one lower).
-    Not thread-safe, like the Llama it wraps.
+    `exact=False` restores at any token, also where no restore is exact, and output may drift from
+    a cold run's (see `CacheHook`). Not thread-safe, like the Llama it wraps.
     """
 
     def __init__(
@@ -89,11 +93,19 @@ class CachedLlama:
         min_tokens: int = DEFAULT_MIN_TOKENS,
         prefix_reuse: float | None = DEFAULT_PREFIX_REUSE,
         priority: int = 0,
+        exact: bool = True,
     ) -> None:
         if callable(scope):
             raise InvalidArgument("CachedLlama takes a scope name; snapcache.attach takes a function too")
         self._hook = CacheHook(
-            llm, store, scope, save=save, min_tokens=min_tokens, prefix_reuse=prefix_reuse, priority=priority
+            llm,
+            store,
+            scope,
+            save=save,
+            min_tokens=min_tokens,
+            prefix_reuse=prefix_reuse,
+            priority=priority,
+            exact=exact,
         )
 
     @property
@@ -117,6 +129,11 @@ class CachedLlama:
     def alignment(self) -> int:
         """The multiple of tokens its checkpoints sit on (the model's measured split alignment)."""
         return self._hook.alignment
+
+    @property
+    def exact(self) -> bool:
+        """False when restored prompts may drift from a cold read."""
+        return self._hook.exact
 
     @property
     def last_restore(self) -> RestoreInfo | None:

@@ -49,15 +49,17 @@ def checkpoint_plan(
     priority: int,
     after: int,
     alignment: int = CHECKPOINT_ALIGN,
+    exact: bool = True,
 ) -> list[tuple[int, int]]:
     """(prefix length, priority) to save on the way through `tokens`, ascending, all past `after`
-    and short of the last token, on multiples of `alignment`; ladder points go one priority lower."""
+    and short of the last token, on multiples of `alignment`; ladder points go one priority lower.
+    `exact=False` puts the prompt's end point one token before its end (see `final_point`)."""
     n = len(tokens)
     lower = max(-MAX_PRIORITY, priority - 1)
     points = {p: lower for p in ladder if p < n - 1}
     # On the coarsest grid the tail is 1 to 64 tokens, as every model's tests showed exact; a finer
     # grid leaves a tail of 32 or more (see FINAL_TAIL_TOKENS).
-    points[final_point(n, alignment)] = priority
+    points[final_point(n, alignment, exact=exact)] = priority
     if chat_prefix is not None:
         cut = align_down(len(chat_prefix), alignment)
         if MIN_PREFIX_TOKENS <= cut < n and np.array_equal(tokens[:cut], chat_prefix[:cut]):
@@ -79,9 +81,10 @@ def ladder_points(step: int, reuse: float, limit: int) -> list[int]:
     return points
 
 
-def final_point(n_tokens: int, alignment: int) -> int:
-    """The checkpoint near the end of a prompt of `n_tokens` (see `checkpoint_plan`)."""
-    tail = 1 if alignment >= CHECKPOINT_ALIGN else FINAL_TAIL_TOKENS
+def final_point(n_tokens: int, alignment: int, *, exact: bool = True) -> int:
+    """The checkpoint near the end of a prompt of `n_tokens` (see `checkpoint_plan`); without
+    `exact`, every token but the last (which a completion reads again for its logits)."""
+    tail = 1 if alignment >= CHECKPOINT_ALIGN or not exact else FINAL_TAIL_TOKENS
     return align_down(n_tokens - tail, alignment)
 
 

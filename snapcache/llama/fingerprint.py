@@ -132,14 +132,20 @@ def shard_paths(path: str | os.PathLike[str]) -> list[Path]:
     return [first.with_name(f"{match['prefix']}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]
 
 
-def model_fingerprint(llm: llama_cpp.Llama, content: Content | None = None) -> str:
-    """Fingerprint of a loaded Llama: model content, state-relevant settings, adapters and numerics."""
-    return fingerprint_of(fingerprint_parts(llm, content))
+def model_fingerprint(llm: llama_cpp.Llama, content: Content | None = None, *, exact: bool = True) -> str:
+    """Fingerprint of a loaded Llama: model content, state-relevant settings, adapters and numerics.
+
+    `exact=False` gives the fingerprint of the states an inexact cache saves (see `CacheHook`): they
+    are split where a cold read is not, so an exact cache must never restore them.
+    """
+    return fingerprint_of(fingerprint_parts(llm, content, exact=exact))
 
 
-def fingerprint_parts(llm: llama_cpp.Llama, content: Content | None = None) -> dict[str, Any]:
+def fingerprint_parts(
+    llm: llama_cpp.Llama, content: Content | None = None, *, exact: bool = True
+) -> dict[str, Any]:
     """What `model_fingerprint` hashes, as JSON-ready values: what a miss explanation compares."""
-    return {
+    parts: dict[str, Any] = {
         "model": file_fingerprint(llm.model_path, content),
         "context": _context_settings(llm),
         "kv_overrides": _kv_overrides(llm),
@@ -147,6 +153,9 @@ def fingerprint_parts(llm: llama_cpp.Llama, content: Content | None = None) -> d
         "numerics": _numerics(llm),
         "state_seq_version": int(getattr(llama_cpp, "LLAMA_STATE_SEQ_VERSION", 0)),
     }
+    if not exact:
+        parts["restore"] = "inexact"
+    return parts
 
 
 def fingerprint_of(parts: dict[str, Any]) -> str:

@@ -126,6 +126,13 @@ class CacheHook:
     ladder of window points along a raw prompt on sliding-window models (models with one cache
     restore any 64-token block instead). `priority` goes with every state a completion saves
     (ladder points: one lower). `listener` hears of every completion.
+
+    `exact=False` trades exactness for reuse: states are saved and restored at any token (the end
+    of a prompt is kept but for its last token) with no split alignment measured, and on models whose
+    results no restore keeps exact (flash attention over an F16 cache) too. A restored prompt then
+    reads on from a split a cold read does not make, so its output can drift from a cold run's (see
+    the README for the drift measured). Such states go under a fingerprint of their own
+    (`restore: inexact`): an exact hook never restores them, nor an inexact one exact states.
     """
 
     def __init__(
@@ -139,6 +146,7 @@ class CacheHook:
         prefix_reuse: float | None = DEFAULT_PREFIX_REUSE,
         priority: int = 0,
         listener: CompletionListener | None = None,
+        exact: bool = True,
     ) -> None:
         if not isinstance(llm, llama_cpp.Llama):
             raise InvalidArgument(f"llm must be a llama_cpp.Llama, got {type(llm).__name__}")
@@ -159,7 +167,8 @@ class CacheHook:
         self._min_tokens = min_tokens
         self._priority = validate_priority(priority)
         self._listener = listener
-        self._loader = PrefixLoader(llm, store, model_fingerprint(llm))
+        self._exact = bool(exact)
+        self._loader = PrefixLoader(llm, store, model_fingerprint(llm, exact=self._exact))
         self._notes = FingerprintNotes(store.directory)
         self._last_prompts: OrderedDict[str, tuple[TokenArray, int, float]] = OrderedDict()
         n_ctx = int(llm.n_ctx())
@@ -173,7 +182,8 @@ class CacheHook:
         self._chat_entry = self._handle_chat
         self.last_restore: RestoreInfo | None = None
         self._told: set[str] = set()
-        self._alignment = alignment.COARSEST_ALIGNMENT  # until measured for the fingerprint
+        # Until measured for the fingerprint; an inexact hook splits anywhere.
+        self._alignment = alignment.COARSEST_ALIGNMENT if self._exact else 1
         self._windows = int(llama_cpp.llama_model_n_swa(llm.model)) > 0
         # Sparse points of a raw prompt on a sliding-window model: each stores a whole window.
         n_swa = int(llama_cpp.llama_model_n_swa(llm.model))
@@ -205,6 +215,11 @@ class CacheHook:
         """The multiple of tokens its checkpoints sit on: the model's measured split alignment once
         a completion or `warm` has saved (see `snapcache.llama.alignment`), 64 before."""
         return self._alignment
+
+    @property
+    def exact(self) -> bool:
+        """False when restored prompts may drift from a cold read (see the class docstring)."""
+        return self._exact
 
     @property
     def installed(self) -> bool:
@@ -327,14 +342,18 @@ class CacheHook:
     def _uncacheable_reason(self, *, saving: bool) -> str | None:
         """Why this Llama cannot be cached now, or None. The fingerprint is taken again first, since
         adapters and control vectors can change between completions; a Llama that saves needs the
-        prompt split alignment of its fingerprint, measured once (see `alignment`)."""
-        reason = unsupported_reason(self._llm)
-        if reason is not None:
-            return reason
-        parts = fingerprint_parts(self._llm)
+        prompt split alignment of its fingerprint, measured once (see `alignment`). An inexact hook
+        needs neither the alignment nor a model whose restores are exact."""
+        if self._exact:
+            reason = unsupported_reason(self._llm)
+            if reason is not None:
+                return reason
+        parts = fingerprint_parts(self._llm, exact=self._exact)
         fingerprint = fingerprint_of(parts)
         self._loader.fingerprint = fingerprint
-        if saving:
+        if not self._exact:
+            self._notes.remember(fingerprint, parts, 1)
+        elif saving:
             known, measured = alignment.remembered(fingerprint)
             if not known:
                 known, measured = self._notes.alignment(fingerprint)
@@ -433,8 +452,9 @@ class CacheHook:
                 priority=self._priority,
                 after=reused,
                 alignment=self._alignment,
+                exact=self._exact,
             )
-            end = final_point(n, self._alignment)
+            end = final_point(n, self._alignment, exact=self._exact)
             for point, priority in plan:
                 if not one_capture and point - call.saved_upto < self._min_tokens:
                     continue  # a whole window (or state) for a few tokens more

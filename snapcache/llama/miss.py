@@ -40,6 +40,7 @@ _PART_NAMES = {
     "adapters": "the LoRA adapters or control vector",
     "numerics": "the llama.cpp build (CPU features) or the GPU layers",
     "state_seq_version": "llama.cpp's state format",
+    "restore": "exact=False (inexact states are kept apart)",
 }
 
 

@@ -42,12 +42,14 @@ _log = logging.getLogger("snapcache")
 @dataclass(frozen=True, slots=True)
 class ServeOptions:
     """How the app answers: the API key clients must send, the model's name in `/v1/models`, the
-    browser origins allowed to call it (none by default), and the priority of the states it saves."""
+    browser origins allowed to call it (none by default), the priority of the states it saves, and
+    whether restores must be exact (`exact=False`: see `snapcache.CacheHook`)."""
 
     api_key: str | None = None
     model_alias: str | None = None
     cors_origins: Sequence[str] = field(default_factory=tuple)
     priority: int = 0
+    exact: bool = True
 
 
 class _OneModel:
@@ -71,10 +73,12 @@ def create_app(llm: llama_cpp.Llama, store: SnapshotStore, options: ServeOptions
     server's model and settings in module globals, so a process serves one app at a time.
     """
     options = options or ServeOptions()
-    fingerprint = model_fingerprint(llm)
+    fingerprint = model_fingerprint(llm, exact=options.exact)
     ledger = SavingsLedger(store.directory) if store.directory is not None else None
     monitor = ServeMonitor(store, fingerprint, ledger)
-    hook: CacheHook = attach(llm, store, scope=current_scope, priority=options.priority, listener=monitor)
+    hook: CacheHook = attach(
+        llm, store, scope=current_scope, priority=options.priority, listener=monitor, exact=options.exact
+    )
     alias = options.model_alias or Path(llm.model_path).name
     llama_server.set_server_settings(ServerSettings(api_key=options.api_key, interrupt_requests=False))
     llama_server._llama_proxy = _OneModel(llm, alias)  # type: ignore[assignment]

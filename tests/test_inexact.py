@@ -1,0 +1,129 @@
+"""`exact=False`: states restored at any token, also where no restore is exact, under their own fingerprint.
+
+How far an inexact restore drifts from a cold run is measured by benchmarks/bench_inexact.py, not
+asserted here: these tests pin what it restores, where its states live, and that on a model whose
+splits are all exact (the tiny llama's f32 weights) it still answers as a cold run.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from snapcache.llama.cached import CachedLlama
+from snapcache.llama.support import FLASH_ATTN_REASON
+from snapcache.store import SnapshotStore
+
+pytestmark = pytest.mark.model
+
+N_CTX = 1024
+GREEDY: dict[str, Any] = {"max_tokens": 12, "temperature": 0.0}
+FIRST = "Ledger: the shop sold three lamps, two chairs and a table before noon on market day. " * 5
+SECOND = FIRST + "Question: how many chairs were sold?"
+
+
+def _ask(model: Any, prompt: str) -> str:
+    return str(model.create_completion(prompt, **GREEDY)["choices"][0]["text"])
+
+
+def _prompt_tokens(llm: Any, prompt: str) -> int:
+    return len(llm.tokenize(prompt.encode()))
+
+
+def test_an_inexact_cache_restores_every_token_but_the_last_and_answers_as_cold_where_splits_are_exact(
+    make_llama: Any, tiny_model_path: Path, store: SnapshotStore
+) -> None:
+    cold = _ask(make_llama(tiny_model_path, n_ctx=N_CTX), SECOND)
+
+    exact = CachedLlama(make_llama(tiny_model_path, n_ctx=N_CTX), store, scope="exact")
+    _ask(exact, FIRST)
+    exact.llm.reset()
+    assert _ask(exact, SECOND) == cold
+    assert exact.last_restore is not None
+    exact_restored = exact.last_restore.cached_tokens
+
+    llm = make_llama(tiny_model_path, n_ctx=N_CTX)
+    inexact = CachedLlama(llm, store, scope="inexact", exact=False)
+    assert not inexact.exact
+    assert inexact.alignment == 1
+    _ask(inexact, FIRST)
+    llm.reset()  # from the store, not the live context
+    assert _ask(inexact, SECOND) == cold
+    assert inexact.last_restore is not None
+    assert inexact.last_restore.source in ("ram", "disk")
+    assert inexact.last_restore.cached_tokens == _prompt_tokens(llm, FIRST) - 1
+    assert inexact.last_restore.cached_tokens > exact_restored  # the exact tail of 32 or more, read again
+
+
+def test_exact_and_inexact_states_never_serve_each_other(
+    make_llama: Any, tiny_model_path: Path, store: SnapshotStore
+) -> None:
+    writer = CachedLlama(make_llama(tiny_model_path, n_ctx=N_CTX), store, exact=False)
+    _ask(writer, FIRST)
+    reader = CachedLlama(make_llama(tiny_model_path, n_ctx=N_CTX), store, save=False)
+    assert reader.fingerprint != writer.fingerprint
+    _ask(reader, SECOND)
+    assert reader.last_restore is not None
+    assert reader.last_restore.cached_tokens == 0
+
+    exact_writer = CachedLlama(make_llama(tiny_model_path, n_ctx=N_CTX), store, scope="other")
+    _ask(exact_writer, FIRST)
+    inexact_reader = CachedLlama(make_llama(tiny_model_path, n_ctx=N_CTX), store, scope="other", exact=False)
+    _ask(inexact_reader, SECOND)
+    assert inexact_reader.last_restore is not None
+    assert inexact_reader.last_restore.cached_tokens == 0
+
+    why = reader.explain()
+    assert why is not None
+    assert why.other_fingerprints == (writer.fingerprint,)
+    assert why.differing_parts == ("exact=False (inexact states are kept apart)",)
+
+
+def test_flash_attention_over_f16_is_a_miss_when_exact_and_restored_when_not(
+    make_llama: Any, tiny_model_path: Path, store: SnapshotStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="snapcache")
+    exact = CachedLlama(make_llama(tiny_model_path, n_ctx=N_CTX, flash_attn=True), store, scope="fa")
+    _ask(exact, FIRST)
+    exact.llm.reset()
+    _ask(exact, SECOND)
+    assert exact.last_restore is not None
+    assert exact.last_restore.cached_tokens == 0
+    assert FLASH_ATTN_REASON in caplog.text
+    assert not store.entries(blocks=True)
+
+    cold = _ask(make_llama(tiny_model_path, n_ctx=N_CTX, flash_attn=True), SECOND)
+    llm = make_llama(tiny_model_path, n_ctx=N_CTX, flash_attn=True)
+    inexact = CachedLlama(llm, store, scope="fa", exact=False)
+    _ask(inexact, FIRST)
+    llm.reset()
+    answer = _ask(inexact, SECOND)
+    assert inexact.last_restore is not None
+    assert inexact.last_restore.cached_tokens == _prompt_tokens(llm, FIRST) - 1
+    assert (
+        inexact.last_restore.evaluated_tokens == _prompt_tokens(llm, SECOND) - _prompt_tokens(llm, FIRST) + 1
+    )
+    # The answers are not asserted equal: that is the drift `exact=False` accepts, measured by
+    # benchmarks/bench_inexact.py. Both answered.
+    assert answer
+    assert cold
+
+
+def test_serve_options_carry_exact_false_to_the_hook(
+    make_llama: Any, tiny_model_path: Path, store: SnapshotStore
+) -> None:
+    pytest.importorskip("fastapi")
+    from snapcache.llama.cached import attached_hook, detach
+    from snapcache.server import ServeOptions, create_app
+
+    llm = make_llama(tiny_model_path, n_ctx=N_CTX)
+    create_app(llm, store, ServeOptions(exact=False))
+    try:
+        hook = attached_hook(llm)
+        assert hook is not None
+        assert not hook.exact
+    finally:
+        detach(llm)

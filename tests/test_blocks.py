@@ -212,3 +212,23 @@ def test_a_damaged_block_serves_a_shorter_prefix_never_wrong_bytes(make_llama, t
         assert store.get(victim) is not None
         assert not any(p.read_bytes() == bytes(data) for p in directory.rglob(f"{victim.id}-*"))
     assert (text, context_of(again.llm)) == _cold(make_llama, tiny_model_path, RAW)
+
+
+def test_a_window_assembled_padded_is_the_padded_assembly_byte_for_byte(make_llama, gemma_model_path):
+    import numpy as np
+
+    from snapcache.llama._state_layout import pad_window, parse_sections
+    from snapcache.llama.blocks import pads_window
+
+    gemma = make_llama(gemma_model_path, n_ctx=1024)
+    gemma.eval(gemma.tokenize((RAW * 4).encode())[:700])  # past the 512-token window: it starts at 188
+    split = split_state(capture_sequence(gemma).state)
+    assert split is not None
+    blocks = [split.block(i) for i in range(700 // BLOCK_TOKENS)]
+    record = read_record(split.record(700, KIND_PROMPT_END))
+    assert pads_window(record)
+    whole = np.frombuffer(assemble(blocks, record), dtype=np.uint8)
+    padded = pad_window(whole, parse_sections(whole))
+    assert padded is not None
+    assert bytes(assemble(blocks, record, pad_window=True)) == padded.tobytes()
+    assert not pads_window(None)

@@ -114,22 +114,41 @@ def pad_window(state: npt.NDArray[np.uint8], sections: list[CacheSection]) -> np
 
     The padded blob is several times the window (164 MiB for 9,344 Gemma-3 tokens): it is built in
     one zeroed allocation, whose zero pages the system provides lazily, and only the window's own
-    rows are copied in.
+    rows are copied in (`blocks.assemble` writes it straight from blocks the same way).
     """
-    if len(sections) != 2:
+    if len(sections) != 2 or window_start(sections[1]) <= 0:
         return None
     window = sections[1]
-    first = int(window.positions[0]) if len(window.positions) else 0
-    if first <= 0:
-        return None
+    out = np.zeros(window.start + padded_window_bytes(window), dtype=np.uint8)
+    out[: window.start] = state[: window.start]
+    write_padded_window(out, window.start, state, window)
+    return out
+
+
+def window_start(window: CacheSection) -> int:
+    """The first position a sliding-window section holds (0 when empty)."""
+    return int(window.positions[0]) if len(window.positions) else 0
+
+
+def padded_window_bytes(window: CacheSection) -> int:
+    """The size of `window` (a section of a blob) padded with cells from position 0 on."""
+    n = window_start(window) + len(window.positions)
+    return (
+        8 + n * _CELL_META_BYTES + 8 + sum(12 + layer.width * n * layer.row_bytes for layer in window.layers)
+    )
+
+
+def write_padded_window(
+    out: npt.NDArray[np.uint8], off: int, state: npt.NDArray[np.uint8], window: CacheSection
+) -> int:
+    """Write `window` (a section of `state`) padded from position 0 into `out` at `off`, where `out`
+    holds zeros; return where it ends. Only the cell list and the window's own rows are written."""
+    first = window_start(window)
     m = len(window.positions)
     n = first + m
-    rows_bytes = sum(12 + layer.width * n * layer.row_bytes for layer in window.layers)
-    total = window.start + 8 + n * _CELL_META_BYTES + 8 + rows_bytes
-    out = np.zeros(total, dtype=np.uint8)
-    out[: window.start + 4] = state[: window.start + 4]
-    _U32.pack_into(out.data, window.start + 4, n)
-    off = window.start + 8
+    out[off : off + 4] = state[window.start : window.start + 4]
+    _U32.pack_into(out.data, off + 4, n)
+    off += 8
     meta = out[off : off + n * _CELL_META_BYTES].view("<i4").reshape(n, 3)
     meta[:first, 0] = np.arange(first)
     meta[:first, 1] = 1
@@ -148,7 +167,7 @@ def pad_window(state: npt.NDArray[np.uint8], sections: list[CacheSection]) -> np
         rows = state[layer.data : layer.data + layer.width * m * layer.row_bytes].reshape(layer.width, -1)
         out[off : off + size].reshape(layer.width, -1)[:, first * layer.row_bytes :] = rows
         off += size
-    return out
+    return off
 
 
 def _parse_section(state: npt.NDArray[np.uint8], start: int) -> CacheSection:

@@ -30,8 +30,11 @@ from snapcache.llama._state_layout import (
     SEQ_STATE_MAGIC,
     CacheSection,
     LayerRows,
+    padded_window_bytes,
     parse_layers,
     parse_sections,
+    window_start,
+    write_padded_window,
 )
 
 __all__ = [
@@ -40,6 +43,7 @@ __all__ = [
     "Record",
     "SplitState",
     "assemble",
+    "pads_window",
     "read_record",
     "split_state",
 ]
@@ -162,9 +166,19 @@ def read_record(state: memoryview | bytes | bytearray) -> Record:
     return Record(n_tokens, n_blocks, kind, blob, sections)
 
 
-def assemble(blocks: Sequence[memoryview | bytes | bytearray], record: Record | None) -> memoryview:
+def pads_window(record: Record | None) -> bool:
+    """Whether `assemble(..., pad_window=True)` pads this record's sliding-window cache."""
+    return record is not None and len(record.sections) == 2 and window_start(record.sections[1]) > 0
+
+
+def assemble(
+    blocks: Sequence[memoryview | bytes | bytearray], record: Record | None, *, pad_window: bool = False
+) -> memoryview:
     """The blob of the blocks' tokens followed by the record's tail and later caches (or, without a
-    record, of the blocks alone). ValueError when the pieces do not fit together."""
+    record, of the blocks alone). ValueError when the pieces do not fit together.
+
+    `pad_window`: a sliding-window cache goes in padded from position 0, as `_state_layout.pad_window`
+    would pad the assembled blob, but without building the blob twice (see `pads_window`)."""
     if not blocks:
         raise ValueError("no blocks to assemble")
     if record is not None and record.n_blocks != len(blocks):
@@ -198,10 +212,17 @@ def assemble(blocks: Sequence[memoryview | bytes | bytearray], record: Record | 
         blob = record.blob
         rest = blob[first.end :]
     n = n_whole + (0 if tail is None else len(tail.positions))
+    padded = pad_window and pads_window(record)
 
     total = BLOB_HEADER_BYTES + 8 + n * _CELL.itemsize + 8
-    total += sum(12 + layer.width * n * layer.row_bytes for layer in layers) + rest.nbytes
-    view = np.empty(total, dtype=np.uint8)  # every byte is written below
+    total += sum(12 + layer.width * n * layer.row_bytes for layer in layers)
+    if padded:
+        assert record is not None
+        window = record.sections[1]
+        # Zero pages come lazily: only the window's own cells and rows are written into the padding.
+        view = np.zeros(total + padded_window_bytes(window), dtype=np.uint8)
+    else:
+        view = np.empty(total + rest.nbytes, dtype=np.uint8)  # every byte is written below
     out = view.data
     if record is not None:
         view[:BLOB_HEADER_BYTES] = record.blob[:BLOB_HEADER_BYTES]
@@ -232,7 +253,11 @@ def assemble(blocks: Sequence[memoryview | bytes | bytearray], record: Record | 
             source = blob[tail_layer.data : tail_layer.data + layer.width * m * layer.row_bytes]
             target[:, n_whole * layer.row_bytes :] = source.reshape(layer.width, m * layer.row_bytes)
         off += layer.width * n * layer.row_bytes
-    view[off:] = rest
+    if padded:
+        assert record is not None
+        write_padded_window(view, off, blob, record.sections[1])
+    else:
+        view[off:] = rest
     return out
 
 

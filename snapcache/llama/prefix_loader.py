@@ -24,6 +24,7 @@ from snapcache.llama.state import (
     can_truncate,
     can_truncate_to,
     capture_sequence,
+    pads_windows,
     restore_sequence,
     truncate_sequence,
 )
@@ -73,10 +74,12 @@ class PrefixLoader:
         query = tokens
         held = int(llm.n_tokens)
         while live < len(query):
-            found = self._states.find(query, scope, blocks_alone=can_truncate(llm))
+            found = self._states.find(
+                query, scope, blocks_alone=can_truncate(llm), pad_windows=pads_windows(llm)
+            )
             if found is None or found.snapshot.key.token_count <= live:
                 break
-            if restore_sequence(llm, found.snapshot, tokens):
+            if restore_sequence(llm, found.snapshot, tokens, window_padded=found.window_padded):
                 if found.kind == KIND_PROMPT_END:
                     self.restored_prompt_end = found.record_key
                 return found.snapshot.key.token_count, found.source

@@ -35,6 +35,7 @@ __all__ = [
     "can_truncate",
     "can_truncate_to",
     "capture_sequence",
+    "pads_windows",
     "restore_sequence",
     "truncate_sequence",
 ]
@@ -92,6 +93,8 @@ def restore_sequence(
     snapshot: Snapshot,
     prompt_tokens: Tokens | None = None,
     seq_id: int = 0,
+    *,
+    window_padded: bool = False,
 ) -> bool:
     """Load `snapshot` into `seq_id` so that the Llama continues after its tokens; False on a miss.
 
@@ -99,7 +102,8 @@ def restore_sequence(
     (when given), the context has room for them plus one token, and the blob's header matches this
     context. When llama.cpp still refuses the state, the sequence is cleared and the Llama is left
     empty and usable, so the caller can fall back to a cold prefill. A sliding-window model's window
-    cells go where a cold prefill leaves them (see `pad_window`), so greedy output matches it exactly.
+    cells go where a cold prefill leaves them (see `pad_window`), so greedy output matches it exactly;
+    `window_padded` says the snapshot's window cache is padded so already (see `pads_windows`).
     """
     tokens = snapshot.tokens
     n = len(tokens)
@@ -112,7 +116,7 @@ def restore_sequence(
     except (TypeError, ValueError):
         _log.warning("snapshot %s not restored: its state is not a contiguous buffer", snapshot.key.id[:12])
         return False
-    reason, state, padded = _checked_blob(llm, state, n)
+    reason, state, padded = _checked_blob(llm, state, n, window_padded)
     if reason is not None:
         _log.warning("snapshot %s does not fit this context, not restored: %s", snapshot.key.id[:12], reason)
         return False
@@ -139,6 +143,12 @@ def restore_sequence(
     llm._requires_eval = True
     _put_back_logits(llm, snapshot.logits, n)
     return True
+
+
+def pads_windows(llm: llama_cpp.Llama) -> bool:
+    """Whether a state restored into this Llama has its sliding-window cache padded from position 0:
+    a sliding-window model with a full-size window cache (`swa_full`, llama-cpp-python's default)."""
+    return int(llama_cpp.llama_model_n_swa(llm.model)) > 0 and bool(llm.context_params.swa_full)
 
 
 def can_truncate(llm: llama_cpp.Llama) -> bool:
@@ -221,10 +231,10 @@ def _rejection(llm: llama_cpp.Llama, snapshot: Snapshot, prompt_tokens: Tokens |
 
 
 def _checked_blob(
-    llm: llama_cpp.Llama, state: npt.NDArray[np.uint8], n: int
+    llm: llama_cpp.Llama, state: npt.NDArray[np.uint8], n: int, window_padded: bool = False
 ) -> tuple[str | None, npt.NDArray[np.uint8], bool]:
     """(why the blob does not fit this context, ...) or (None, the blob to hand to llama.cpp, whether
-    its window was padded)."""
+    its window is padded, here or before: `window_padded`, checked)."""
     try:
         header = read_header(state)
     except ValueError as exc:
@@ -251,7 +261,11 @@ def _checked_blob(
         return "its first cache does not hold positions 0..n-1", state, False
     if any(len(s.positions) and int(s.positions[-1]) != n - 1 for s in sections[1:]):
         return "its window cache does not end at the last token", state, False
-    if int(llama_cpp.llama_model_n_swa(model)) > 0 and bool(llm.context_params.swa_full):
+    if window_padded:
+        if not pads_windows(llm) or len(sections) != 2 or len(sections[1].positions) != n:
+            return "its window cache was padded for another kind of context", state, False
+        return None, state, True
+    if pads_windows(llm):
         padded = pad_window(state, sections)
         if padded is not None:
             return None, padded, True

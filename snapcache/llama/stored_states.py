@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from snapcache.errors import SnapcacheError
 from snapcache.key import BLOCK_TOKENS, SnapshotKey, TokenArray, block_keys
-from snapcache.llama.blocks import Record, assemble, is_record, read_record, split_state
+from snapcache.llama.blocks import Record, assemble, is_record, pads_window, read_record, split_state
 from snapcache.llama.reports import Source
 from snapcache.llama.state import CapturedState
 from snapcache.snapshot import Snapshot
@@ -44,12 +44,14 @@ class RestorePoint:
 @dataclass(frozen=True, slots=True)
 class Found:
     """A prefix ready to restore: the assembled snapshot, the tier that served it, and the record
-    it came from (None for blocks alone or a whole snapshot) and that record's kind."""
+    it came from (None for blocks alone or a whole snapshot) and that record's kind;
+    `window_padded` when its sliding-window cache was assembled padded from position 0."""
 
     snapshot: Snapshot
     source: Source
     record_key: SnapshotKey | None
     kind: int | None
+    window_padded: bool = False
 
 
 class StoredStates:
@@ -139,11 +141,14 @@ class StoredStates:
         found = self._from_record(snapshot, "ram")
         return None if found is None else found.snapshot
 
-    def find(self, tokens: TokenArray, scope: str, *, blocks_alone: bool) -> Found | None:
+    def find(
+        self, tokens: TokenArray, scope: str, *, blocks_alone: bool, pad_windows: bool = False
+    ) -> Found | None:
         """The longest prefix of `tokens` this store can restore, assembled; None on a miss.
 
         `blocks_alone`: whether a run of blocks without a record may serve (a model with one cache).
         Blocks never cover the prompt's last token, which a completion must read itself.
+        `pad_windows`: assemble a sliding-window cache padded from position 0 (see `blocks.assemble`).
         """
         best: Found | None = None
         try:
@@ -153,7 +158,7 @@ class StoredStates:
             found = None
         if found is not None:
             snapshot, tier = found
-            best = self._from_record(snapshot, tier)
+            best = self._from_record(snapshot, tier, pad_windows)
         if blocks_alone:
             limit = (len(tokens) - 1) // BLOCK_TOKENS
             longest = 0 if best is None else best.snapshot.key.token_count
@@ -163,7 +168,7 @@ class StoredStates:
                     best = from_blocks
         return best
 
-    def _from_record(self, snapshot: Snapshot, tier: Source) -> Found | None:
+    def _from_record(self, snapshot: Snapshot, tier: Source, pad_windows: bool = False) -> Found | None:
         if not is_record(snapshot.state):
             return Found(snapshot, tier, None, None)  # a whole state
         try:
@@ -172,13 +177,14 @@ class StoredStates:
             _log.warning("record %s is malformed, ignored: %s", snapshot.key.id[:12], exc)
             return None
         keys = block_keys(self.fingerprint, snapshot.key.scope, snapshot.tokens, record.n_blocks)
-        assembled = self._assemble(keys, record, tier)
+        padded = pad_windows and pads_window(record)
+        assembled = self._assemble(keys, record, tier, padded)
         if assembled is None:
             _log.debug("record %s lacks some of its %d blocks", snapshot.key.id[:12], record.n_blocks)
             return None
         state, source = assembled
         restored = Snapshot(snapshot.key, snapshot.tokens, state, snapshot.logits, snapshot.priority)
-        return Found(restored, source, snapshot.key, record.kind)
+        return Found(restored, source, snapshot.key, record.kind, padded)
 
     def _from_blocks(self, tokens: TokenArray, scope: str, limit: int, longer_than: int) -> Found | None:
         keys = block_keys(self.fingerprint, scope, tokens, limit)
@@ -198,7 +204,7 @@ class StoredStates:
         return Found(Snapshot(key, prefix, state), source, None, None)
 
     def _assemble(
-        self, keys: Sequence[SnapshotKey], record: Record | None, tier: Source
+        self, keys: Sequence[SnapshotKey], record: Record | None, tier: Source, pad_window: bool = False
     ) -> tuple[memoryview, Source] | None:
         """The blob of `keys`' blocks and `record`; None when a block is missing or they do not fit."""
         blocks: list[memoryview] = []
@@ -216,7 +222,7 @@ class StoredStates:
                 source = "disk"
         self._store.touch_blocks(list(keys))
         try:
-            return assemble(blocks, record), source
+            return assemble(blocks, record, pad_window=pad_window), source
         except ValueError as exc:
             _log.warning("stored blocks do not fit together, not restored: %s", exc)
             return None

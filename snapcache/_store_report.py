@@ -4,10 +4,14 @@ merged across the tiers (StoreEntry)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from snapcache.key import SnapshotKey, rolling_hash
 from snapcache.snapshot import Snapshot
 from snapcache.tier import EntryInfo, TierName
+
+if TYPE_CHECKING:
+    from snapcache.ram_tier import RamTier
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +65,46 @@ class Counters:
     promotions: int = 0
     dropped: int = 0
     write_errors: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class DiskFigures:
+    """What the disk tier holds now, read before the store takes its lock (all 0 without a disk)."""
+
+    used_bytes: int = 0
+    budget_bytes: int = 0
+    entries: int = 0
+    evictions: int = 0
+
+
+def store_stats(
+    counters: Counters, ram: RamTier | None, disk: DiskFigures, pending_write_bytes: int
+) -> StoreStats:
+    """The counters and what each tier holds, as one StoreStats. Call with the store's lock held."""
+    c = counters
+    ram_evictions = 0 if ram is None else ram.evictions
+    return StoreStats(
+        hits=c.hits,
+        misses=c.misses,
+        ram_hits=c.ram_hits,
+        disk_hits=c.disk_hits,
+        ram_misses=c.ram_misses,
+        disk_misses=c.disk_misses,
+        ram_used_bytes=0 if ram is None else ram.used_bytes,
+        disk_used_bytes=disk.used_bytes,
+        ram_budget_bytes=0 if ram is None else ram.budget_bytes,
+        disk_budget_bytes=disk.budget_bytes,
+        ram_entries=0 if ram is None else len(ram),
+        disk_entries=disk.entries,
+        evictions=ram_evictions + disk.evictions,
+        ram_evictions=ram_evictions,
+        disk_evictions=disk.evictions,
+        spills=c.spills,
+        promotions=c.promotions,
+        dropped=c.dropped,
+        write_errors=c.write_errors,
+        pending_write_bytes=pending_write_bytes,
+    )
 
 
 def memory_row(snapshot: Snapshot) -> EntryInfo:

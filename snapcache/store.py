@@ -1,27 +1,29 @@
 """SnapshotStore: the façade over the RAM and disk tiers — put, get, longest-prefix lookup, spill, promote.
 
-The pieces it steps through: the RAM tier (ram_tier), the write-behind queue to the disk
-(_write_behind), the disk tier (disk_tier) and the store's copies of its catalogs (_disk_catalogs),
-arguments checked once (_store_inputs), and what it reports (_store_report).
+The façade checks arguments (once, with _store_inputs), opens and closes the store, and steps through
+its pieces: what memory holds and on what terms (_store_memory: the RAM tier, the write-behind queue
+to the disk, admission and spills), reads across the tiers with their promotions (_store_reads), the
+writes to the disk (_disk_writes), the disk tier (disk_tier) and the store's copies of its catalogs
+(_disk_catalogs), and what it reports (_store_report).
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import functools
 import logging
 import os
 import threading
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy.typing as npt
 
 from snapcache._disk_catalogs import DiskCatalogs
+from snapcache._disk_writes import DiskWrites
 from snapcache._store_inputs import (
     DEFAULT_DIRECTORY,
     Default,
@@ -30,30 +32,35 @@ from snapcache._store_inputs import (
     resolve_secret,
     store_path,
 )
-from snapcache._store_report import Counters, StoreEntry, StoreStats, memory_row, merge_entries
-from snapcache._write_behind import PendingWrite, WriteBehind
+from snapcache._store_memory import StoreMemory
+from snapcache._store_reads import TierReads, disk_call
+from snapcache._store_report import (
+    Counters,
+    DiskFigures,
+    StoreEntry,
+    StoreStats,
+    merge_entries,
+    store_stats,
+)
+from snapcache._write_behind import WriteBehind
 from snapcache.errors import InvalidArgument, KeyMismatch, StoreUnavailable
 from snapcache.key import (
     SnapshotKey,
     TokenArray,
     Tokens,
     as_token_array,
-    rolling_hash,
-    rolling_prefix_hashes,
     validate_budget,
     validate_fingerprint,
     validate_priority,
     validate_scope,
 )
-from snapcache.prefix_index import PrefixIndex, iter_prefix_matches
-from snapcache.ram_tier import RamTier
 from snapcache.snapshot import Buffer, Snapshot
 from snapcache.tier import EntryInfo, TierName, in_eviction_order
 
 if TYPE_CHECKING:
     from snapcache._disk_repair import CheckReport
     from snapcache.cache_dir import DirectoryReport
-    from snapcache.disk_tier import Change, DiskTier, Miss
+    from snapcache.disk_tier import Change, DiskTier
 
 _E = TypeVar("_E", bound=EntryInfo)
 
@@ -115,17 +122,14 @@ class SnapshotStore:
         self._lock = threading.Condition(threading.Lock())
         self._counters = Counters()
         self._closed = False
-        self._evicted: list[Snapshot] = []
-        self._ram = RamTier(ram_bytes, on_evict=self._evicted.append) if ram_bytes else None
-        # Keys held in RAM or waiting for their disk write; the disk keeps its own catalog.
-        self._memory_index = PrefixIndex()
-        # RAM keys whose snapshot this store knows the disk to hold: evicting them writes nothing.
-        self._on_disk: set[SnapshotKey] = set()
-        self._remove_epoch = 0
+        self._memory = StoreMemory(ram_bytes, self._counters, closed=lambda: self._closed)
+        self._ram = self._memory.ram
+        self._memory_index = self._memory.index
         self._directory = path
         self._catalogs = DiskCatalogs(self._lock)
         self._disk: DiskTier | None = None
         self._writes: WriteBehind | None = None
+        self._disk_writes: DiskWrites | None = None
         if path is not None:
             from snapcache.disk_tier import DiskTier
 
@@ -137,15 +141,18 @@ class SnapshotStore:
                 on_change=self._on_disk_change,
             )
             self._catalogs.attach(self._disk)
+            self._disk_writes = DiskWrites(self._lock, self._disk, self._catalogs, self._counters)
             self._writes = WriteBehind(
                 self._lock,
-                write=self._write_to_disk,
-                settle=self._settle_write,
-                undo=self._undo_write,
-                held_in_ram=self._holds,
+                write=self._disk_writes.write,
+                settle=self._memory.settle_write,
+                undo=self._disk_writes.undo,
+                held_in_ram=self._memory.holds,
                 limit_bytes=min(int(ram_bytes * _PENDING_SHARE), _MAX_PENDING_BYTES),
                 background=background_writes,
             )
+            self._memory.attach_writes(self._writes)
+        self._reads = TierReads(self._lock, self._memory, self._disk, self._catalogs, self._counters)
         _open_stores.add(self)
 
     # -- public API ---------------------------------------------------------------------------------
@@ -208,31 +215,10 @@ class SnapshotStore:
                 writes.wait_for_room(snapshot.nbytes, lambda: self._closed)
             if self._closed:  # closed while this put waited, or just before it took the lock
                 raise StoreUnavailable("the store is closed")
-            in_ram = False
-            self._on_disk.discard(key)  # whatever the disk holds under this key is older
-            if ram is not None:
-                in_ram = ram.put(snapshot)
-                if not in_ram:
-                    ram.remove(key)  # an older state under the same key must not outlive this one
-            if key.is_block:
-                pass  # found by exact key only, never by prefix
-            elif in_ram or writes is not None:
-                self._memory_index.add(key, rolling_hash(array))
-            else:
-                self._memory_index.remove(key)
-            if writes is not None:
-                writes.add(snapshot, spill=False)
-            self._handle_evictions()
+            in_ram = self._memory.admit(snapshot)
         if writes is None:
             if not in_ram:
-                assert ram is not None
-                too_large = snapshot.nbytes > ram.budget_bytes
-                why = (
-                    "larger than the RAM budget"
-                    if too_large
-                    else "no room without evicting a higher priority"
-                )
-                self._drop(snapshot, f"{why} and there is no disk tier")
+                self._drop(snapshot, self._memory.refusal(snapshot))
                 return None
             return snapshot
         if not writes.background:
@@ -241,36 +227,20 @@ class SnapshotStore:
             assert disk is not None
             with self._lock:
                 in_memory = ram is not None and key in ram
-            if not in_memory and not self._disk_call("contains", disk.__contains__, key, default=False):
+            if not in_memory and not disk_call("contains", disk.__contains__, key, default=False):
                 return None
         return snapshot
 
     def get(self, key: SnapshotKey) -> Snapshot | None:
         """The snapshot stored under exactly `key` (RAM first, then disk), or None."""
-        if not isinstance(key, SnapshotKey):
-            raise InvalidArgument(f"key must be a SnapshotKey, got {type(key).__name__}")
-        self._check_open()
-        with self._lock:
-            snapshot = self._get_memory(key)
-            if snapshot is not None:
-                return snapshot
-            epoch = self._remove_epoch
-        snapshot = self._get_disk(key, epoch)
-        if snapshot is None:
-            with self._lock:
-                self._counters.misses += 1
-        return snapshot
+        self._check_key(key)
+        return self._reads.get(key)
 
     def held_priority(self, key: SnapshotKey) -> int | None:
         """The priority of what is stored under `key`, or None: no load, no hit counted, nothing
         marked as used (for skipping what a put would store again)."""
-        snapshot = self._peek_memory(key)
-        if snapshot is not None:
-            return snapshot.priority
-        if self._disk is None:
-            return None
-        priority: int | None = self._disk_call("read the index", self._disk.held_priority, key, default=None)
-        return priority
+        self._check_key(key)
+        return self._reads.held_priority(key)
 
     def get_block(self, key: SnapshotKey) -> tuple[Snapshot, TierName] | None:
         """The block stored under `key` and the tier that served it, or None; promoted like a get, but
@@ -279,46 +249,18 @@ class SnapshotStore:
         if not isinstance(key, SnapshotKey) or not key.is_block:
             raise InvalidArgument(f"not the key of a block: {key!r}")
         self._check_open()
-        with self._lock:
-            snapshot = None if self._ram is None else self._ram.get(key)
-            if snapshot is None and self._writes is not None:
-                snapshot = self._writes.get(key)
-            if snapshot is not None:
-                return snapshot, "ram" if self._ram is not None else "disk"
-            epoch = self._remove_epoch
-        disk = self._disk
-        if disk is None:
-            return None
-        read = functools.partial(disk.read, touch=False)  # touch_blocks records the uses at once
-        found: Snapshot | Miss | None = self._disk_call("get", read, key, default=None)
-        if not isinstance(found, Snapshot):
-            return None
-        with self._lock:
-            self._promote(found, epoch)
-        if self._writes is not None and not self._writes.background:
-            self._writes.drain()
-        return found, "disk"
+        return self._reads.get_block(key)
 
     def touch_blocks(self, keys: list[SnapshotKey]) -> None:
         """Record a use of the blocks `get_block` served, the first of `keys` as the most recent (so
         that the first blocks of a prompt, which every longer prefix needs, are evicted last)."""
-        if self._ram is not None:
-            with self._lock:
-                for key in reversed(keys):
-                    self._ram.get(key)  # in RAM too, the first becomes the most recently used
-        if self._disk is not None and keys:
-            self._disk_call("record uses", self._disk.touch, keys, default=None)
+        self._reads.touch_blocks(keys)
 
     def stored_tokens(self, key: SnapshotKey) -> TokenArray | None:
         """The tokens of the snapshot under `key`, without loading its state: no hit is counted and
         nothing is promoted (for explaining a miss). None if absent or unreadable."""
-        snapshot = self._peek_memory(key)
-        if snapshot is not None:
-            return snapshot.tokens
-        if self._disk is None:
-            return None
-        found: TokenArray | None = self._disk_call("read tokens", self._disk.stored_tokens, key, default=None)
-        return found
+        self._check_key(key)
+        return self._reads.stored_tokens(key)
 
     def lookup(self, model_fingerprint: str, scope: str, prompt_tokens: Tokens) -> Snapshot | None:
         """The snapshot of the longest stored prefix of `prompt_tokens` in this fingerprint and scope.
@@ -340,47 +282,15 @@ class SnapshotStore:
         validate_scope(scope)
         query = as_token_array(prompt_tokens)
         self._check_open()
-        indexes = [self._memory_index]
-        if self._disk is not None:
-            indexes.append(self._catalogs.get(model_fingerprint, scope))
-        hashes = rolling_prefix_hashes(query)
-        tried: set[SnapshotKey] = set()
-        while True:
-            with self._lock:
-                key = None
-                for candidate in iter_prefix_matches(indexes, model_fingerprint, scope, query, hashes):
-                    if candidate not in tried:
-                        key = candidate
-                        break
-                if key is None:
-                    self._count_miss()
-                    return None
-                snapshot = self._get_memory(key, count_miss=False)
-                if snapshot is not None:
-                    return snapshot, "ram" if self._ram is not None else "disk"
-                epoch = self._remove_epoch
-            snapshot = self._get_disk(key, epoch, count_miss=False)
-            if snapshot is not None:
-                if self._ram is not None:
-                    with self._lock:
-                        self._counters.ram_misses += 1
-                return snapshot, "disk"
-            tried.add(key)  # vanished or corrupt on disk: try the next best
+        return self._reads.longest_prefix(model_fingerprint, scope, query)
 
     def remove(self, key: SnapshotKey) -> bool:
         """Forget `key` in every tier; True if any tier held it."""
-        if not isinstance(key, SnapshotKey):
-            raise InvalidArgument(f"key must be a SnapshotKey, got {type(key).__name__}")
-        self._check_open()
+        self._check_key(key)
         with self._lock:
-            found = self._ram is not None and self._ram.remove(key)
-            if self._writes is not None and self._writes.discard(key):
-                found = True
-            self._on_disk.discard(key)
-            self._memory_index.remove(key)
-            self._remove_epoch += 1
+            found = self._memory.forget(key)
         if self._disk is not None:
-            found = self._disk_call("remove", self._disk.remove, key, default=False) or found
+            found = disk_call("remove", self._disk.remove, key, default=False) or found
             self._catalogs.forget(key)
         return found
 
@@ -400,54 +310,24 @@ class SnapshotStore:
                 and (scope is None or key.user_scope == scope)
             )
 
-        rows: dict[SnapshotKey, EntryInfo] = {}
         with self._lock:
-            if self._ram is not None:
-                rows.update((row.key, row) for row in self._ram.entries() if wanted(row.key))
-            if self._writes is not None:
-                for snapshot in self._writes.snapshots():
-                    if snapshot.key not in rows and wanted(snapshot.key):
-                        rows[snapshot.key] = memory_row(snapshot)
+            rows = self._memory.rows(wanted)
         disk_rows: list[EntryInfo] = []
         if self._disk is not None:
             disk_scope = None if blocks else scope
-            found = self._disk_call("entries", self._disk.entries, model_fingerprint, disk_scope, default=[])
+            found = disk_call("entries", self._disk.entries, model_fingerprint, disk_scope, default=[])
             disk_rows = [row for row in found if wanted(row.key)]
         return merge_entries(rows, disk_rows)
 
     def stats(self) -> StoreStats:
         """Hit and miss counters and what each tier holds now."""
         disk = self._disk
-        disk_used = disk_budget = disk_entries = disk_evictions = 0
+        figures = DiskFigures()
         if disk is not None and not self._closed:
-            disk_used, disk_budget = disk.used_bytes, disk.budget_bytes
-            disk_entries, disk_evictions = len(disk), disk.evictions
+            figures = DiskFigures(disk.used_bytes, disk.budget_bytes, len(disk), disk.evictions)
         with self._lock:
-            c = self._counters
-            ram = self._ram
-            ram_evictions = 0 if ram is None else ram.evictions
-            return StoreStats(
-                hits=c.hits,
-                misses=c.misses,
-                ram_hits=c.ram_hits,
-                disk_hits=c.disk_hits,
-                ram_misses=c.ram_misses,
-                disk_misses=c.disk_misses,
-                ram_used_bytes=0 if ram is None else ram.used_bytes,
-                disk_used_bytes=disk_used,
-                ram_budget_bytes=0 if ram is None else ram.budget_bytes,
-                disk_budget_bytes=disk_budget,
-                ram_entries=0 if ram is None else len(ram),
-                disk_entries=disk_entries,
-                evictions=ram_evictions + disk_evictions,
-                ram_evictions=ram_evictions,
-                disk_evictions=disk_evictions,
-                spills=c.spills,
-                promotions=c.promotions,
-                dropped=c.dropped,
-                write_errors=c.write_errors,
-                pending_write_bytes=0 if self._writes is None else self._writes.outside_ram_bytes(),
-            )
+            pending = 0 if self._writes is None else self._writes.outside_ram_bytes()
+            return store_stats(self._counters, self._ram, figures, pending)
 
     def flush(self) -> None:
         """Wait until every write queued so far has reached the disk (or failed with a warning)."""
@@ -489,11 +369,10 @@ class SnapshotStore:
             writes.stop()
         if disk is not None:
             if ram is not None:
+                assert self._disk_writes is not None
                 with self._lock:
                     held = ram.snapshots()  # least valuable first: the most valuable stay
-                for snapshot in held:
-                    if not self._disk_call("contains", disk.__contains__, snapshot.key, default=True):
-                        self._write_to_disk(snapshot)
+                self._disk_writes.write_out(held)
             disk.close()
         if ram is not None:
             with self._lock:
@@ -514,82 +393,7 @@ class SnapshotStore:
         where = "RAM only" if self._directory is None else str(self._directory)
         return f"SnapshotStore({where})"
 
-    # -- reading ------------------------------------------------------------------------------------
-
-    def _peek_memory(self, key: SnapshotKey) -> Snapshot | None:
-        """What RAM or the write queue holds under `key`, without marking it as used or counting."""
-        if not isinstance(key, SnapshotKey):
-            raise InvalidArgument(f"key must be a SnapshotKey, got {type(key).__name__}")
-        self._check_open()
-        with self._lock:
-            snapshot = None if self._ram is None else self._ram.peek(key)
-            if snapshot is None and self._writes is not None:
-                snapshot = self._writes.get(key)
-        return snapshot
-
-    def _get_memory(self, key: SnapshotKey, *, count_miss: bool = True) -> Snapshot | None:
-        """RAM, else a snapshot waiting for its disk write; counts a hit. Call with the lock held."""
-        snapshot = None if self._ram is None else self._ram.get(key)
-        if snapshot is None and self._writes is not None:
-            snapshot = self._writes.get(key)
-        if snapshot is None:
-            if count_miss and self._ram is not None:
-                self._counters.ram_misses += 1
-            return None
-        self._counters.hits += 1
-        # Without a RAM tier, a snapshot still waiting for its write counts for the disk.
-        if self._ram is not None:
-            self._counters.ram_hits += 1
-        else:
-            self._counters.disk_hits += 1
-        return snapshot
-
-    def _get_disk(self, key: SnapshotKey, epoch: int, *, count_miss: bool = True) -> Snapshot | None:
-        """Read `key` from disk and promote it into RAM; counts a disk hit or miss."""
-        disk = self._disk
-        if disk is None:
-            return None
-        found: Snapshot | Miss | None = self._disk_call("get", disk.read, key, default=None)
-        snapshot = found if isinstance(found, Snapshot) else None
-        if found is not None and not isinstance(found, Snapshot) and found.lasting:
-            # Gone, damaged or another secret's: the catalog stops offering it. A transient failure
-            # (None, or Miss.UNAVAILABLE) leaves it there for the next lookup to try again.
-            self._catalogs.forget(key)
-        with self._lock:
-            if snapshot is None:
-                if count_miss:
-                    self._counters.disk_misses += 1
-                return None
-            self._counters.hits += 1
-            self._counters.disk_hits += 1
-            self._promote(snapshot, epoch)
-        if self._writes is not None and not self._writes.background:
-            self._writes.drain()  # spills of the promotion's evictions
-        return snapshot
-
-    def _promote(self, snapshot: Snapshot, epoch: int) -> None:
-        """Copy a disk hit into RAM. Call with the lock held.
-
-        Never once close() began (its final write-out would miss what the promotion evicts), nor
-        after a remove() since the read began (the promotion would undo it).
-        """
-        ram, key = self._ram, snapshot.key
-        if ram is None or self._closed or epoch != self._remove_epoch or key in ram:
-            return
-        if ram.put(snapshot):
-            self._counters.promotions += 1
-            if not key.is_block:
-                self._memory_index.add(key, rolling_hash(snapshot.tokens))
-            self._on_disk.add(key)
-        self._handle_evictions()
-
-    def _count_miss(self) -> None:
-        """A lookup that found nothing anywhere. Call with the lock held."""
-        self._counters.misses += 1
-        if self._ram is not None:
-            self._counters.ram_misses += 1
-        if self._disk is not None:
-            self._counters.disk_misses += 1
+    # -- wiring and checks ---------------------------------------------------------------------------
 
     def _on_disk_change(self, change: Change) -> None:
         """A committed disk transaction of ours: the catalogs follow it, and RAM keys whose disk
@@ -599,74 +403,7 @@ class SnapshotStore:
             with self._lock:
                 for row in change.removed:
                     with contextlib.suppress(InvalidArgument):  # a row no put could have written
-                        self._on_disk.discard(row.key())
-
-    # -- writing ------------------------------------------------------------------------------------
-
-    def _handle_evictions(self) -> None:
-        """Spill what the RAM tier just evicted, unless the disk holds it already. Lock held."""
-        evicted = self._evicted[:]
-        self._evicted.clear()
-        writes = self._writes
-        for snapshot in evicted:
-            key = snapshot.key
-            if writes is None:
-                self._memory_index.remove(key)
-            elif writes.mark_spill(key):
-                continue  # its write is still queued: that write is now the spill
-            elif key in self._on_disk:
-                self._on_disk.discard(key)
-                self._memory_index.remove(key)  # the disk's catalog serves it from now on
-            else:
-                writes.add(snapshot, spill=True)
-
-    def _holds(self, job: PendingWrite) -> bool:
-        """Whether RAM holds the very snapshot `job` writes. Lock held."""
-        return self._ram is not None and self._ram.peek(job.snapshot.key) is job.snapshot
-
-    def _settle_write(self, job: PendingWrite, stored: bool, current: bool) -> None:
-        """A queued write is done. Lock held."""
-        key = job.snapshot.key
-        if stored and job.spill:
-            self._counters.spills += 1
-        if not current:
-            return  # a newer snapshot under the key waits for its own write
-        if self._holds(job):
-            if stored:
-                self._on_disk.add(key)
-            return
-        if self._ram is None or key not in self._ram:
-            self._memory_index.remove(key)
-            if not stored:
-                self._counters.dropped += 1
-
-    def _undo_write(self, key: SnapshotKey) -> None:
-        """remove() ran while `key` was being written: remove what the write left on disk."""
-        disk = self._disk
-        assert disk is not None
-        self._disk_call("remove", disk.remove, key, default=False)
-        self._catalogs.forget(key)
-
-    def _write_to_disk(self, snapshot: Snapshot) -> bool:
-        """disk.put with failures logged and counted; True if the disk kept it."""
-        disk = self._disk
-        assert disk is not None
-        try:
-            stored = disk.put(snapshot)
-        except (StoreUnavailable, OSError) as exc:
-            log.warning("snapcache: could not write snapshot %s to disk: %s", snapshot.key.id[:16], exc)
-            with self._lock:
-                self._counters.write_errors += 1
-            return False
-        if not stored:
-            log.warning(
-                "snapcache: snapshot %s (%d bytes, priority %d) not kept on disk: larger than the disk "
-                "budget, or no room without evicting a higher priority",
-                snapshot.key.id[:16],
-                snapshot.nbytes,
-                snapshot.priority,
-            )
-        return stored
+                        self._memory.off_disk(row.key())
 
     def _drop(self, snapshot: Snapshot, why: str) -> None:
         log.warning(
@@ -675,17 +412,15 @@ class SnapshotStore:
         with self._lock:
             self._counters.dropped += 1
 
-    def _disk_call(self, what: str, call: Callable[..., Any], *args: Any, default: Any) -> Any:
-        """A read of the disk tier: an unavailable disk is a logged miss, never an exception."""
-        try:
-            return call(*args)
-        except (StoreUnavailable, OSError) as exc:
-            log.warning("snapcache: disk %s failed: %s", what, exc)
-            return default
-
     def _check_open(self) -> None:
         if self._closed:
             raise StoreUnavailable("the store is closed")
+
+    def _check_key(self, key: SnapshotKey) -> None:
+        """A key argument of a read, and the store still open."""
+        if not isinstance(key, SnapshotKey):
+            raise InvalidArgument(f"key must be a SnapshotKey, got {type(key).__name__}")
+        self._check_open()
 
 
 # Stores still open at interpreter exit are closed then, so that queued writes reach the disk.

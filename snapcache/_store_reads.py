@@ -1,0 +1,208 @@
+"""Finding a snapshot across the tiers: memory first, then the disk, whose hits are promoted into RAM.
+
+Exact gets, longest-prefix lookups and the reads of shared blocks, with the hits and misses each
+counts. Arguments arrive checked (the store's façade checks them); a disk that fails to answer is a
+logged miss, never an exception.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from snapcache._disk_catalogs import DiskCatalogs
+from snapcache._store_memory import StoreMemory
+from snapcache._store_report import Counters
+from snapcache.errors import StoreUnavailable
+from snapcache.key import SnapshotKey, TokenArray, rolling_prefix_hashes
+from snapcache.prefix_index import iter_prefix_matches
+from snapcache.snapshot import Snapshot
+from snapcache.tier import TierName
+
+if TYPE_CHECKING:
+    from snapcache.disk_tier import DiskTier, Miss
+
+log = logging.getLogger("snapcache")
+
+
+def disk_call(what: str, call: Callable[..., Any], *args: Any, default: Any) -> Any:
+    """A read of the disk tier: an unavailable disk is a logged miss, never an exception."""
+    try:
+        return call(*args)
+    except (StoreUnavailable, OSError) as exc:
+        log.warning("snapcache: disk %s failed: %s", what, exc)
+        return default
+
+
+class TierReads:
+    """The store's reads: RAM, else a snapshot waiting for its disk write, else the disk."""
+
+    def __init__(
+        self,
+        lock: threading.Condition,
+        memory: StoreMemory,
+        disk: DiskTier | None,
+        catalogs: DiskCatalogs,
+        counters: Counters,
+    ) -> None:
+        self._lock = lock
+        self._memory = memory
+        self._disk = disk
+        self._catalogs = catalogs
+        self._counters = counters
+
+    def get(self, key: SnapshotKey) -> Snapshot | None:
+        """The snapshot under exactly `key`, counted as a hit or a miss."""
+        with self._lock:
+            snapshot = self._get_memory(key)
+            if snapshot is not None:
+                return snapshot
+            epoch = self._memory.remove_epoch
+        snapshot = self._get_disk(key, epoch)
+        if snapshot is None:
+            with self._lock:
+                self._counters.misses += 1
+        return snapshot
+
+    def longest_prefix(
+        self, model_fingerprint: str, scope: str, query: TokenArray
+    ) -> tuple[Snapshot, TierName] | None:
+        """The snapshot of the longest stored prefix of `query` and the tier that served it."""
+        indexes = [self._memory.index]
+        if self._disk is not None:
+            indexes.append(self._catalogs.get(model_fingerprint, scope))
+        hashes = rolling_prefix_hashes(query)
+        tried: set[SnapshotKey] = set()
+        while True:
+            with self._lock:
+                key = None
+                for candidate in iter_prefix_matches(indexes, model_fingerprint, scope, query, hashes):
+                    if candidate not in tried:
+                        key = candidate
+                        break
+                if key is None:
+                    self._count_miss()
+                    return None
+                snapshot = self._get_memory(key, count_miss=False)
+                if snapshot is not None:
+                    return snapshot, self._memory_tier()
+                epoch = self._memory.remove_epoch
+            snapshot = self._get_disk(key, epoch, count_miss=False)
+            if snapshot is not None:
+                if self._memory.ram is not None:
+                    with self._lock:
+                        self._counters.ram_misses += 1
+                return snapshot, "disk"
+            tried.add(key)  # vanished or corrupt on disk: try the next best
+
+    def peek(self, key: SnapshotKey) -> Snapshot | None:
+        """What memory holds under `key`, without marking it as used or counting."""
+        with self._lock:
+            return self._memory.peek(key)
+
+    def held_priority(self, key: SnapshotKey) -> int | None:
+        """The priority stored under `key`, read from memory or the disk's index alone."""
+        snapshot = self.peek(key)
+        if snapshot is not None:
+            return snapshot.priority
+        if self._disk is None:
+            return None
+        priority: int | None = disk_call("read the index", self._disk.held_priority, key, default=None)
+        return priority
+
+    def stored_tokens(self, key: SnapshotKey) -> TokenArray | None:
+        """The tokens stored under `key`, without loading its state."""
+        snapshot = self.peek(key)
+        if snapshot is not None:
+            return snapshot.tokens
+        if self._disk is None:
+            return None
+        found: TokenArray | None = disk_call("read tokens", self._disk.stored_tokens, key, default=None)
+        return found
+
+    def get_block(self, key: SnapshotKey) -> tuple[Snapshot, TierName] | None:
+        """The block under `key` and its tier, promoted like a get but neither counted nor touched."""
+        with self._lock:
+            snapshot = self._memory.get(key)
+            if snapshot is not None:
+                return snapshot, self._memory_tier()
+            epoch = self._memory.remove_epoch
+        disk = self._disk
+        if disk is None:
+            return None
+        read = functools.partial(disk.read, touch=False)  # touch_blocks records the uses at once
+        found: Snapshot | Miss | None = disk_call("get", read, key, default=None)
+        if not isinstance(found, Snapshot):
+            return None
+        with self._lock:
+            self._memory.promote(found, epoch)
+        self._drain_if_foreground()
+        return found, "disk"
+
+    def touch_blocks(self, keys: list[SnapshotKey]) -> None:
+        """Record a use of `keys`, the first as the most recent, in RAM and on disk."""
+        ram = self._memory.ram
+        if ram is not None:
+            with self._lock:
+                for key in reversed(keys):
+                    ram.get(key)  # in RAM too, the first becomes the most recently used
+        if self._disk is not None and keys:
+            disk_call("record uses", self._disk.touch, keys, default=None)
+
+    def _memory_tier(self) -> TierName:
+        """A snapshot still waiting for its disk write counts for the disk when there is no RAM tier."""
+        return "ram" if self._memory.ram is not None else "disk"
+
+    def _get_memory(self, key: SnapshotKey, *, count_miss: bool = True) -> Snapshot | None:
+        """RAM, else a snapshot waiting for its disk write; counts a hit. Lock held."""
+        snapshot = self._memory.get(key)
+        has_ram = self._memory.ram is not None
+        if snapshot is None:
+            if count_miss and has_ram:
+                self._counters.ram_misses += 1
+            return None
+        self._counters.hits += 1
+        if has_ram:
+            self._counters.ram_hits += 1
+        else:
+            self._counters.disk_hits += 1
+        return snapshot
+
+    def _get_disk(self, key: SnapshotKey, epoch: int, *, count_miss: bool = True) -> Snapshot | None:
+        """Read `key` from disk and promote it into RAM; counts a disk hit or miss."""
+        disk = self._disk
+        if disk is None:
+            return None
+        found: Snapshot | Miss | None = disk_call("get", disk.read, key, default=None)
+        snapshot = found if isinstance(found, Snapshot) else None
+        if found is not None and not isinstance(found, Snapshot) and found.lasting:
+            # Gone, damaged or another secret's: the catalog stops offering it. A transient failure
+            # (None, or Miss.UNAVAILABLE) leaves it there for the next lookup to try again.
+            self._catalogs.forget(key)
+        with self._lock:
+            if snapshot is None:
+                if count_miss:
+                    self._counters.disk_misses += 1
+                return None
+            self._counters.hits += 1
+            self._counters.disk_hits += 1
+            self._memory.promote(snapshot, epoch)
+        self._drain_if_foreground()
+        return snapshot
+
+    def _drain_if_foreground(self) -> None:
+        """Without a writer thread, write the spills of a promotion's evictions now."""
+        writes = self._memory.writes
+        if writes is not None and not writes.background:
+            writes.drain()
+
+    def _count_miss(self) -> None:
+        """A lookup that found nothing anywhere. Lock held."""
+        self._counters.misses += 1
+        if self._memory.ram is not None:
+            self._counters.ram_misses += 1
+        if self._disk is not None:
+            self._counters.disk_misses += 1

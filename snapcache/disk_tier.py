@@ -123,6 +123,9 @@ class DiskTier:
         except OSError as exc:
             raise StoreUnavailable(f"cannot create {self._files}: {exc.strerror or exc}") from None
         self._on_change = on_change
+        # Files this process found intact but not authenticated under its secret, by key id: kept for
+        # a reader that has the right secret, but not "held" for this one, so that a put replaces them.
+        self._unauthenticated: dict[str, str] = {}
         with files.open_lock(self.directory / LOCK_NAME):
             self._index = open_or_rebuild(self.directory, self._mac_key)
             try:
@@ -254,6 +257,9 @@ class DiskTier:
                     snapshot = self._verify(row, data, key)
                 except MacMismatch as exc:
                     _warn_unauthenticated(self._files / row.file_name, str(exc))
+                    if len(self._unauthenticated) >= _MAX_WARNED:
+                        self._unauthenticated.clear()
+                    self._unauthenticated[row.key_id] = row.file_name
                     return Miss.UNAUTHENTICATED
                 except CorruptSnapshot as exc:
                     self._discard(row, str(exc))
@@ -285,9 +291,29 @@ class DiskTier:
             logger.debug("could not record the use of %d blocks: %s", len(uses), exc)
 
     def held_priority(self, key: SnapshotKey) -> int | None:
-        """The priority recorded for `key`, or None when the index has no row for it."""
+        """The priority recorded for `key`, or None when the index has no row for it or its file is
+        not authenticated under this store's secret (a put replaces it then).
+
+        Once a file has failed authentication in this process (a new secret, a forgery), the head of
+        each file asked about is checked too, so that a writer stores again what it could not read."""
         row = self._open_index().get(key.id)
-        return None if row is None else row.priority
+        if row is None or self._unauthenticated.get(row.key_id) == row.file_name:
+            return None
+        if self._unauthenticated and not self._head_authenticated(row):
+            self._unauthenticated[row.key_id] = row.file_name
+            return None
+        return row.priority
+
+    def _head_authenticated(self, row: IndexRow) -> bool:
+        """Whether `row`'s file head carries a valid MAC under this store's secret (or, without one,
+        none); True when it cannot be read: damage is left for a read or `check` to deal with."""
+        if not files.is_snapshot_name(row.file_name):
+            return True
+        try:
+            with (self._files / row.file_name).open("rb") as handle:
+                return read_header(handle, row.file_bytes, mac_secret=self._mac_key).authenticated
+        except (OSError, CorruptSnapshot):
+            return True
 
     def stored_tokens(self, key: SnapshotKey) -> TokenArray | None:
         """The tokens in the checked header of `key`'s file, without reading its payload; None if absent

@@ -177,12 +177,14 @@ class StoredStates:
             _log.warning("record %s is malformed, ignored: %s", snapshot.key.id[:12], exc)
             return None
         keys = block_keys(self.fingerprint, snapshot.key.scope, snapshot.tokens, record.n_blocks)
-        padded = pad_windows and pads_window(record)
-        assembled = self._assemble(keys, record, tier, padded)
-        if assembled is None:
+        blocks, source = self._read_blocks(keys, tier)
+        if len(blocks) < record.n_blocks:
             _log.debug("record %s lacks some of its %d blocks", snapshot.key.id[:12], record.n_blocks)
             return None
-        state, source = assembled
+        padded = pad_windows and pads_window(record)
+        state = self._assemble(blocks, record, padded)
+        if state is None:
+            return None
         restored = Snapshot(snapshot.key, snapshot.tokens, state, snapshot.logits, snapshot.priority)
         return Found(restored, source, snapshot.key, record.kind, padded)
 
@@ -195,18 +197,20 @@ class StoredStates:
             run += 1
         if run * BLOCK_TOKENS <= longer_than:
             return None
-        assembled = self._assemble(keys[:run], None, "ram")
-        if assembled is None:
+        blocks, source = self._read_blocks(keys[:run], "ram")  # up to the first that fails to read
+        run = len(blocks)
+        if run * BLOCK_TOKENS <= longer_than:
             return None
-        state, source = assembled
+        state = self._assemble(blocks, None)
+        if state is None:
+            return None
         prefix = tokens[: run * BLOCK_TOKENS]
         key = SnapshotKey.for_tokens(self.fingerprint, scope, prefix)
         return Found(Snapshot(key, prefix, state), source, None, None)
 
-    def _assemble(
-        self, keys: Sequence[SnapshotKey], record: Record | None, tier: Source, pad_window: bool = False
-    ) -> tuple[memoryview, Source] | None:
-        """The blob of `keys`' blocks and `record`; None when a block is missing or they do not fit."""
+    def _read_blocks(self, keys: Sequence[SnapshotKey], tier: Source) -> tuple[list[memoryview], Source]:
+        """The blocks of `keys` up to the first that is missing or fails to read (those after it would
+        be read for nothing), marked as used; and "disk" if any came from there, else `tier`."""
         blocks: list[memoryview] = []
         source = tier
         for key in keys:
@@ -214,15 +218,22 @@ class StoredStates:
                 found = self._store.get_block(key)
             except (SnapcacheError, OSError) as exc:
                 _log.warning("block lookup failed: %s", exc)
-                return None
+                break
             if found is None:
-                return None  # the blocks after it would be read for nothing
+                break
             blocks.append(memoryview(found[0].state))
             if found[1] == "disk":
                 source = "disk"
-        self._store.touch_blocks(list(keys))
+        if blocks:
+            self._store.touch_blocks(list(keys[: len(blocks)]))
+        return blocks, source
+
+    def _assemble(
+        self, blocks: Sequence[memoryview], record: Record | None, pad_window: bool = False
+    ) -> memoryview | None:
+        """The blob of `blocks` and `record`; None when they do not fit together."""
         try:
-            return assemble(blocks, record, pad_window=pad_window), source
+            return assemble(blocks, record, pad_window=pad_window)
         except ValueError as exc:
             _log.warning("stored blocks do not fit together, not restored: %s", exc)
             return None

@@ -15,7 +15,7 @@ a random llama with an 8B model's KV geometry, on 2 threads and llama.cpp's defa
   timed from the completion call to the moment snapcache reports the restore (median of `--runs`);
 - time to first token of 8 greedy tokens after the prefix and a short question: cold (a plain
   Llama) and restored (a new CachedLlama, save=False, over a reopened store, into a Llama that
-  holds nothing), median of `--runs` (fewer once they add up to 10 s: the large models' cold reads);
+  holds nothing), in turn, median of `--runs` (fewer once the cold reads add up to 10 s);
 - whether every restored run's tokens, and its last logits, equal the cold read's bit for bit.
 
 --quick: a short prefix, the tiny models and a 2-layer geometry model, one run (a smoke run).
@@ -45,8 +45,9 @@ from _common import (
     prompt_paragraphs,
     report,
 )
+from tiny_model import ARCHITECTURES
 
-TINY_ARCHS = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "mamba", "lfm2")
+TINY_ARCHS: tuple[str, ...] = ARCHITECTURES
 GEMMA3 = "gemma3"
 GEOMETRY = "geometry"
 ALL_ARCHS = (*TINY_ARCHS, GEMMA3, GEOMETRY)
@@ -80,8 +81,7 @@ class Row:
     restored_source: str | None
     cold_ttft_s: float
     restored_ttft_s: float
-    cold_runs: int
-    restored_runs: int
+    ttft_runs: int
     tokens_equal: bool
     logits_equal: bool
 
@@ -181,12 +181,15 @@ def _greedy(complete: Callable[..., Any], llm: Any, prompt: list[int]) -> tuple[
     return ttft, tokens, ctypes.string_at(logits, n_vocab * ctypes.sizeof(ctypes.c_float))
 
 
-def _samples(fn: Callable[[], float], runs: int) -> list[float]:
-    """Up to `runs` results of `fn`, fewer once they add up to SLOW_SECONDS (at least one)."""
-    samples = [fn()]
-    while len(samples) < runs and sum(samples) < SLOW_SECONDS:
-        samples.append(fn())
-    return samples
+def _alternate(cold: Callable[[], float], restored: Callable[[], float], runs: int) -> tuple[float, float]:
+    """Medians of up to `runs` cold and restored results, taken in turn (so that both see the same
+    load); fewer once the cold ones add up to SLOW_SECONDS (at least one of each)."""
+    colds: list[float] = []
+    restoreds: list[float] = []
+    while not colds or (len(colds) < runs and sum(colds) < SLOW_SECONDS):
+        colds.append(cold())
+        restoreds.append(restored())
+    return statistics.median(colds), statistics.median(restoreds)
 
 
 def measure(model: Model, n_prefix: int, runs: int, workdir: Path) -> Row:
@@ -261,8 +264,7 @@ def measure(model: Model, n_prefix: int, runs: int, workdir: Path) -> Row:
                 infos.append(restored.last_restore)
             return restored_runs[-1][0]
 
-        cold_s = statistics.median(_samples(cold_ttft, runs))
-        restored_s = statistics.median(_samples(restored_ttft, runs))
+        cold_s, restored_s = _alternate(cold_ttft, restored_ttft, runs)
     finally:
         reader.close()
         cold.close()
@@ -285,8 +287,7 @@ def measure(model: Model, n_prefix: int, runs: int, workdir: Path) -> Row:
         restored_source=None if info is None else info.source,
         cold_ttft_s=cold_s,
         restored_ttft_s=restored_s,
-        cold_runs=len(cold_runs),
-        restored_runs=len(restored_runs),
+        ttft_runs=len(cold_runs),
         tokens_equal=all(run[1] == cold_tokens for run in restored_runs),
         logits_equal=all(run[2] == cold_logits for run in restored_runs),
     )
@@ -323,10 +324,7 @@ def table_of(rows: list[Row], n_prefix: int, runs: int) -> Table:
             _exact(row),
         )
     for row in rows:
-        table.notes.append(
-            f"{row.arch}: {row.model}; time to first token runs: {row.cold_runs} cold, "
-            f"{row.restored_runs} restored"
-        )
+        table.notes.append(f"{row.arch}: {row.model}; {row.ttft_runs} cold and restored runs")
     table.notes.append(
         "state: llama_state_seq_get_size of the sequence holding the prefix; bytes/token: state / prefix "
         "tokens; +1 token: what a token adds (half the prefix to all of it), 0 B where the state is one "
@@ -337,7 +335,8 @@ def table_of(rows: list[Row], n_prefix: int, runs: int) -> Table:
         "RAM: the store warm filled; disk: the store opened again (files in the page cache)"
     )
     table.notes.append(
-        f"TTFT: to the first of {MAX_TOKENS} greedy tokens after prefix + question; cold: a plain Llama; "
+        f"TTFT: to the first of {MAX_TOKENS} greedy tokens after prefix + question, cold and restored in "
+        "turn; cold: a plain Llama; "
         "restored: a new CachedLlama (save=False) over a reopened store; restored: tokens restored / "
         "prompt tokens"
     )
@@ -361,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
         "--runs",
         type=int,
         help="timed runs per median (default 3; --quick 1); time to "
-        f"first token stops early once its runs take {SLOW_SECONDS:.0f} s",
+        f"first token stops early once its cold reads take {SLOW_SECONDS:.0f} s",
     )
     args = parser.parse_args(argv)
     archs = args.archs or ([*TINY_ARCHS, GEOMETRY] if args.quick else list(ALL_ARCHS))

@@ -171,6 +171,30 @@ def test_bench_restart_quick(tmp_path: Path) -> None:
         assert min(row["cold_s"], row["hot_s"], row["restored_s"]) > 0
 
 
+def test_bench_architectures_quick(tmp_path: Path) -> None:
+    out = tmp_path / "architectures.json"
+    proc = _run("bench_architectures.py", "--quick", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    _assert_header(proc.stdout, "Per architecture", "architecture")
+    payload = _load_json(out, "bench_architectures")
+    rows = {row["arch"]: row for row in payload["rows"]}
+    assert set(rows) == {"llama", "qwen2", "qwen3", "phi3", "gemma2", "mamba", "lfm2", "geometry"}
+    for arch, row in rows.items():
+        # The whole prefix came back from the reopened store, and read on as a cold read does.
+        assert row["restored_source"] == "disk", arch
+        assert row["restored_tokens"] == row["prefix_tokens"] < row["prompt_tokens"], arch
+        assert row["tokens_equal"], arch
+        assert row["logits_equal"], arch
+        timings = ("restore_ram_s", "restore_disk_s", "cold_ttft_s", "restored_ttft_s")
+        assert min(row[name] for name in timings) > 0, arch
+        assert row["state_bytes"] > 0
+    # A recurrent state is one size per sequence; a KV cache grows with every token.
+    assert rows["mamba"]["bytes_per_added_token"] == 0
+    assert all(rows[arch]["bytes_per_added_token"] > 0 for arch in rows if arch != "mamba")
+    # --quick's geometry model: 2 layers x K and V x 8 heads x 128 values of f16, and a cell's position.
+    assert 8_192 <= rows["geometry"]["bytes_per_added_token"] < 8_192 + 64
+
+
 def test_run_all_runs_the_chosen_scripts(tmp_path: Path) -> None:
     proc = _run("run_all.py", "--quick", "--only", "lookup_scaling", "--results", str(tmp_path))
     assert proc.returncode == 0, proc.stderr

@@ -10,7 +10,7 @@ Settings: the default (exact) restores at the model's measured split alignment a
 32 or more tokens to read; `exact=False` restores all of P but its last token. With flash attention
 over an F16 K/V cache no split is exact, so the exact cache restores nothing there at all.
 
-    python benchmarks/bench_inexact.py            # Gemma-3-270M and the tiny llama, 8 cases each
+    python benchmarks/bench_inexact.py            # Gemma-3-270M and the tiny llama, 4 cases each
     python benchmarks/bench_inexact.py --quick    # the tiny llama, 2 cases
 """
 
@@ -53,7 +53,7 @@ class Outcome:
 
 def main() -> None:
     parser = make_parser(__doc__.splitlines()[0])
-    parser.add_argument("--cases", type=int, default=8, help="prompts per model and setting (default 8)")
+    parser.add_argument("--cases", type=int, default=4, help="prompts per model and setting (default 4)")
     parser.add_argument("--tokens", type=int, default=32, help="greedy tokens compared (default 32)")
     args = parser.parse_args()
     cases_per_model = 2 if args.quick else args.cases
@@ -94,8 +94,8 @@ def _run(
 ) -> list[Outcome]:
     from snapcache import CachedLlama, SnapshotStore
 
-    llm = new_llama(model_path, 2048, **llama_kwargs)
-    cold_llm = new_llama(model_path, 2048, **llama_kwargs)
+    llm = new_llama(model_path, 1024, **llama_kwargs)
+    cold_llm = new_llama(model_path, 1024, **llama_kwargs)
     paragraphs = prompt_paragraphs()
     outcomes = []
     store_dir = workdir / f"store-{model_path.stem}-{len(llama_kwargs)}-{exact}"

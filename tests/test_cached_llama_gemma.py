@@ -159,3 +159,40 @@ def test_warm_then_chat_hits_the_warmed_prefix(cached, cold_runs):
 
     assert (fresh.last_restore.restored_tokens, fresh.last_restore.source) == (warmed.token_count, "ram")
     assert (reply, context_of(fresh.llm)) == cold_runs(messages)
+
+
+def _counting_long_tokenizations(llm: Any, shortest: int) -> list[int]:
+    """Record the length of every text of at least `shortest` bytes the Llama tokenizes from now on."""
+    seen: list[int] = []
+    tokenize = llm.tokenize
+
+    def counting(text: bytes, *args: Any, **kwargs: Any) -> list[int]:
+        if len(text) >= shortest:
+            seen.append(len(text))
+        return tokenize(text, *args, **kwargs)  # type: ignore[no-any-return]
+
+    llm.tokenize = counting
+    return seen
+
+
+def test_a_chat_restored_to_its_warmed_system_part_tokenizes_only_its_prompt(cached, cold_runs):
+    warmed = cached().warm(SYSTEM)
+    fresh = cached()
+    seen = _counting_long_tokenizations(fresh.llm, len(SYSTEM))
+    messages = chat("Tell Sam I will be ten minutes late.")
+    reply = reply_of(fresh.create_chat_completion(messages, **GREEDY))
+    assert fresh.last_restore.restored_tokens == warmed.token_count
+    assert (reply, context_of(fresh.llm)) == cold_runs(messages)
+    # The prompt, once: the template probes that find the system part render text and stop before
+    # tokenizing it, and the restored tokens already reach its last checkpoint.
+    assert len(seen) == 1
+
+    # A system part not stored yet is tokenized once more, to put a checkpoint at its end.
+    seen.clear()
+    fresh.llm.reset()
+    longer = chat_with(SYSTEM + " Sign every message.", "Tell Sam I will be ten minutes late.")
+    fresh.create_chat_completion(longer, **GREEDY)
+    assert len(seen) == 2
+    later = cached()
+    later.create_chat_completion(chat_with(SYSTEM + " Sign every message.", "Any news?"), **GREEDY)
+    assert later.last_restore.restored_tokens > warmed.token_count  # the new system part's checkpoint

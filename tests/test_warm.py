@@ -103,3 +103,26 @@ def test_warm_of_a_short_system_prompt_says_it_is_too_short(cached, store):
         cached().warm("Be brief.")
     assert "raw=True" not in str(raised.value)  # the chat format renders it; the advice would be wrong
     assert store.entries() == []
+
+
+def test_the_chat_template_probes_render_text_without_tokenizing_it(cached, make_llama, tiny_model_path):
+    warmed = cached().warm(SYSTEM)
+    fresh = cached()
+    llm = fresh.llm
+    long_texts: list[int] = []
+    tokenize = llm.tokenize
+
+    def counting(text: bytes, *args: object, **kwargs: object) -> list[int]:
+        if len(text) >= len(SYSTEM):
+            long_texts.append(len(text))
+        return tokenize(text, *args, **kwargs)  # type: ignore[arg-type]
+
+    llm.tokenize = counting  # type: ignore[method-assign]
+    messages = chat(SYSTEM, "Open the budget spreadsheet.")
+    reply = chat_reply(fresh.create_chat_completion(messages, **GREEDY))
+    assert fresh.last_restore is not None
+    assert fresh.last_restore.restored_tokens == warmed.token_count
+    assert (reply, context_of(llm)) == cold_chat(make_llama, tiny_model_path, messages)
+    # The prompt, and the system part once (the tiny model's byte tokens do not decode back to the
+    # text, so whether the restore reached its end is not known without them): not four probes.
+    assert len(long_texts) == 2

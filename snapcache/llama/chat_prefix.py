@@ -3,8 +3,13 @@
 A chat template renders the system messages, then the first user turn; where the user's text starts
 (and how the tokenizer merges it with the template's last characters) decides how many tokens all
 such chats have in common. `ChatPrefixFinder` renders the system part with several different user
-messages the way the Llama itself will, and keeps the tokens all of them share. Results are memoized:
-an agent sends the same system prompt again and again.
+messages the way the Llama itself will (no generation), and keeps the text all of them start with;
+its tokens, but for the last few that the next characters could merge with, are what every such
+chat shares. Tokenizing a long system prompt takes a while (0.1 s for 9,000 Gemma tokens on 2
+cores), so it happens only when asked for: a prompt restored up to the last checkpoint that text
+could give needs none (`SharedPrefix.reached` decodes the restored tokens instead). Results are
+memoized: an agent sends the same system prompt again and again. A chat format that hands over
+tokens, not text, is probed by tokens.
 """
 
 from __future__ import annotations
@@ -14,16 +19,20 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, cast
 
 import llama_cpp
 import numpy as np
 
 from snapcache.key import TokenArray, as_token_array
+from snapcache.llama.checkpoints import align_down
 
 __all__ = [
     "SYSTEM_ROLES",
     "ChatPrefixFinder",
+    "RenderedText",
+    "SharedPrefix",
     "common_prefix",
     "patched",
     "system_head",
@@ -41,12 +50,67 @@ SYSTEM_ROLES = ("system", "developer")
 RENDER_OPTIONS = ("functions", "function_call", "tools", "tool_choice")
 _MEMO_SIZE = 32
 _MISSING = object()
+# The last tokens of the shared text that the characters after it could merge with: dropped.
+_MERGE_MARGIN_TOKENS = 2
+
+
+@dataclass(frozen=True, slots=True)
+class RenderedText:
+    """A prompt as a chat handler is about to tokenize it: its bytes, and whether a BOS goes first."""
+
+    text: bytes
+    add_bos: bool
+
+    def tokens(self, llm: llama_cpp.Llama) -> list[int]:
+        return list(llm.tokenize(self.text, add_bos=self.add_bos, special=True))
+
+
+class SharedPrefix:
+    """What every chat that starts with the same system messages shares: the rendered text they all
+    start with (None where the chat format hands over tokens), and its tokens, worked out once."""
+
+    def __init__(
+        self, llm: llama_cpp.Llama, text: RenderedText | None, tokens: TokenArray | None = None
+    ) -> None:
+        self._llm = llm
+        self.text = text
+        self._tokens = tokens
+
+    def tokens(self) -> TokenArray:
+        """The tokens every such chat starts with."""
+        if self._tokens is None:
+            assert self.text is not None
+            tokens = self.text.tokens(self._llm)
+            self._tokens = as_token_array(tokens[: max(0, len(tokens) - _MERGE_MARGIN_TOKENS)])
+        return self._tokens
+
+    def reached(self, prompt: TokenArray, n_tokens: int, alignment: int) -> bool:
+        """Whether a checkpoint at the end of this prefix, on a multiple of `alignment`, would lie
+        within the first `n_tokens` of `prompt` (a chat starting with this prefix): then it spares
+        nothing. Decodes those tokens and tokenizes only the text after them, a fraction of
+        tokenizing the whole text; False whenever unsure."""
+        if self._tokens is not None:
+            return align_down(len(self._tokens), alignment) <= n_tokens
+        if self.text is None or n_tokens <= 0:
+            return False
+        llm = self._llm
+        lead = len(RenderedText(b"", self.text.add_bos).tokens(llm))  # a BOS, not in the text
+        try:
+            decoded = llm.detokenize(prompt[lead:n_tokens].tolist(), special=True)
+        except (RuntimeError, ValueError, UnicodeError):
+            return False
+        text = self.text.text
+        shared = common_prefix(np.frombuffer(decoded, np.uint8), np.frombuffer(text, np.uint8))
+        if shared < len(decoded) and shared < len(text):
+            return False  # they part ways inside the text (or decoding does not give it back)
+        rest = RenderedText(text[shared:], add_bos=False).tokens(llm) if shared < len(text) else []
+        return align_down(n_tokens + len(rest), alignment) <= n_tokens
 
 
 class _RenderedPrompt(Exception):
     """Carries the prompt a chat handler built out of the call it was about to make."""
 
-    def __init__(self, prompt: Any) -> None:
+    def __init__(self, prompt: RenderedText | TokenArray | None) -> None:
         super().__init__("rendered")
         self.prompt = prompt
 
@@ -60,10 +124,15 @@ class ChatPrefixFinder:
         """`render(messages, options)` calls the Llama's chat completion path for those messages."""
         self._llm = llm
         self._render_call = render
-        self._memo: OrderedDict[str, TokenArray] = OrderedDict()
+        self._memo: OrderedDict[str, SharedPrefix] = OrderedDict()
 
     def shared_tokens(self, head: list[Mapping[str, Any]], options: dict[str, Any]) -> TokenArray | None:
         """The tokens every chat starting with `head` shares; None when the chat format cannot render it."""
+        prefix = self.shared(head, options)
+        return None if prefix is None else prefix.tokens()
+
+    def shared(self, head: list[Mapping[str, Any]], options: dict[str, Any]) -> SharedPrefix | None:
+        """What every chat starting with `head` shares; None when the chat format cannot render it."""
         try:
             memo_key = json.dumps([head, options], sort_keys=True, default=repr)
         except (TypeError, ValueError):
@@ -71,14 +140,20 @@ class ChatPrefixFinder:
         if memo_key is not None and memo_key in self._memo:
             self._memo.move_to_end(memo_key)
             return self._memo[memo_key]
-        renders: list[TokenArray] = []
+        renders: list[RenderedText | TokenArray] = []
         for text in _PROBE_USER_MESSAGES:
-            rendered = self.render([*head, {"role": "user", "content": text}], options)
+            rendered = self._render_prompt([*head, {"role": "user", "content": text}], options)
             if rendered is None:
                 return None
             renders.append(rendered)
-        common = min(common_prefix(renders[0], other) for other in renders[1:])
-        prefix = as_token_array(renders[0][:common])
+        texts = [r for r in renders if isinstance(r, RenderedText)]
+        if len(texts) == len(renders) and len({t.add_bos for t in texts}) == 1:
+            common = min(_common_bytes(texts[0].text, other.text) for other in texts[1:])
+            prefix = SharedPrefix(self._llm, RenderedText(texts[0].text[:common], texts[0].add_bos))
+        else:
+            tokens = [self._as_tokens(r) for r in renders]
+            common = min(common_prefix(tokens[0], other) for other in tokens[1:])
+            prefix = SharedPrefix(self._llm, None, as_token_array(tokens[0][:common]))
         if memo_key is not None:
             self._memo[memo_key] = prefix
             if len(self._memo) > _MEMO_SIZE:
@@ -87,20 +162,40 @@ class ChatPrefixFinder:
 
     def render(self, messages: list[Mapping[str, Any]], options: dict[str, Any]) -> TokenArray | None:
         """The prompt tokens a chat completion of `messages` would generate from, without generating."""
+        rendered = self._render_prompt(messages, options)
+        return None if rendered is None else self._as_tokens(rendered)
+
+    def _as_tokens(self, rendered: RenderedText | TokenArray) -> TokenArray:
+        if isinstance(rendered, RenderedText):
+            return as_token_array(rendered.tokens(self._llm))
+        return rendered
+
+    def _render_prompt(
+        self, messages: list[Mapping[str, Any]], options: dict[str, Any]
+    ) -> RenderedText | TokenArray | None:
+        """The prompt a chat completion of `messages` would generate from: the text the handler is
+        about to tokenize (llama-cpp-python's template handlers tokenize it themselves), or the
+        text or tokens it hands to `create_completion`."""
         llm = self._llm
 
+        def intercept_tokenize(text: bytes, add_bos: bool = True, special: bool = False) -> list[int]:
+            if not special or not isinstance(text, bytes):
+                return list(type(llm).tokenize(llm, text, add_bos, special))  # not the prompt
+            raise _RenderedPrompt(RenderedText(text, bool(add_bos)))
+
         def intercept(prompt: Any = None, *args: Any, **kwargs: Any) -> Any:
-            raise _RenderedPrompt(prompt)
+            if isinstance(prompt, str):
+                add_bos = bool(llm._model.add_bos_token())
+                raise _RenderedPrompt(RenderedText(prompt.encode("utf-8"), add_bos))
+            if isinstance(prompt, list):
+                raise _RenderedPrompt(as_token_array(prompt))
+            raise _RenderedPrompt(None)
 
         try:
-            with patched(llm, "create_completion", intercept):
+            with patched(llm, "create_completion", intercept), patched(llm, "tokenize", intercept_tokenize):
                 self._render_call(messages, options)
         except _RenderedPrompt as rendered:
-            if isinstance(rendered.prompt, str):
-                return as_token_array(text_prompt_tokens(llm, rendered.prompt, add_eos=True))
-            if isinstance(rendered.prompt, list):
-                return as_token_array(rendered.prompt)
-            return None
+            return rendered.prompt
         except Exception as exc:  # a template that rejects the probe just means no checkpoint
             _log.debug("chat format could not render the probe messages: %s", exc)
             return None
@@ -153,6 +248,11 @@ def common_prefix(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> int:
     n = min(len(a), len(b))
     differ = np.flatnonzero(a[:n] != b[:n])
     return int(differ[0]) if len(differ) else n
+
+
+def _common_bytes(a: bytes, b: bytes) -> int:
+    """The number of leading bytes `a` and `b` share."""
+    return common_prefix(np.frombuffer(a, np.uint8), np.frombuffer(b, np.uint8))
 
 
 def _role(message: Mapping[str, Any]) -> object:

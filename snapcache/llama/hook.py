@@ -48,6 +48,7 @@ from snapcache.llama import alignment
 from snapcache.llama.blocks import KIND_PREFIX, KIND_PROMPT_END
 from snapcache.llama.chat_prefix import (
     ChatPrefixFinder,
+    SharedPrefix,
     patched,
     render_options,
     system_head,
@@ -94,7 +95,7 @@ class _Call:
     """One completion in flight: its scope, the checkpoints it asked for and what it has done so far."""
 
     scope: str
-    chat_prefix: TokenArray | None
+    chat_prefix: SharedPrefix | None
     ladder: bool
     prepared: bool = False
     saved_upto: int = 0  # the longest prefix of the context known to be stored or restored
@@ -113,7 +114,7 @@ class _ChatTurn:
     """A chat handler is about to call `create_completion`: the checkpoint its messages share, or
     why its completion must not be cached."""
 
-    prefix: TokenArray | None
+    prefix: SharedPrefix | None
     uncached_because: str | None = None
 
 
@@ -441,6 +442,9 @@ class CacheHook:
         call.saved_upto = reused
         call.prompt = tokens
         if self._save and call.cacheable:
+            chat_prefix = call.chat_prefix
+            if chat_prefix is not None and chat_prefix.reached(tokens, reused, self._alignment):
+                chat_prefix = None  # restored up to the end of the system part already
             # One cache of full attention: every point is cut from one capture after the completion.
             # Sliding windows and recurrent states hold only their last point: read on to each.
             one_capture = can_truncate(llm)
@@ -448,7 +452,7 @@ class CacheHook:
             plan = checkpoint_plan(
                 tokens,
                 ladder=[p for p in ladder if p % self._window_step == 0],
-                chat_prefix=call.chat_prefix,
+                chat_prefix=None if chat_prefix is None else chat_prefix.tokens(),
                 priority=self._priority,
                 after=reused,
                 alignment=self._alignment,
@@ -657,17 +661,19 @@ class CacheHook:
 
     def _chat_checkpoint(
         self, messages: Sequence[Mapping[str, Any]], kwargs: Mapping[str, Any]
-    ) -> TokenArray | None:
-        """The token prefix shared by every chat that starts with these messages' system part."""
+    ) -> SharedPrefix | None:
+        """What every chat that starts with these messages' system part shares (its tokens are worked
+        out, and cut to the alignment, when the checkpoints are planned)."""
         if not self._save:
             return None
         head = system_head(messages)
         if head == 0 or head == len(messages):
             return None
-        shared = self._shared_chat_tokens(list(messages[:head]), render_options(kwargs))
-        if shared is None or len(shared) < MIN_PREFIX_TOKENS:
-            return None
-        return shared  # cut to the alignment when the checkpoints are planned
+        self._rendering = True
+        try:
+            return self._prefixes.shared(list(messages[:head]), render_options(kwargs))
+        finally:
+            self._rendering = False
 
     def _shared_chat_tokens(
         self, head: list[Mapping[str, Any]], options: dict[str, Any]

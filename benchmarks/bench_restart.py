@@ -12,13 +12,16 @@ threads), one chat turn (greedy, max_tokens=8) is timed to its first streamed to
   process loads the model, opens the store and answers the question through CachedLlama.
 
 The restored answer is compared with the cold one. --quick uses the tiny test model and small sizes.
+--profile runs one more restarted process per size under cProfile and prints where its restore went.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import os
+import pstats
 import subprocess
 import sys
 import tempfile
@@ -76,7 +79,12 @@ def _restored_turn(args: argparse.Namespace) -> None:
     cached = CachedLlama(llm, store)
     opened = time.perf_counter() - opened
     system = Path(args.system).read_text(encoding="utf-8")
+    profile = cProfile.Profile() if args.profile else None
+    if profile is not None:
+        profile.enable()
     ttft, text = _chat(cached, system)
+    if profile is not None:
+        profile.disable()
     info = cached.last_restore
     store.close()
     llm.close()
@@ -90,14 +98,45 @@ def _restored_turn(args: argparse.Namespace) -> None:
         "prompt_tokens": 0 if info is None else info.prompt_tokens,
         "source": None if info is None else info.source,
     }
+    if profile is not None:
+        result["profile"] = _phases(profile)
     Path(args.out).write_text(json.dumps(result), encoding="utf-8")
 
 
-def _spawn(model: Path, n_ctx: int, store: Path, system: Path, out: Path) -> dict[str, Any]:
+# What a profiled restart reports: (label, module file suffix, function name), cumulative seconds.
+PHASES = [
+    ("restore, all of it (before llama.cpp reads the rest)", "snapcache/llama/hook.py", "_prepare"),
+    ("  record lookup", "snapcache/store.py", "lookup_with_tier"),
+    ("  block files read, verified, decompressed", "snapcache/llama/stored_states.py", "_read_blocks"),
+    ("  blocks assembled (window padded)", "snapcache/llama/blocks.py", "assemble"),
+    ("  llama.cpp takes the state", "snapcache/llama/state.py", "restore_sequence"),
+    ("  is the system part restored? (decode)", "snapcache/llama/chat_prefix.py", "reached"),
+    ("chat template probes", "snapcache/llama/chat_prefix.py", "shared"),
+    ("tokenizing (prompt, and any system part)", "llama_cpp/llama.py", "tokenize"),
+    ("llama.cpp evaluating (the question, then 7 tokens)", "llama_cpp/llama.py", "eval"),
+]
+
+
+def _phases(profile: cProfile.Profile) -> dict[str, float]:
+    """Cumulative seconds of each of PHASES in `profile`."""
+    stats = pstats.Stats(profile).stats  # type: ignore[attr-defined]
+    found: dict[str, float] = {}
+    for label, suffix, name in PHASES:
+        total = 0.0
+        for (filename, _line, function), (_cc, _nc, _tt, cumulative, _callers) in stats.items():
+            if function == name and filename.replace("\\", "/").endswith(suffix):
+                total += cumulative
+        found[label] = total
+    return found
+
+
+def _spawn(
+    model: Path, n_ctx: int, store: Path, system: Path, out: Path, *, profile: bool = False
+) -> dict[str, Any]:
     command = [
         sys.executable, str(Path(__file__).resolve()), "--worker", "--model", str(model),
         "--n-ctx", str(n_ctx), "--store", str(store), "--system", str(system), "--out", str(out),
-    ]  # fmt: skip
+    ] + (["--profile"] if profile else [])  # fmt: skip
     proc = subprocess.run(command, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         sys.stderr.write(proc.stdout + proc.stderr[-4000:])
@@ -109,7 +148,9 @@ def _spawn(model: Path, n_ctx: int, store: Path, system: Path, out: Path) -> dic
 # -- parent -------------------------------------------------------------------------------------------
 
 
-def measure(model_path: Path, sizes: list[int], workdir: Path) -> list[dict[str, Any]]:
+def measure(
+    model_path: Path, sizes: list[int], workdir: Path, *, profile: bool = False
+) -> list[dict[str, Any]]:
     from snapcache import CachedLlama, SnapshotStore
 
     n_ctx = max(sizes) + 512
@@ -137,6 +178,11 @@ def measure(model_path: Path, sizes: list[int], workdir: Path) -> list[dict[str,
             hot_s, hot_text = _chat(llm, system)
 
             restored = _spawn(model_path, n_ctx, directory, system_path, workdir / f"restored-{size}.json")
+            profiled = None
+            if profile:
+                profiled = _spawn(
+                    model_path, n_ctx, directory, system_path, workdir / f"profiled-{size}.json", profile=True
+                )
             rows.append(
                 {
                     "system_tokens": warmed.token_count,
@@ -148,6 +194,7 @@ def measure(model_path: Path, sizes: list[int], workdir: Path) -> list[dict[str,
                     "cold_text": cold_text,
                     "hot_text": hot_text,
                     "restored": restored,
+                    "profiled": profiled,
                 }
             )
     finally:
@@ -165,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     worker.add_argument("--store", help=argparse.SUPPRESS)
     worker.add_argument("--system", help=argparse.SUPPRESS)
     worker.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--profile", action="store_true", help="also profile one more restarted process per size"
+    )
     args = parser.parse_args(argv)
     if args.worker:
         _restored_turn(args)
@@ -175,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="snapcache-bench-") as tmp:
         model = choose_model(args.quick, Path(tmp))
-        rows = measure(model.path, sorted(sizes), Path(tmp))
+        rows = measure(model.path, sorted(sizes), Path(tmp), profile=args.profile)
     elapsed = time.perf_counter() - started
 
     table = Table(
@@ -230,9 +280,19 @@ def main(argv: list[str] | None = None) -> int:
         f"whole run {fmt_seconds(elapsed)}; load average {load_before:.1f} before, {load_after:.1f} after "
         "(a shared machine)"
     )
+    tables = [table, detail]
+    if args.profile:
+        phases = Table(
+            "Where a profiled restarted process spends its turn (cProfile, cumulative seconds)",
+            ["phase", *[f"{row['system_tokens']:,} tokens" for row in rows]],
+        )
+        for label, _suffix, _name in PHASES:
+            phases.add(label, *[fmt_seconds(row["profiled"]["profile"][label]) for row in rows])
+        phases.notes.append("cProfile slows Python code down; llama.cpp's own time is unchanged")
+        tables.append(phases)
     report(
         "bench_restart",
-        [table, detail],
+        tables,
         args.json,
         quick=args.quick,
         extra={"model": model.name, "rows": rows},

@@ -129,7 +129,14 @@ class ChatPrefixFinder:
     def shared_tokens(self, head: list[Mapping[str, Any]], options: dict[str, Any]) -> TokenArray | None:
         """The tokens every chat starting with `head` shares; None when the chat format cannot render it."""
         prefix = self.shared(head, options)
-        return None if prefix is None else prefix.tokens()
+        if prefix is None:
+            return None
+        tokens = prefix.tokens()
+        if prefix.text is None:
+            return tokens
+        # The shared text's tokens, checked against a whole chat's (once per system prompt, for `warm`).
+        probe = self.render([*head, {"role": "user", "content": _PROBE_USER_MESSAGES[0]}], options)
+        return tokens if probe is None else as_token_array(tokens[: common_prefix(tokens, probe)])
 
     def shared(self, head: list[Mapping[str, Any]], options: dict[str, Any]) -> SharedPrefix | None:
         """What every chat starting with `head` shares; None when the chat format cannot render it."""

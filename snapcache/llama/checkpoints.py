@@ -61,8 +61,10 @@ def checkpoint_plan(
     # grid leaves a tail of 32 or more (see FINAL_TAIL_TOKENS).
     points[final_point(n, alignment, exact=exact)] = priority
     if chat_prefix is not None:
-        cut = align_down(len(chat_prefix), alignment)
-        if MIN_PREFIX_TOKENS <= cut < n and np.array_equal(tokens[:cut], chat_prefix[:cut]):
+        m = min(len(chat_prefix), n)
+        differ = np.flatnonzero(tokens[:m] != chat_prefix[:m])
+        cut = align_down(int(differ[0]) if len(differ) else m, alignment)  # as far as this prompt shares it
+        if MIN_PREFIX_TOKENS <= cut < n:
             points[cut] = priority
     return sorted((p, point_priority) for p, point_priority in points.items() if p > after)
 

@@ -123,9 +123,11 @@ class DiskTier:
         except OSError as exc:
             raise StoreUnavailable(f"cannot create {self._files}: {exc.strerror or exc}") from None
         self._on_change = on_change
-        # Files this process found intact but not authenticated under its secret, by key id: kept for
-        # a reader that has the right secret, but not "held" for this one, so that a put replaces them.
+        # With a secret: files this process found intact but not authenticated under it, by key id
+        # (kept for a reader that has the right secret, but not "held" for this one, so that a put
+        # replaces them), and files whose head has been checked since (by key id and file name).
         self._unauthenticated: dict[str, str] = {}
+        self._heads_checked: set[tuple[str, str]] = set()
         with files.open_lock(self.directory / LOCK_NAME):
             self._index = open_or_rebuild(self.directory, self._mac_key)
             try:
@@ -212,6 +214,7 @@ class DiskTier:
             return False
         for old in change.removed:
             self._unlink_row_file(old)
+        self._unauthenticated.pop(key.id, None)  # replaced under this store's secret
         evicted = sum(1 for old in change.removed if old.key_id != key.id)
         if evicted:
             with self._lock:
@@ -257,9 +260,7 @@ class DiskTier:
                     snapshot = self._verify(row, data, key)
                 except MacMismatch as exc:
                     _warn_unauthenticated(self._files / row.file_name, str(exc))
-                    if len(self._unauthenticated) >= _MAX_WARNED:
-                        self._unauthenticated.clear()
-                    self._unauthenticated[row.key_id] = row.file_name
+                    self._not_authenticated(row)
                     return Miss.UNAUTHENTICATED
                 except CorruptSnapshot as exc:
                     self._discard(row, str(exc))
@@ -291,18 +292,36 @@ class DiskTier:
             logger.debug("could not record the use of %d blocks: %s", len(uses), exc)
 
     def held_priority(self, key: SnapshotKey) -> int | None:
-        """The priority recorded for `key`, or None when the index has no row for it or its file is
-        not authenticated under this store's secret (a put replaces it then).
+        """The priority recorded for `key`, or None when the index has no row for it or, with a
+        secret, its file is not authenticated under it (a put under the secret replaces it then; a
+        store without a secret never replaces signed files).
 
-        Once a file has failed authentication in this process (a new secret, a forgery), the head of
-        each file asked about is checked too, so that a writer stores again what it could not read."""
+        While a file that failed authentication in this process (a new secret, a forgery) has not
+        been replaced, the head of each other file asked about is checked too, once, so that a
+        writer with the secret stores again what it could not read."""
         row = self._open_index().get(key.id)
-        if row is None or self._unauthenticated.get(row.key_id) == row.file_name:
+        if row is None:
             return None
-        if self._unauthenticated and not self._head_authenticated(row):
-            self._unauthenticated[row.key_id] = row.file_name
-            return None
+        if self._mac_key is not None and self._unauthenticated:
+            if self._unauthenticated.get(row.key_id) == row.file_name:
+                return None
+            checked = (row.key_id, row.file_name)
+            if checked not in self._heads_checked:
+                if len(self._heads_checked) >= _MAX_WARNED:
+                    self._heads_checked.clear()
+                self._heads_checked.add(checked)
+                if not self._head_authenticated(row):
+                    self._not_authenticated(row)
+                    return None
         return row.priority
+
+    def _not_authenticated(self, row: IndexRow) -> None:
+        """Remember that `row`'s file failed authentication under this store's secret."""
+        if self._mac_key is None:
+            return
+        if len(self._unauthenticated) >= _MAX_WARNED:
+            self._unauthenticated.clear()
+        self._unauthenticated[row.key_id] = row.file_name
 
     def _head_authenticated(self, row: IndexRow) -> bool:
         """Whether `row`'s file head carries a valid MAC under this store's secret (or, without one,

@@ -127,3 +127,43 @@ def test_serve_options_carry_exact_false_to_the_hook(
         assert not hook.exact
     finally:
         detach(llm)
+
+
+def test_an_exact_cache_never_reads_on_from_a_context_an_inexact_one_left(
+    make_llama: Any, tiny_model_path: Path, store: SnapshotStore
+) -> None:
+    llm = make_llama(tiny_model_path, n_ctx=N_CTX)
+    inexact = CachedLlama(llm, store, scope="same", exact=False)
+    _ask(inexact, FIRST)
+    strict = CachedLlama(llm, store, scope="same")
+    _ask(strict, SECOND)  # shares FIRST with the context, read there from an inexact restore point
+    assert strict.last_restore is not None
+    assert strict.last_restore.source is None
+    assert strict.last_restore.cached_tokens == 0
+    # And what it saved is under its own fingerprint only.
+    assert {e.key.model_fingerprint for e in store.entries(blocks=True)} == {
+        inexact.fingerprint,
+        strict.fingerprint,
+    }
+
+
+def test_states_follow_the_fingerprint_when_a_control_vector_is_set_after_the_hook(
+    make_llama: Any, tiny_model_path: Path, store: SnapshotStore
+) -> None:
+    from tiny_model import N_EMBD, control_vector
+
+    from snapcache.llama.adapters import set_control_vector
+
+    llm = make_llama(tiny_model_path, n_ctx=N_CTX)
+    cached = CachedLlama(llm, store)
+    before = cached.fingerprint
+    set_control_vector(llm, control_vector(N_EMBD, seed=3))
+    llm.reset()
+    _ask(cached, FIRST)
+    assert cached.fingerprint != before
+    assert {e.key.model_fingerprint for e in store.entries(blocks=True)} == {cached.fingerprint}
+    # The context read before the change is not reused after it either.
+    set_control_vector(llm, None)
+    _ask(cached, SECOND)
+    assert cached.last_restore is not None
+    assert cached.last_restore.source is None

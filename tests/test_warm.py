@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from chat_support import DOCUMENT, GREEDY, N_CTX, SYSTEM, chat, chat_reply, cold_chat, context_of
+from llama_cpp import llama_chat_format
 
 from snapcache.errors import InvalidArgument
 from snapcache.llama.cached import CachedLlama
@@ -126,3 +127,22 @@ def test_the_chat_template_probes_render_text_without_tokenizing_it(cached, make
     # The prompt, and the system part once (the tiny model's byte tokens do not decode back to the
     # text, so whether the restore reached its end is not known without them): not four probes.
     assert len(long_texts) == 2
+
+
+def test_a_chat_handler_that_tokenizes_something_else_first_still_warms_its_system_part(cached):
+    plain = cached().warm(SYSTEM)
+    other = cached(scope="other")
+    llm = other.llm
+    chat_format = str(llm.chat_format)
+    handler = (
+        llm.chat_handler
+        or llm._chat_handlers.get(chat_format)
+        or llama_chat_format.get_chat_completion_handler(chat_format)
+    )
+
+    def with_a_stop_word(*, llama, messages, **kwargs):
+        llama.tokenize(b"</s>", add_bos=False, special=True)  # a stop criterion, say
+        return handler(llama=llama, messages=messages, **kwargs)
+
+    llm.chat_handler = with_a_stop_word
+    assert other.warm(SYSTEM).token_count == plain.token_count

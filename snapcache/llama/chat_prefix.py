@@ -181,12 +181,15 @@ class ChatPrefixFinder:
         self, messages: list[Mapping[str, Any]], options: dict[str, Any]
     ) -> RenderedText | TokenArray | None:
         """The prompt a chat completion of `messages` would generate from: the text the handler is
-        about to tokenize (llama-cpp-python's template handlers tokenize it themselves), or the
-        text or tokens it hands to `create_completion`."""
+        about to tokenize (llama-cpp-python's template handlers tokenize it themselves: the first
+        text holding the last message's content), or the text or tokens it hands to
+        `create_completion`."""
         llm = self._llm
+        last = messages[-1].get("content") if messages else None
+        marker = last.encode("utf-8") if isinstance(last, str) and last else None
 
         def intercept_tokenize(text: bytes, add_bos: bool = True, special: bool = False) -> list[int]:
-            if not special or not isinstance(text, bytes):
+            if marker is None or not isinstance(text, bytes) or marker not in text:
                 return list(type(llm).tokenize(llm, text, add_bos, special))  # not the prompt
             raise _RenderedPrompt(RenderedText(text, bool(add_bos)))
 

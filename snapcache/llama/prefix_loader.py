@@ -37,7 +37,7 @@ Progress = Callable[[int, int], None]
 
 _log = logging.getLogger("snapcache")
 
-# The scope whose completion last filled the Llama's context: another scope never reuses it.
+# The (fingerprint, scope) whose completion last filled the Llama's context: no other reuses it.
 _CONTEXT_SCOPE_ATTRIBUTE = "_snapcache_context_scope"
 # How many leading tokens of the context were read as a prompt: the generated ones after them were
 # read one at a time, which is not what a cold read of the same text computes.
@@ -51,7 +51,6 @@ class PrefixLoader:
         self._llm = llm
         self._store = store
         self._states = StoredStates(store, fingerprint)
-        self.fingerprint = fingerprint
         # The record the last `load` restored, when it was the end of a prompt: the next turn of that
         # conversation stores its own end and may supersede it.
         self.restored_prompt_end: SnapshotKey | None = None
@@ -59,6 +58,15 @@ class PrefixLoader:
     @property
     def states(self) -> StoredStates:
         return self._states
+
+    @property
+    def fingerprint(self) -> str:
+        """The fingerprint states are saved and found under: set again when adapters change it."""
+        return self._states.fingerprint
+
+    @fingerprint.setter
+    def fingerprint(self, value: str) -> None:
+        self._states.fingerprint = value
 
     def load(self, tokens: TokenArray, scope: str, alignment: int) -> tuple[int, Source | None]:
         """Make the context hold the longest available prefix of `tokens`; return its length and source.
@@ -70,7 +78,7 @@ class PrefixLoader:
         llm = self._llm
         self.restored_prompt_end = None
         live = self._reusable(tokens, scope, alignment)
-        setattr(llm, _CONTEXT_SCOPE_ATTRIBUTE, scope)
+        setattr(llm, _CONTEXT_SCOPE_ATTRIBUTE, (self.fingerprint, scope))
         query = tokens
         held = int(llm.n_tokens)
         while live < len(query):
@@ -102,8 +110,9 @@ class PrefixLoader:
         cut back to at a multiple of `alignment`."""
         llm = self._llm
         held = int(llm.n_tokens)
-        if held == 0 or vars(llm).get(_CONTEXT_SCOPE_ATTRIBUTE, scope) != scope:
-            return 0
+        owner = (self.fingerprint, scope)
+        if held == 0 or vars(llm).get(_CONTEXT_SCOPE_ATTRIBUTE, owner) != owner:
+            return 0  # another scope's prompt, or one read under another fingerprint (exact=False, adapters)
         read = min(held, int(vars(llm).get(_CONTEXT_PROMPT_ATTRIBUTE, 0)))
         cut = align_down(common_prefix(np.asarray(llm.input_ids[:read]), tokens), alignment)
         return cut if can_truncate_to(llm, cut) else 0

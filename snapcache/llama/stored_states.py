@@ -31,6 +31,9 @@ __all__ = ["Found", "RestorePoint", "StoredStates"]
 
 _log = logging.getLogger("snapcache")
 
+# Records tried, longest first, before a lookup gives up on the ones whose blocks fail to read.
+_RECORD_ATTEMPTS = 4
+
 
 @dataclass(frozen=True, slots=True)
 class RestorePoint:
@@ -151,14 +154,20 @@ class StoredStates:
         `pad_windows`: assemble a sliding-window cache padded from position 0 (see `blocks.assemble`).
         """
         best: Found | None = None
-        try:
-            found = self._store.lookup_with_tier(self.fingerprint, scope, tokens)
-        except (SnapcacheError, OSError) as exc:
-            _log.warning("snapshot lookup failed, reading the prompt in full: %s", exc)
-            found = None
-        if found is not None:
+        query = tokens
+        for _attempt in range(_RECORD_ATTEMPTS):  # a record whose blocks fail: a shorter one next
+            try:
+                found = self._store.lookup_with_tier(self.fingerprint, scope, query)
+            except (SnapcacheError, OSError) as exc:
+                _log.warning("snapshot lookup failed, reading the prompt in full: %s", exc)
+                found = None
+            if found is None:
+                break
             snapshot, tier = found
             best = self._from_record(snapshot, tier, pad_windows)
+            if best is not None or snapshot.key.token_count <= 1:
+                break
+            query = tokens[: snapshot.key.token_count - 1]
         if blocks_alone:
             limit = (len(tokens) - 1) // BLOCK_TOKENS
             longest = 0 if best is None else best.snapshot.key.token_count

@@ -101,6 +101,34 @@ def test_a_bundle_for_another_model_is_refused(warmed, tmp_path, make_llama, tin
         assert store.entries(blocks=True) == []
 
 
+def test_a_whole_state_round_trips(tmp_path, make_llama):
+    """A recurrent model's state cannot be cut into blocks: the bundle carries it whole."""
+    from tiny_model import write_tiny_model
+
+    path = write_tiny_model(tmp_path / "mamba.gguf", "mamba")
+    prompt = "Report: the heron waits by the river for the fish to come. " * 6
+    with SnapshotStore(tmp_path / "a", ram_bytes=0, disk_bytes=64 << 20) as store:
+        warmer = CachedLlama(make_llama(path, n_ctx=N_CTX), store)
+        result = warmer.warm(prompt, raw=True)
+        store.flush()
+        report = export_bundle(store, [result.key], tmp_path / "mamba.snap")
+    assert (report.snapshots, report.blocks) == ((result.key,), 0)
+
+    with _fresh_store(tmp_path / "b") as store:
+        imported = import_bundle(store, report.path, fingerprint=warmer.fingerprint)
+        assert imported.stored == (result.key,)
+        assert [row.key for row in store.entries(blocks=True)] == [result.key]  # no blocks
+        restored = CachedLlama(make_llama(path, n_ctx=N_CTX), store, save=False)
+        text = restored.create_completion(prompt + "Where?", **GREEDY)["choices"][0]["text"]
+        assert restored.last_restore is not None
+        assert restored.last_restore.restored_tokens == result.token_count
+    cold = make_llama(path, n_ctx=N_CTX)
+    assert (text, context_of(restored.llm)) == (
+        cold.create_completion(prompt + "Where?", **GREEDY)["choices"][0]["text"],
+        context_of(cold),
+    )
+
+
 def _manifest_end(data: bytes) -> int:
     return _PRELUDE.size + _PRELUDE.unpack_from(data)[3]
 

@@ -13,7 +13,7 @@ from typer.core import TyperGroup
 
 import snapcache
 
-from .commands import bench, check, doctor, entries, serve, warm, why
+from .commands import bench, bundle, check, doctor, entries, serve, warm, why
 from .errors import describe
 from .settings import Settings
 
@@ -118,6 +118,8 @@ app.command("check")(check.check)
 app.command("bench")(bench.bench)
 app.command("serve")(serve.serve)
 app.command("why")(why.why)
+app.command("export")(bundle.export)
+app.command("import")(bundle.import_)
 
 
 def main() -> None:

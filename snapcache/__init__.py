@@ -22,6 +22,7 @@ from snapcache.snapshot import Snapshot
 from snapcache.tier import EntryInfo
 
 if TYPE_CHECKING:
+    from snapcache.bundle import export_bundle, import_bundle
     from snapcache.llama.cached import CachedLlama, attach, detach
     from snapcache.llama.fingerprint import model_fingerprint
     from snapcache.llama.hook import CacheHook
@@ -56,6 +57,8 @@ __all__ = [
     "StoreUnavailable",
     "attach",
     "detach",
+    "export_bundle",
+    "import_bundle",
     "load_llama",
     "model_fingerprint",
     "prefix_hash",
@@ -73,6 +76,8 @@ _LAZY = {
     "MissExplanation": "snapcache.llama.miss",
     "model_fingerprint": "snapcache.llama.fingerprint",
     "load_llama": "snapcache.llama.loader",
+    "export_bundle": "snapcache.bundle",
+    "import_bundle": "snapcache.bundle",
 }
 
 

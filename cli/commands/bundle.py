@@ -13,6 +13,7 @@ from ..formatting import format_size, render_pairs
 from ..model_source import choose_model, load_llama
 from ..settings import settings_of
 from .entries import SHORT_ID, JsonOption, resolve_key
+from .warm import InexactOption
 
 if TYPE_CHECKING:
     from snapcache.bundle import ExportReport, ImportReport
@@ -67,6 +68,7 @@ def import_(
     bundle: Annotated[Path, typer.Argument(metavar="BUNDLE", help="A bundle written by `snapcache export`.")],
     model: ModelOption = None,
     as_json: JsonOption = False,
+    inexact: InexactOption = False,
 ) -> None:
     """Verify a bundle against the model and this llama.cpp, then store its snapshots."""
     from snapcache.bundle import import_bundle
@@ -79,7 +81,7 @@ def import_(
 
     llm = load_llama(choice, verbose=settings.verbose)
     try:
-        fingerprint = model_fingerprint(llm)
+        fingerprint = model_fingerprint(llm, exact=not inexact)
     finally:
         llm.close()
     with settings.open_store() as store:

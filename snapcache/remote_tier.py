@@ -34,7 +34,8 @@ from snapcache._disk_format import MacMismatch, decode, encode, mac_key
 from snapcache._remote_budget import FORGET, PUT, TOUCH, BudgetKeys, rank, rank_priority
 from snapcache._remote_writes import RemoteWrites
 from snapcache.errors import CorruptSnapshot, InvalidArgument
-from snapcache.key import SnapshotKey, validate_budget
+from snapcache.key import SnapshotKey, rolling_hash, validate_budget
+from snapcache.prefix_index import CatalogRow
 from snapcache.snapshot import Snapshot
 
 log = logging.getLogger("snapcache")
@@ -154,6 +155,10 @@ class RemoteTier:
         """The Redis key of `key`'s value."""
         return f"{self.prefix}:{key.model_fingerprint}:{key.user_scope}:{key.id}"
 
+    def catalog_key(self, model_fingerprint: str, scope: str) -> str:
+        """The Redis key of the catalog of one fingerprint and scope."""
+        return f"{self.prefix}:#catalog:{model_fingerprint}:{scope}"
+
     def put(self, snapshot: Snapshot) -> None:
         """Queue `snapshot` for the background writer (or, without one, send it now)."""
         if self._closed:
@@ -170,7 +175,7 @@ class RemoteTier:
         def fetch() -> Any:
             pipe = self._reader.pipeline(transaction=False)
             pipe.get(name)
-            self._touch_script(keys=self._budget_keys(name), args=[time.time()], client=pipe)
+            self._touch_script(keys=self._keys.with_value(name), args=[time.time()], client=pipe)
             return pipe.execute()[0]
 
         data = self._call("get", fetch, None)
@@ -180,6 +185,19 @@ class RemoteTier:
         snapshot = self._verify(key, name, data)
         self._count("misses" if snapshot is None else "hits")
         return snapshot
+
+    def catalog(self, model_fingerprint: str, scope: str) -> list[CatalogRow]:
+        """The (token_count, prefix_hash, rolling_hash) of every snapshot and record Redis holds in one
+        fingerprint and scope (not blocks): candidates for a longest-prefix lookup, to be verified
+        when read. Malformed rows are left out; empty when Redis cannot be asked."""
+        name = self.catalog_key(model_fingerprint, scope)
+        found: Any = self._call("catalog", lambda: self._reader.hvals(name), None)
+        rows: list[CatalogRow] = []
+        for raw in found if isinstance(found, list) else []:
+            parts = raw.split() if isinstance(raw, bytes) else []
+            if len(parts) == 3 and parts[0].isdigit() and parts[2].isdigit():
+                rows.append((int(parts[0]), parts[1].decode("ascii", "replace"), int(parts[2])))
+        return rows
 
     def held(self, key: SnapshotKey) -> bool:
         """Whether Redis holds a value under `key` that this tier has not found unauthenticated (no
@@ -199,7 +217,7 @@ class RemoteTier:
     def remove(self, key: SnapshotKey) -> bool:
         """Delete `key`'s value and its records; True if Redis held either."""
         name = self.value_key(key)
-        found = self._call("remove", lambda: self._forget_script(keys=self._budget_keys(name)), 0)
+        found = self._call("remove", lambda: self._forget_script(keys=self._keys.with_value(name)), 0)
         return bool(found)
 
     def stats(self) -> RemoteStats:
@@ -277,10 +295,13 @@ class RemoteTier:
         if encoded.size > min(self.budget_bytes, MAX_VALUE_BYTES):
             self._count("refused")
             return False
-        name = self.value_key(snapshot.key)
+        key = snapshot.key
+        name = self.value_key(key)
+        row = "" if key.is_block else f"{key.token_count} {key.prefix_hash} {rolling_hash(snapshot.tokens)}"
+        keys = [*self._keys.with_value(name)[:4], name, self.catalog_key(key.model_fingerprint, key.scope)]
         value = b"".join(encoded.parts)
-        args: list[bytes | str | int] = [value, rank(snapshot.priority, time.time()), self.budget_bytes]
-        result = self._call("put", lambda: self._put_script(keys=self._budget_keys(name), args=args), None)
+        args: list[bytes | str | int] = [value, rank(snapshot.priority, time.time()), self.budget_bytes, row]
+        result = self._call("put", lambda: self._put_script(keys=keys, args=args), None)
         if not isinstance(result, list) or len(result) != 2:
             return False
         stored, evicted = int(result[0]), int(result[1])
@@ -291,9 +312,6 @@ class RemoteTier:
         return bool(stored)
 
     # -- internals ------------------------------------------------------------------------------
-
-    def _budget_keys(self, name: str) -> list[str]:
-        return [self._keys.lru, self._keys.sizes, self._keys.total, name]
 
     def _verify(self, key: SnapshotKey, name: str, data: bytes) -> Snapshot | None:
         """The snapshot `data` holds if it verifies as `key`'s; a damaged or foreign value is deleted,
@@ -320,7 +338,7 @@ class RemoteTier:
             log.warning(
                 "snapcache: remote value %s failed verification and was deleted: %s", key.id[:16], exc
             )
-            self._call("discard", lambda: self._forget_script(keys=self._budget_keys(name)), 0)
+            self._call("discard", lambda: self._forget_script(keys=self._keys.with_value(name)), 0)
             return None
 
     def _call(self, what: str, action: Callable[[], _T], default: _T) -> _T:

@@ -16,7 +16,7 @@ from redis_server import RedisServer, find_redis_server  # noqa: E402
 
 from snapcache._disk_format import encode  # noqa: E402
 from snapcache._remote_writes import RemoteWrites  # noqa: E402
-from snapcache.key import SnapshotKey, as_token_array  # noqa: E402
+from snapcache.key import SnapshotKey, as_token_array, block_keys, rolling_hash  # noqa: E402
 from snapcache.remote_tier import RemoteTier  # noqa: E402
 from snapcache.snapshot import Snapshot  # noqa: E402
 
@@ -397,8 +397,6 @@ def test_value_evicted_by_redis_itself_is_a_miss_and_leaves_the_records(server, 
 def test_scopes_and_blocks_share_a_namespace(server, raw, tiers):
     tier = open_tier(tiers, server.url)
     tokens = as_token_array(range(128))
-    from snapcache.key import block_keys
-
     keys = block_keys(FINGERPRINT, "team:b", tokens, 2)
     for i, key in enumerate(keys):
         snap = Snapshot(key, tokens[i * 64 : (i + 1) * 64], b"\x01" * 100)
@@ -406,3 +404,20 @@ def test_scopes_and_blocks_share_a_namespace(server, raw, tiers):
         assert tier.get(key) is not None
     names = sorted(n.decode() for n in raw.scan_iter(match=f"snapcache:{FINGERPRINT}:team:b:*"))
     assert names == sorted(tier.value_key(k) for k in keys)
+    assert tier.catalog(FINGERPRINT, "team:b") == []  # blocks are found by their keys alone
+
+
+def test_catalog_lists_records_and_follows_evictions(server, raw, tiers):
+    tier = open_tier(tiers, server.url, budget_bytes=12_000)
+    first = make_snapshot(70, state_bytes=8_000)
+    assert tier.write(first)
+    assert tier.catalog(FINGERPRINT, "team-a") == [
+        (first.key.token_count, first.key.prefix_hash, rolling_hash(first.tokens))
+    ]
+    assert tier.catalog(FINGERPRINT, "team-b") == []
+    second = make_snapshot(71, state_bytes=8_000)
+    assert tier.write(second)  # evicts the first, and its catalog row
+    assert [row[1] for row in tier.catalog(FINGERPRINT, "team-a")] == [second.key.prefix_hash]
+    assert tier.remove(second.key)
+    assert tier.catalog(FINGERPRINT, "team-a") == []
+    assert raw.hlen("snapcache:#catalog-of") == 0

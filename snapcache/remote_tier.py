@@ -31,7 +31,7 @@ from redis.retry import Retry
 
 from snapcache import codec
 from snapcache._disk_format import MacMismatch, decode, encode, mac_key
-from snapcache._remote_budget import FORGET, PUT, TOUCH, BudgetKeys, rank, rank_priority
+from snapcache._remote_budget import FORGET, PUT, TOUCH, BudgetKeys, now_ms
 from snapcache._remote_writes import RemoteWrites
 from snapcache.errors import CorruptSnapshot, InvalidArgument
 from snapcache.key import SnapshotKey, rolling_hash, validate_budget
@@ -73,6 +73,7 @@ class RemoteStats:
     hits: int
     misses: int
     writes: int  # values stored
+    already_held: int  # puts not sent: Redis held the key already, at that priority or higher
     refused: int  # values the budget did not admit
     evictions: int  # values this process's puts evicted
     rejected: int  # values that failed verification (deleted from Redis)
@@ -137,7 +138,17 @@ class RemoteTier:
         self._down_until = 0.0  # time.monotonic() before which Redis is skipped
         self._down = False  # an outage was logged and has not ended yet
         self._counts = dict.fromkeys(
-            ("hits", "misses", "writes", "refused", "evictions", "rejected", "unauthenticated"), 0
+            (
+                "hits",
+                "misses",
+                "writes",
+                "already_held",
+                "refused",
+                "evictions",
+                "rejected",
+                "unauthenticated",
+            ),
+            0,
         ) | {"errors": 0, "skipped": 0}
         self._unauthenticated: set[str] = set()  # value keys found under another secret
         self._closed = False
@@ -175,7 +186,7 @@ class RemoteTier:
         def fetch() -> Any:
             pipe = self._reader.pipeline(transaction=False)
             pipe.get(name)
-            self._touch_script(keys=self._keys.with_value(name), args=[time.time()], client=pipe)
+            self._touch_script(keys=self._keys.with_value(name), args=[now_ms(time.time())], client=pipe)
             return pipe.execute()[0]
 
         data = self._call("get", fetch, None)
@@ -211,8 +222,9 @@ class RemoteTier:
     def held_priority(self, key: SnapshotKey) -> int | None:
         """The priority recorded for `key` in the budget's records, or None."""
         name = self.value_key(key)
-        score = self._call("held_priority", lambda: self._reader.zscore(self._keys.lru, name), None)
-        return None if score is None else rank_priority(float(score))
+        return _priority(
+            self._call("held_priority", lambda: self._reader.hget(self._keys.priority, name), None)
+        )
 
     def remove(self, key: SnapshotKey) -> bool:
         """Delete `key`'s value and its records; True if Redis held either."""
@@ -230,7 +242,7 @@ class RemoteTier:
             pipe = self._reader.pipeline(transaction=False)
             pipe.ping()
             pipe.get(self._keys.total)
-            pipe.zcard(self._keys.lru)
+            pipe.hlen(self._keys.sizes)
             pipe.info("memory")
             return list(pipe.execute(raise_on_error=False))
 
@@ -280,7 +292,16 @@ class RemoteTier:
     # -- the writer ---------------------------------------------------------------------------
 
     def write(self, snapshot: Snapshot) -> bool:
-        """Encode and store `snapshot` now; True if the budget admitted it (never raises for Redis)."""
+        """Encode and store `snapshot` now, unless Redis holds it already at its priority or higher;
+        True if Redis holds it then (never raises for Redis)."""
+        key = snapshot.key
+        name = self.value_key(key)
+        with self._lock:
+            trusted = name not in self._unauthenticated
+        held = _priority(self._call("held", lambda: self._writer.hget(self._keys.priority, name), None))
+        if trusted and held is not None and held >= snapshot.priority:
+            self._count("already_held")
+            return True
         try:
             encoded = encode(
                 snapshot,
@@ -295,12 +316,16 @@ class RemoteTier:
         if encoded.size > min(self.budget_bytes, MAX_VALUE_BYTES):
             self._count("refused")
             return False
-        key = snapshot.key
-        name = self.value_key(key)
         row = "" if key.is_block else f"{key.token_count} {key.prefix_hash} {rolling_hash(snapshot.tokens)}"
-        keys = [*self._keys.with_value(name)[:4], name, self.catalog_key(key.model_fingerprint, key.scope)]
+        keys = [*self._keys.with_value(name), self.catalog_key(key.model_fingerprint, key.scope)]
         value = b"".join(encoded.parts)
-        args: list[bytes | str | int] = [value, rank(snapshot.priority, time.time()), self.budget_bytes, row]
+        args: list[bytes | str | int] = [
+            value,
+            snapshot.priority,
+            now_ms(time.time()),
+            self.budget_bytes,
+            row,
+        ]
         result = self._call("put", lambda: self._put_script(keys=keys, args=args), None)
         if not isinstance(result, list) or len(result) != 2:
             return False
@@ -379,6 +404,14 @@ class RemoteTier:
     def _count(self, name: str) -> None:
         with self._lock:
             self._counts[name] += 1
+
+
+def _priority(raw: object) -> int | None:
+    """A priority read back from the records; None for none (or one no put could have written)."""
+    try:
+        return int(raw) if isinstance(raw, bytes) else None
+    except ValueError:
+        return None
 
 
 def redact_url(url: str) -> str:

@@ -421,3 +421,131 @@ def test_catalog_lists_records_and_follows_evictions(server, raw, tiers):
     assert tier.remove(second.key)
     assert tier.catalog(FINGERPRINT, "team-a") == []
     assert raw.hlen("snapcache:#catalog-of") == 0
+
+
+def test_a_held_value_is_not_sent_again_unless_its_priority_rises(server, tiers):
+    tier = open_tier(tiers, server.url)
+    snapshot = make_snapshot(80, priority=1)
+    assert tier.write(snapshot)
+    assert tier.write(snapshot)
+    assert (tier.stats().writes, tier.stats().already_held) == (1, 1)
+    higher = Snapshot(snapshot.key, snapshot.tokens, snapshot.state, snapshot.logits, 4)
+    assert tier.write(higher)
+    assert tier.stats().writes == 2
+    assert tier.held_priority(snapshot.key) == 4
+
+
+# -- two stores ("two machines") sharing one Redis ---------------------------------------------------
+
+
+def open_store(directory, url, **kwargs):
+    from snapcache.store import SnapshotStore
+
+    return SnapshotStore(
+        directory, ram_bytes=64 << 20, disk_bytes=256 << 20, secret=SECRET, remote=url, **kwargs
+    )
+
+
+@pytest.mark.model
+def test_second_machine_restores_from_redis_like_cold(server, tmp_path, make_llama, tiny_model_path):
+    from chat_support import DOCUMENT, GREEDY, N_CTX, context_of
+
+    from snapcache.llama.cached import CachedLlama
+
+    prompt = DOCUMENT + "Question: what does the fox do?\nAnswer:"
+    with open_store(tmp_path / "machine-a", server.url) as first:
+        warmed = CachedLlama(make_llama(tiny_model_path, n_ctx=N_CTX), first).warm(DOCUMENT, raw=True)
+        first.flush()
+        sent = first.remote_stats()
+        assert sent is not None
+        assert sent.writes >= 2  # the record and its blocks
+
+    cold = make_llama(tiny_model_path, n_ctx=N_CTX)
+    cold_text = cold.create_completion(prompt, **GREEDY)["choices"][0]["text"]
+
+    with open_store(tmp_path / "machine-b", server.url) as second:
+        assert second.entries() == []
+        restored = CachedLlama(make_llama(tiny_model_path, n_ctx=N_CTX), second)
+        text = restored.create_completion(prompt, **GREEDY)["choices"][0]["text"]
+        info = restored.last_restore
+        assert info is not None
+        assert info.restored_tokens == warmed.token_count
+        assert (text, context_of(restored.llm)) == (cold_text, context_of(cold))
+        stats = second.remote_stats()
+        assert stats is not None
+        assert stats.hits >= 2
+        assert stats.rejected == stats.unauthenticated == 0
+        second.flush()
+        assert any(e.key.token_count == warmed.token_count for e in second.entries())  # copied in
+
+        # Redis gone: the second machine keeps restoring from its own tiers, with no exception.
+        server.kill()
+        again = CachedLlama(make_llama(tiny_model_path, n_ctx=N_CTX), second)
+        text = again.create_completion(prompt, **GREEDY)["choices"][0]["text"]
+        assert again.last_restore is not None
+        # at least what came from Redis: the first completion here stored a longer prefix too
+        assert again.last_restore.restored_tokens >= warmed.token_count
+        assert (text, context_of(again.llm)) == (cold_text, context_of(cold))
+
+
+@pytest.mark.model
+def test_a_machine_with_another_secret_reads_the_prompt_itself(server, tmp_path, make_llama, tiny_model_path):
+    from chat_support import DOCUMENT, GREEDY, N_CTX, context_of
+
+    from snapcache.llama.cached import CachedLlama
+    from snapcache.store import SnapshotStore
+
+    prompt = DOCUMENT + "Question: where is the dog?\nAnswer:"
+    with open_store(tmp_path / "machine-a", server.url) as first:
+        CachedLlama(make_llama(tiny_model_path, n_ctx=N_CTX), first).warm(DOCUMENT, raw=True)
+    with SnapshotStore(tmp_path / "machine-c", secret=b"another team", remote=server.url) as other:
+        llm = CachedLlama(make_llama(tiny_model_path, n_ctx=N_CTX), other)
+        text = llm.create_completion(prompt, **GREEDY)["choices"][0]["text"]
+        assert llm.last_restore is not None
+        assert llm.last_restore.restored_tokens == 0
+        stats = other.remote_stats()
+        assert stats is not None
+        assert stats.unauthenticated >= 1
+        assert stats.hits == 0
+    cold = make_llama(tiny_model_path, n_ctx=N_CTX)
+    assert (text, context_of(llm.llm)) == (
+        cold.create_completion(prompt, **GREEDY)["choices"][0]["text"],
+        context_of(cold),
+    )
+
+
+def test_store_with_a_dead_redis_keeps_working_locally(server, tmp_path):
+    from snapcache.remote_tier import RemoteTier
+
+    server.kill()
+    remote = RemoteTier(server.url, secret=SECRET, backoff_s=60)
+    with open_store(tmp_path / "alone", remote) as store:
+        snapshot = make_snapshot(90)
+        start = time.monotonic()
+        assert store.put(snapshot.key, snapshot.tokens, snapshot.state, logits=snapshot.logits) is not None
+        store.flush()
+        assert_same(store.get(snapshot.key), snapshot)
+        other = make_snapshot(91)
+        assert store.get(other.key) is None
+        assert store.lookup(FINGERPRINT, "team-a", other.tokens) is None
+        found = store.lookup(FINGERPRINT, "team-a", np.concatenate([snapshot.tokens, [5, 6, 7]]))
+        assert found is not None
+        assert found.key == snapshot.key
+        assert time.monotonic() - start < 5 * CALL_BOUND_S
+        stats = store.remote_stats()
+        assert stats is not None
+        assert not stats.reachable
+
+
+def test_the_lowest_priority_goes_first_then_the_least_recently_used(server, tiers):
+    tier = open_tier(tiers, server.url, budget_bytes=30_000)
+    low_old, low_new, high = (
+        make_snapshot(s, state_bytes=8_000, priority=p) for s, p in ((85, 0), (86, 0), (87, 2))
+    )
+    for snapshot in (low_old, low_new, high):
+        assert tier.write(snapshot)
+    assert tier.get(low_old.key) is not None  # used: now the more recent of the two low ones
+    assert tier.write(make_snapshot(88, state_bytes=8_000, priority=1))
+    assert tier.get(low_new.key) is None
+    for kept in (low_old, high):
+        assert tier.get(kept.key) is not None

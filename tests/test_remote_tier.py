@@ -549,3 +549,95 @@ def test_the_lowest_priority_goes_first_then_the_least_recently_used(server, tie
     assert tier.get(low_new.key) is None
     for kept in (low_old, high):
         assert tier.get(kept.key) is not None
+
+
+@pytest.mark.model
+def test_a_record_whose_blocks_were_evicted_is_a_shorter_prefix_not_an_error(
+    server, raw, tmp_path, make_llama, tiny_model_path
+):
+    from chat_support import DOCUMENT, GREEDY, N_CTX, context_of
+
+    from snapcache.llama.cached import CachedLlama
+
+    prompt = DOCUMENT + "Question: is the dog lazy?\nAnswer:"
+    with open_store(tmp_path / "machine-a", server.url) as first:
+        warmed = CachedLlama(make_llama(tiny_model_path, n_ctx=N_CTX), first).warm(DOCUMENT, raw=True)
+    blocks = [
+        name
+        for name in raw.scan_iter(match="snapcache:*:default:*")
+        if raw.hget("snapcache:#catalog-of", name) is None
+    ]
+    assert len(blocks) >= 2
+    raw.delete(blocks[len(blocks) // 2])  # what an eviction by Redis itself would do
+    with open_store(tmp_path / "machine-b", server.url) as second:
+        llm = CachedLlama(make_llama(tiny_model_path, n_ctx=N_CTX), second)
+        text = llm.create_completion(prompt, **GREEDY)["choices"][0]["text"]
+        assert llm.last_restore is not None
+        # the blocks before the missing one, copied in as the record's were read: a shorter prefix
+        assert llm.last_restore.restored_tokens < warmed.token_count
+        assert llm.last_restore.restored_tokens % 64 == 0
+    cold = make_llama(tiny_model_path, n_ctx=N_CTX)
+    assert (text, context_of(llm.llm)) == (
+        cold.create_completion(prompt, **GREEDY)["choices"][0]["text"],
+        context_of(cold),
+    )
+
+
+def test_store_reads_the_remote_from_the_environment(server, tmp_path, monkeypatch):
+    from snapcache.store import SnapshotStore
+
+    snapshot = make_snapshot(95)
+    monkeypatch.setenv("SNAPCACHE_REMOTE", server.url)
+    monkeypatch.setenv("SNAPCACHE_SECRET", SECRET.decode())
+    with SnapshotStore(tmp_path / "a") as first:
+        first.put(snapshot.key, snapshot.tokens, snapshot.state, logits=snapshot.logits)
+    with SnapshotStore(tmp_path / "b") as second:
+        assert_same(second.get(snapshot.key), snapshot)
+    monkeypatch.delenv("SNAPCACHE_REMOTE")
+    with SnapshotStore(tmp_path / "c") as third:
+        assert third.get(snapshot.key) is None
+        assert third.remote_stats() is None
+
+
+def test_store_survives_redis_killed_and_restarted_amid_puts_and_lookups(server, tmp_path):
+    from snapcache.remote_tier import RemoteTier
+
+    remote = RemoteTier(server.url, secret=SECRET, backoff_s=0.2)
+    errors: list[BaseException] = []
+    with open_store(tmp_path / "machine", remote) as store:
+        stop = threading.Event()
+
+        def traffic() -> None:
+            seed = 1000
+            while not stop.is_set():
+                seed += 1
+                snapshot = make_snapshot(seed)
+                try:
+                    store.put(snapshot.key, snapshot.tokens, snapshot.state, logits=snapshot.logits)
+                    assert store.get(snapshot.key) is not None  # the local tiers keep working
+                    store.lookup(FINGERPRINT, "team-a", make_snapshot(seed + 10_000).tokens)
+                except BaseException as exc:
+                    errors.append(exc)
+                    return
+
+        worker = threading.Thread(target=traffic)
+        worker.start()
+        try:
+            time.sleep(0.3)
+            server.kill()
+            time.sleep(0.5)
+            server.start()
+            time.sleep(0.5)
+        finally:
+            stop.set()
+            worker.join(30)
+        assert errors == []
+        store.flush()
+        after = make_snapshot(99)
+        store.put(after.key, after.tokens, after.state, logits=after.logits)
+        store.flush()
+        assert_same(remote.get(after.key), after)  # writes resumed
+        stats = store.remote_stats()
+        assert stats is not None
+        assert stats.errors >= 1
+        assert stats.reachable

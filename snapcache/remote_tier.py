@@ -128,7 +128,6 @@ class RemoteTier:
         self._keys = BudgetKeys.of(self.prefix)
         self._put_script = self._writer.register_script(PUT)
         self._forget_script = self._reader.register_script(FORGET)
-        self._touch_script = self._reader.register_script(TOUCH)
         self._mac_key = None if secret is None else mac_key(secret)
         self._store_id = f"remote:{self.prefix}"
         self._level = codec.validate_level(compression_level)
@@ -186,7 +185,10 @@ class RemoteTier:
         def fetch() -> Any:
             pipe = self._reader.pipeline(transaction=False)
             pipe.get(name)
-            self._touch_script(keys=self._keys.with_value(name), args=[now_ms(time.time())], client=pipe)
+            keys = self._keys.with_value(name)
+            # EVAL, not EVALSHA: a pipeline running a registered script asks first whether the server
+            # has it, a round trip more; the server caches the script by its hash either way.
+            pipe.eval(TOUCH, len(keys), *keys, now_ms(time.time()))
             return pipe.execute()[0]
 
         data = self._call("get", fetch, None)

@@ -32,8 +32,7 @@ class RemoteWrites:
         self._stopping = False
         self._dropped = 0
         self._condition = threading.Condition()
-        self._thread = threading.Thread(target=self._loop, name="snapcache-remote-writer", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None  # started by the first submit
 
     @property
     def dropped(self) -> int:
@@ -52,6 +51,11 @@ class RemoteWrites:
         with self._condition:
             if self._stopping:
                 return
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._loop, name="snapcache-remote-writer", daemon=True
+                )
+                self._thread.start()
             old = self._waiting.pop(snapshot.key, None)
             if old is not None:
                 self._bytes -= old.nbytes
@@ -80,7 +84,9 @@ class RemoteWrites:
         with self._condition:
             self._stopping = True
             self._condition.notify_all()
-        self._thread.join(timeout)
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
 
     def _loop(self) -> None:
         while True:

@@ -129,6 +129,7 @@ class SnapshotStore:
             raise InvalidArgument("ram_bytes=0 needs a disk tier: give a directory and disk_bytes > 0")
         remote = resolve_remote(remote)
         mac_secret = resolve_secret(secret) if path is not None or isinstance(remote, str) else None
+        # Opened first: a bad URL raises before anything else is open (it connects on first use).
         self._remote: RemoteTier | None = None
         if isinstance(remote, str):
             self._remote = _open_remote(remote, mac_secret)
@@ -469,11 +470,12 @@ class SnapshotStore:
 
 
 def _open_remote(url: str, secret: bytes | None) -> RemoteTier:
+    """A remote tier on `url`; InvalidArgument when the redis client is missing or the URL is bad."""
     try:
         from snapcache.remote_tier import RemoteTier
     except ImportError as exc:
         raise InvalidArgument(
-            f"remote={url!r} needs the redis client: pip install 'snapcache[remote]' ({exc})"
+            f"a remote tier needs the redis client: pip install 'snapcache[remote]' ({exc})"
         ) from None
     return RemoteTier(url, secret=secret)
 

@@ -641,3 +641,20 @@ def test_store_survives_redis_killed_and_restarted_amid_puts_and_lookups(server,
         assert stats is not None
         assert stats.errors >= 1
         assert stats.reachable
+
+
+@pytest.mark.parametrize("remote", ["", "http://127.0.0.1:6379", "not a url"])
+def test_a_bad_remote_is_a_clear_error_at_opening(tmp_path, remote):
+    from snapcache.errors import InvalidArgument
+    from snapcache.store import SnapshotStore
+
+    with pytest.raises(InvalidArgument, match="remote"):
+        SnapshotStore(tmp_path / "store", remote=remote)
+
+
+@pytest.mark.parametrize("prefix", ["", "has space", "x" * 101, "naïve"])
+def test_a_bad_prefix_is_a_clear_error(prefix):
+    from snapcache.errors import InvalidArgument
+
+    with pytest.raises(InvalidArgument, match="prefix"):
+        RemoteTier("redis://127.0.0.1:1/0", prefix=prefix)

@@ -91,7 +91,9 @@ class RemoteTier:
     files. `budget_bytes` bounds what this namespace holds in Redis. `timeout_s` bounds each call a
     lookup makes (connect, read and write alike); the background writer waits at most
     `write_timeout_s`. After a failure Redis is not asked again for `backoff_s` seconds. The write
-    backlog holds at most `max_pending` snapshots and `max_pending_bytes`. `background=False`
+    backlog holds at most `max_pending` snapshots and `max_pending_bytes` (the bytes bound is the one
+    that matters: warming a 9K-token prompt on Gemma-3-270M queues about 140 blocks and 160 MB; the
+    snapshots are mostly the ones the RAM tier holds anyway, not copies). `background=False`
     sends each put before returning (for tests and tools). Thread-safe.
     """
 
@@ -107,8 +109,8 @@ class RemoteTier:
         timeout_s: float = 0.1,
         write_timeout_s: float = 2.0,
         backoff_s: float = 5.0,
-        max_pending: int = 64,
-        max_pending_bytes: int = 256 << 20,
+        max_pending: int = 4096,
+        max_pending_bytes: int = 1 << 30,
         compression_level: int = codec.DEFAULT_LEVEL,
         shuffle: bool = codec.DEFAULT_SHUFFLE,
         background: bool = True,

@@ -544,7 +544,9 @@ def test_the_lowest_priority_goes_first_then_the_least_recently_used(server, tie
     )
     for snapshot in (low_old, low_new, high):
         assert tier.write(snapshot)
+        time.sleep(0.005)  # uses are recorded to the millisecond
     assert tier.get(low_old.key) is not None  # used: now the more recent of the two low ones
+    time.sleep(0.005)
     assert tier.write(make_snapshot(88, state_bytes=8_000, priority=1))
     assert tier.get(low_new.key) is None
     for kept in (low_old, high):

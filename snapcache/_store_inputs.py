@@ -5,12 +5,15 @@ from __future__ import annotations
 import enum
 import os
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
 from snapcache.errors import InvalidArgument
 from snapcache.snapshot import Buffer
+
+_R = TypeVar("_R")
 
 
 class Default(enum.Enum):
@@ -42,6 +45,15 @@ def resolve_secret(secret: bytes | str | None) -> bytes | None:
     if secret is not None and not isinstance(secret, bytes):
         raise InvalidArgument("secret must be bytes, str or None")
     return secret or None
+
+
+def resolve_remote(remote: _R) -> _R | str | None:
+    """The remote tier given, else SNAPCACHE_REMOTE (a redis:// URL); None for none."""
+    if remote is None:
+        return os.environ.get("SNAPCACHE_REMOTE") or None
+    if isinstance(remote, str) and not remote:
+        raise InvalidArgument("remote must be a redis:// URL, a RemoteTier or None, got ''")
+    return remote
 
 
 def copy_state(state: Buffer) -> bytes:

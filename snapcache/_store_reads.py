@@ -1,13 +1,15 @@
-"""Finding a snapshot across the tiers: memory first, then the disk, whose hits are promoted into RAM.
+"""Finding a snapshot across the tiers: memory first, then the disk, whose hits are promoted into RAM,
+then the remote tier (if any), whose hits are copied into the local tiers.
 
 Exact gets, longest-prefix lookups and the reads of shared blocks, with the hits and misses each
 counts. Arguments arrive checked (the store's façade checks them); a disk that fails to answer is a
-logged miss, never an exception.
+logged miss, never an exception, and so is a remote tier (see remote_tier).
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import threading
 from collections.abc import Callable
@@ -18,14 +20,19 @@ from snapcache._store_memory import StoreMemory
 from snapcache._store_report import Counters
 from snapcache.errors import StoreUnavailable
 from snapcache.key import SnapshotKey, TokenArray, rolling_prefix_hashes
-from snapcache.prefix_index import iter_prefix_matches
+from snapcache.prefix_index import PrefixHashes, PrefixIndex, iter_prefix_matches
 from snapcache.snapshot import Snapshot
 from snapcache.tier import TierName
 
 if TYPE_CHECKING:
     from snapcache.disk_tier import DiskTier, Miss
+    from snapcache.remote_tier import RemoteTier
 
 log = logging.getLogger("snapcache")
+
+# Remote candidates a longest-prefix lookup reads at most, longest first, before it gives up: each
+# that fails verification (or was evicted meanwhile) costs a round trip.
+_MAX_REMOTE_TRIES = 3
 
 
 def disk_call(what: str, call: Callable[..., Any], *args: Any, default: Any) -> Any:
@@ -47,12 +54,17 @@ class TierReads:
         disk: DiskTier | None,
         catalogs: DiskCatalogs,
         counters: Counters,
+        *,
+        remote: RemoteTier | None = None,
+        copy_in: Callable[[Snapshot], None] | None = None,
     ) -> None:
         self._lock = lock
         self._memory = memory
         self._disk = disk
         self._catalogs = catalogs
         self._counters = counters
+        self._remote = remote
+        self._copy_in = copy_in
 
     def get(self, key: SnapshotKey) -> Snapshot | None:
         """The snapshot under exactly `key`, counted as a hit or a miss."""
@@ -63,8 +75,12 @@ class TierReads:
             epoch = self._memory.remove_epoch
         snapshot = self._get_disk(key, epoch)
         if snapshot is None:
+            snapshot = self._get_remote(key)
             with self._lock:
-                self._counters.misses += 1
+                if snapshot is None:
+                    self._counters.misses += 1
+                else:
+                    self._counters.hits += 1
         return snapshot
 
     def longest_prefix(
@@ -84,8 +100,7 @@ class TierReads:
                         key = candidate
                         break
                 if key is None:
-                    self._count_miss()
-                    return None
+                    break
                 snapshot = self._get_memory(key, count_miss=False)
                 if snapshot is not None:
                     return snapshot, self._memory_tier()
@@ -97,6 +112,36 @@ class TierReads:
                         self._counters.ram_misses += 1
                 return snapshot, "disk"
             tried.add(key)  # vanished or corrupt on disk: try the next best
+        found = self._remote_prefix(model_fingerprint, scope, query, hashes)
+        with self._lock:
+            self._count_miss(served=found is not None)
+        return found
+
+    def _remote_prefix(
+        self, model_fingerprint: str, scope: str, query: TokenArray, hashes: PrefixHashes
+    ) -> tuple[Snapshot, TierName] | None:
+        """The longest prefix of `query` the remote tier holds, copied into the local tiers."""
+        if self._remote is None:
+            return None
+        rows = self._remote.catalog(model_fingerprint, scope)
+        if not rows:
+            return None
+        index = PrefixIndex.of_group(model_fingerprint, scope, rows)
+        matches = iter_prefix_matches((index,), model_fingerprint, scope, query, hashes)
+        for key in itertools.islice(matches, _MAX_REMOTE_TRIES):
+            snapshot = self._get_remote(key)
+            if snapshot is not None:
+                return snapshot, "disk"
+        return None
+
+    def _get_remote(self, key: SnapshotKey) -> Snapshot | None:
+        """`key` from the remote tier, verified and copied into the local tiers; None on a miss."""
+        if self._remote is None:
+            return None
+        snapshot = self._remote.get(key)
+        if snapshot is not None and self._copy_in is not None:
+            self._copy_in(snapshot)
+        return snapshot
 
     def peek(self, key: SnapshotKey) -> Snapshot | None:
         """What memory holds under `key`, without marking it as used or counting."""
@@ -131,12 +176,13 @@ class TierReads:
                 return snapshot, self._memory_tier()
             epoch = self._memory.remove_epoch
         disk = self._disk
-        if disk is None:
-            return None
-        read = functools.partial(disk.read, touch=False)  # touch_blocks records the uses at once
-        found: Snapshot | Miss | None = disk_call("get", read, key, default=None)
+        found: Snapshot | Miss | None = None
+        if disk is not None:
+            read = functools.partial(disk.read, touch=False)  # touch_blocks records the uses at once
+            found = disk_call("get", read, key, default=None)
         if not isinstance(found, Snapshot):
-            return None
+            remote = self._get_remote(key)
+            return None if remote is None else (remote, "disk")
         with self._lock:
             self._memory.promote(found, epoch)
         self._drain_if_foreground()
@@ -199,9 +245,13 @@ class TierReads:
         if writes is not None and not writes.background:
             writes.drain()
 
-    def _count_miss(self) -> None:
-        """A lookup that found nothing anywhere. Lock held."""
-        self._counters.misses += 1
+    def _count_miss(self, *, served: bool = False) -> None:
+        """A lookup that found nothing in the local tiers, and was `served` by the remote one or
+        missed there too. Lock held."""
+        if served:
+            self._counters.hits += 1
+        else:
+            self._counters.misses += 1
         if self._memory.ram is not None:
             self._counters.ram_misses += 1
         if self._disk is not None:

@@ -29,6 +29,7 @@ from snapcache._store_inputs import (
     Default,
     copy_logits,
     copy_state,
+    resolve_remote,
     resolve_secret,
     store_path,
 )
@@ -61,6 +62,7 @@ if TYPE_CHECKING:
     from snapcache._disk_repair import CheckReport
     from snapcache.cache_dir import DirectoryReport
     from snapcache.disk_tier import Change, DiskTier
+    from snapcache.remote_tier import RemoteStats, RemoteTier
 
 _E = TypeVar("_E", bound=EntryInfo)
 
@@ -98,6 +100,12 @@ class SnapshotStore:
     hold at most a twentieth of `ram_bytes` (256 MiB at most), or the one snapshot in flight: `put`
     waits for the writer otherwise. `stats().pending_write_bytes` reports them. An entry evicted from
     RAM that the disk already holds is simply dropped from RAM, never queued again.
+
+    `remote` (default: `SNAPCACHE_REMOTE`) adds a tier shared by machines: a redis:// URL, or a
+    `RemoteTier` for other settings (the store closes it). Every put is also sent there in the
+    background; a get or lookup that misses locally asks it, and a remote hit is copied into the
+    local tiers. `held_priority`, `stored_tokens` and `entries` answer for the local tiers alone.
+    A remote fault is a miss (see `remote_tier`), never an exception.
     """
 
     def __init__(
@@ -109,6 +117,7 @@ class SnapshotStore:
         secret: bytes | str | None = None,
         allow_shared_dir: bool = False,
         background_writes: bool = True,
+        remote: str | RemoteTier | None = None,
     ) -> None:
         ram_bytes = validate_budget("ram_bytes", ram_bytes)
         if disk_bytes is not None:
@@ -118,6 +127,14 @@ class SnapshotStore:
             path = None
         if path is None and ram_bytes == 0:
             raise InvalidArgument("ram_bytes=0 needs a disk tier: give a directory and disk_bytes > 0")
+        remote = resolve_remote(remote)
+        mac_secret = resolve_secret(secret) if path is not None or isinstance(remote, str) else None
+        # Opened first: a bad URL raises before anything else is open (it connects on first use).
+        self._remote: RemoteTier | None = None
+        if isinstance(remote, str):
+            self._remote = _open_remote(remote, mac_secret)
+        elif remote is not None:
+            self._remote = remote
 
         self._lock = threading.Condition(threading.Lock())
         self._counters = Counters()
@@ -136,7 +153,7 @@ class SnapshotStore:
             self._disk = DiskTier(
                 path,
                 disk_bytes,
-                secret=resolve_secret(secret),
+                secret=mac_secret,
                 allow_shared_dir=allow_shared_dir,
                 on_change=self._on_disk_change,
             )
@@ -152,7 +169,15 @@ class SnapshotStore:
                 background=background_writes,
             )
             self._memory.attach_writes(self._writes)
-        self._reads = TierReads(self._lock, self._memory, self._disk, self._catalogs, self._counters)
+        self._reads = TierReads(
+            self._lock,
+            self._memory,
+            self._disk,
+            self._catalogs,
+            self._counters,
+            remote=self._remote,
+            copy_in=self._copy_in,
+        )
         _open_stores.add(self)
 
     # -- public API ---------------------------------------------------------------------------------
@@ -208,28 +233,10 @@ class SnapshotStore:
             raise KeyMismatch(f"the {len(array)} tokens given do not hash to the key")
         snapshot = Snapshot(key, array, copy_state(state_bytes), copy_logits(logits), priority)
         self._check_open()
-
-        ram, writes = self._ram, self._writes
-        with self._lock:
-            if writes is not None:
-                writes.wait_for_room(snapshot.nbytes, lambda: self._closed)
-            if self._closed:  # closed while this put waited, or just before it took the lock
-                raise StoreUnavailable("the store is closed")
-            in_ram = self._memory.admit(snapshot)
-        if writes is None:
-            if not in_ram:
-                self._drop(snapshot, self._memory.refusal(snapshot))
-                return None
-            return snapshot
-        if not writes.background:
-            writes.drain()
-            disk = self._disk
-            assert disk is not None
-            with self._lock:
-                in_memory = ram is not None and key in ram
-            if not in_memory and not disk_call("contains", disk.__contains__, key, default=False):
-                return None
-        return snapshot
+        kept = self._put_local(snapshot)
+        if self._remote is not None:
+            self._remote.put(snapshot)
+        return snapshot if kept else None
 
     def get(self, key: SnapshotKey) -> Snapshot | None:
         """The snapshot stored under exactly `key` (RAM first, then disk), or None."""
@@ -292,6 +299,8 @@ class SnapshotStore:
         if self._disk is not None:
             found = disk_call("remove", self._disk.remove, key, default=False) or found
             self._catalogs.forget(key)
+        if self._remote is not None:
+            found = self._remote.remove(key) or found
         return found
 
     def entries(
@@ -330,9 +339,16 @@ class SnapshotStore:
             return store_stats(self._counters, self._ram, figures, pending)
 
     def flush(self) -> None:
-        """Wait until every write queued so far has reached the disk (or failed with a warning)."""
+        """Wait until every write queued so far has reached the disk and the remote tier (or failed
+        with a warning)."""
         if self._writes is not None:
             self._writes.flush()
+        if self._remote is not None:
+            self._remote.flush()
+
+    def remote_stats(self) -> RemoteStats | None:
+        """What the remote tier holds (one round trip) and how it fared; None without one."""
+        return None if self._remote is None else self._remote.stats()
 
     def check(
         self, repair: bool = True, *, verify: bool = False, grace_seconds: float | None = None
@@ -377,6 +393,8 @@ class SnapshotStore:
         if ram is not None:
             with self._lock:
                 ram.close()
+        if self._remote is not None:
+            self._remote.close()
 
     def __enter__(self) -> SnapshotStore:
         return self
@@ -405,6 +423,34 @@ class SnapshotStore:
                     with contextlib.suppress(InvalidArgument):  # a row no put could have written
                         self._memory.off_disk(row.key())
 
+    def _put_local(self, snapshot: Snapshot) -> bool:
+        """Admit `snapshot` into RAM and queue its disk write; whether a local tier keeps it."""
+        ram, writes, key = self._ram, self._writes, snapshot.key
+        with self._lock:
+            if writes is not None:
+                writes.wait_for_room(snapshot.nbytes, lambda: self._closed)
+            if self._closed:  # closed while this put waited, or just before it took the lock
+                raise StoreUnavailable("the store is closed")
+            in_ram = self._memory.admit(snapshot)
+        if writes is None:
+            if not in_ram:
+                self._drop(snapshot, self._memory.refusal(snapshot))
+            return in_ram
+        if not writes.background:
+            writes.drain()
+            disk = self._disk
+            assert disk is not None
+            with self._lock:
+                in_memory = ram is not None and key in ram
+            if not in_memory and not disk_call("contains", disk.__contains__, key, default=False):
+                return False
+        return True
+
+    def _copy_in(self, snapshot: Snapshot) -> None:
+        """A remote hit, kept in the local tiers (and not sent back to the remote one)."""
+        with contextlib.suppress(StoreUnavailable):  # closed meanwhile: the hit is served all the same
+            self._put_local(snapshot)
+
     def _drop(self, snapshot: Snapshot, why: str) -> None:
         log.warning(
             "snapcache: dropped snapshot %s (%d bytes): %s", snapshot.key.id[:16], snapshot.nbytes, why
@@ -421,6 +467,17 @@ class SnapshotStore:
         if not isinstance(key, SnapshotKey):
             raise InvalidArgument(f"key must be a SnapshotKey, got {type(key).__name__}")
         self._check_open()
+
+
+def _open_remote(url: str, secret: bytes | None) -> RemoteTier:
+    """A remote tier on `url`; InvalidArgument when the redis client is missing or the URL is bad."""
+    try:
+        from snapcache.remote_tier import RemoteTier
+    except ImportError as exc:
+        raise InvalidArgument(
+            f"a remote tier needs the redis client: pip install 'snapcache[remote]' ({exc})"
+        ) from None
+    return RemoteTier(url, secret=secret)
 
 
 # Stores still open at interpreter exit are closed then, so that queued writes reach the disk.

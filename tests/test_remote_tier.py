@@ -701,3 +701,24 @@ def test_the_cli_stats_shows_the_remote_tier(server: RedisServer, tmp_path: Any)
     bad = runner.invoke(app, ["--cache-dir", str(directory), "--remote", "http://example", "stats"])
     assert bad.exit_code == 1
     assert "Traceback" not in bad.output
+
+
+def test_the_cli_doctor_checks_the_remote_tier(server: RedisServer, tmp_path: Any) -> None:
+    import json
+
+    from redis_server import free_port
+    from typer.testing import CliRunner
+
+    from snapcache_cli.app import app
+
+    runner = CliRunner()
+    base = ["--cache-dir", str(tmp_path / "cache")]
+    found = runner.invoke(app, [*base, "--remote", server.url, "doctor", "--json"])
+    [check] = [c for c in json.loads(found.stdout)["checks"] if c["name"] == "remote tier"]
+    assert check["status"] == "warn"  # reachable, but no secret
+    assert "0 values" in check["detail"]
+    nobody = f"redis://127.0.0.1:{free_port()}/0"
+    down = runner.invoke(app, [*base, "--remote", nobody, "doctor", "--json"])
+    [check] = [c for c in json.loads(down.stdout)["checks"] if c["name"] == "remote tier"]
+    assert check["status"] == "fail"
+    assert down.exit_code == 1

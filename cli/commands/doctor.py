@@ -37,6 +37,8 @@ _PACKAGES = (
     "fastapi",
     "uvicorn",
     "prometheus-client",
+    # the remote tier (the remote extra)
+    "redis",
 )
 LOW_DISK_BYTES = 1 << 30
 
@@ -68,6 +70,7 @@ def doctor(
     checks = [
         *_directory_checks(found),
         _store_check(settings, found),
+        *_remote_check(settings),
         _model_check(),
         _gpu_check(info["llama_cpp"]),
     ]
@@ -204,6 +207,36 @@ def _store_check(settings: Settings, found: DirectoryReport) -> Check:
             "index and the files: run `snapcache check --repair`",
         )
     return Check("store", "ok", f"opens; {_plural(count, 'snapshot')}")
+
+
+def _remote_check(settings: Settings) -> list[Check]:
+    """The remote tier, when --remote or SNAPCACHE_REMOTE names one: reachable, and what it holds."""
+    from ..errors import describe
+
+    url = settings.remote or os.environ.get("SNAPCACHE_REMOTE") or None
+    if url is None:
+        return []
+    try:
+        with snapcache.SnapshotStore(None, ram_bytes=1, remote=url) as store:
+            stats = store.remote_stats()
+    except (snapcache.SnapcacheError, OSError) as exc:
+        return [Check("remote tier", "fail", describe(exc))]
+    if stats is None:
+        return []
+    if not stats.reachable:
+        return [Check("remote tier", "fail", f"{stats.url} does not answer")]
+    held = "-" if stats.used_bytes is None else format_size(stats.used_bytes)
+    unsigned = not os.environ.get("SNAPCACHE_SECRET")
+    secret = "; no SNAPCACHE_SECRET: values are not authenticated" if unsigned else ""
+    status: Status = "ok" if secret == "" else "warn"
+    return [
+        Check(
+            "remote tier",
+            status,
+            f"{stats.url} (prefix {stats.prefix}): {stats.entries} values, {held} of "
+            f"{format_size(stats.budget_bytes)}{secret}",
+        )
+    ]
 
 
 def _plural(count: int, noun: str) -> str:

@@ -692,6 +692,10 @@ def test_the_cli_stats_shows_the_remote_tier(server: RedisServer, tmp_path: Any)
 
     text = runner.invoke(app, ["--cache-dir", str(directory), "--remote", server.url, "stats"])
     assert "reachable" in text.output
+    listed = runner.invoke(app, ["--cache-dir", str(directory), "--remote", server.url, "ls"])
+    assert listed.exit_code == 0, listed.output
+    assert "remote: " in listed.output
+    assert "holds: 1 values" in listed.output
     # Nothing listening: the tier is reported unreachable, the command still works.
     nobody = f"redis://127.0.0.1:{free_port()}/0"
     down = runner.invoke(app, ["--cache-dir", str(directory), "--remote", nobody, "stats"])

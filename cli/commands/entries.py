@@ -45,6 +45,7 @@ def list_entries(ctx: typer.Context, scope: ScopeFilter = None, as_json: JsonOpt
     """List the stored snapshots, most recently used first."""
     with settings_of(ctx).open_store() as store:
         everything = store.entries(scope=scope, blocks=True)
+        remote = store.remote_stats()
     rows = [e for e in everything if not e.key.is_block]
     blocks = [e for e in everything if e.key.is_block]
     rows.sort(key=lambda e: e.last_used_at, reverse=True)
@@ -53,6 +54,7 @@ def list_entries(ctx: typer.Context, scope: ScopeFilter = None, as_json: JsonOpt
         return
     if not rows:
         typer.echo("no snapshots" + (f" in scope {scope!r}" if scope else ""))
+        _echo_remote(remote)
         return
     now = time.time()
     table = [
@@ -77,6 +79,13 @@ def list_entries(ctx: typer.Context, scope: ScopeFilter = None, as_json: JsonOpt
         plural = "s" if len(blocks) != 1 else ""
         line += f"; plus {len(blocks)} shared 64-token block{plural} ({format_size(shared)})"
     typer.echo(line)
+    _echo_remote(remote)
+
+
+def _echo_remote(remote: RemoteStats | None) -> None:
+    """Below a listing of this machine's snapshots: the remote tier's, in sum."""
+    for name, value in _remote_lines(remote):
+        typer.echo(f"{name.strip()}: {value}")
 
 
 def inspect(ctx: typer.Context, key: KeyArgument, as_json: JsonOption = False) -> None:

@@ -48,6 +48,9 @@ DEFAULT_REMOTE_BUDGET_BYTES = 4 << 30
 MAX_VALUE_BYTES = 512 << 20
 _MAX_PREFIX_LENGTH = 100
 _MAX_REMEMBERED = 10_000
+# The most a value may expand when decoded: its bytes times this, and at least the minimum.
+_MAX_EXPANSION = 64
+_MIN_STATE_LIMIT = 1 << 20
 
 # A connection refused, reset or timed out: the server is away or overloaded, so skip it a while.
 _OUTAGES: tuple[type[BaseException], ...] = (redis.ConnectionError, redis.TimeoutError, OSError)
@@ -346,7 +349,12 @@ class RemoteTier:
         """The snapshot `data` holds if it verifies as `key`'s; a damaged or foreign value is deleted,
         one authenticated under another secret (or none) is kept for the processes that have it."""
         try:
-            return decode(data, key=key, store_id=self._store_id, mac_secret=self._mac_key)
+            # A value claims its own decompressed size; KV states hardly compress (1.1-1.5x), so a
+            # claim far beyond its bytes is a crafted value, refused before any memory is taken.
+            limit = max(_MIN_STATE_LIMIT, _MAX_EXPANSION * len(data))
+            return decode(
+                data, key=key, store_id=self._store_id, mac_secret=self._mac_key, max_state_bytes=limit
+            )
         except MacMismatch as exc:
             with self._lock:
                 self._counts["unauthenticated"] += 1

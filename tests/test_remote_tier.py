@@ -726,3 +726,17 @@ def test_the_cli_doctor_checks_the_remote_tier(server: RedisServer, tmp_path: An
     [check] = [c for c in json.loads(down.stdout)["checks"] if c["name"] == "remote tier"]
     assert check["status"] == "fail"
     assert down.exit_code == 1
+
+
+def test_a_value_claiming_a_huge_state_is_refused_before_any_memory_is_taken(
+    server: RedisServer, raw: redis.Redis, tiers: list[RemoteTier]
+) -> None:
+    tier = RemoteTier(server.url, secret=None, prefix="huge")
+    tiers.append(tier)
+    tokens = as_token_array(np.arange(64))
+    key = SnapshotKey.for_tokens(FINGERPRINT, "s", tokens)
+    # 64 MiB of zeros compress to almost nothing: a value whose state is far larger than its bytes.
+    snapshot = Snapshot(key, tokens, bytes(64 << 20), None, 0)
+    assert tier.write(snapshot)
+    assert len(raw.get(tier.value_key(key)) or b"") < (64 << 20) // 64
+    assert tier.get(key) is None  # refused as crafted, not decompressed

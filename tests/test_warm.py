@@ -146,3 +146,22 @@ def test_a_chat_handler_that_tokenizes_something_else_first_still_warms_its_syst
 
     llm.chat_handler = with_a_stop_word
     assert other.warm(SYSTEM).token_count == plain.token_count
+
+
+def test_a_chat_handler_that_hands_over_text_warms_the_tokens_create_completion_reads(cached):
+    from snapcache.key import as_token_array
+    from snapcache.llama.chat_prefix import text_prompt_tokens
+
+    warmer = cached(scope="text")
+    llm = warmer.llm
+
+    def text_handler(*, llama, messages, **kwargs):
+        text = "".join(f"<{m['role']}>\n{m['content']}\n" for m in messages)
+        return llama.create_completion(prompt=text, **kwargs)
+
+    llm.chat_handler = text_handler
+    warmed = warmer.warm(SYSTEM)
+    whole = text_prompt_tokens(llm, f"<system>\n{SYSTEM}\n<user>\nHello.\n", add_eos=True)
+    assert warmed.token_count >= len(text_prompt_tokens(llm, f"<system>\n{SYSTEM}\n", add_eos=False)) - 2
+    # The warmed tokens are the start of what create_completion reads for a chat with this system part.
+    assert warmed.key.matches(as_token_array(whole[: warmed.token_count]))

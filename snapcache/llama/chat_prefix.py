@@ -56,12 +56,16 @@ _MERGE_MARGIN_TOKENS = 2
 
 @dataclass(frozen=True, slots=True)
 class RenderedText:
-    """A prompt as a chat handler is about to tokenize it: its bytes, and whether a BOS goes first."""
+    """A prompt as a chat handler rendered it: its bytes, and how they become tokens: as the handler
+    tokenizes them (whether a BOS goes first), or (None) as `create_completion` tokenizes a text
+    prompt (`text_prompt_tokens`)."""
 
     text: bytes
-    add_bos: bool
+    add_bos: bool | None
 
     def tokens(self, llm: llama_cpp.Llama) -> list[int]:
+        if self.add_bos is None:  # a cut inside a character drops its bytes: the end is dropped anyway
+            return text_prompt_tokens(llm, self.text.decode("utf-8", "ignore"), add_eos=False)
         return list(llm.tokenize(self.text, add_bos=self.add_bos, special=True))
 
 
@@ -94,7 +98,7 @@ class SharedPrefix:
         if self.text is None or n_tokens <= 0:
             return False
         llm = self._llm
-        lead = len(RenderedText(b"", self.text.add_bos).tokens(llm))  # a BOS, not in the text
+        lead = len(RenderedText(b"", self.text.add_bos).tokens(llm))  # a BOS or CLS, not in the text
         try:
             decoded = llm.detokenize(prompt[lead:n_tokens].tolist(), special=True)
         except (RuntimeError, ValueError, UnicodeError):
@@ -196,8 +200,7 @@ class ChatPrefixFinder:
 
         def intercept(prompt: Any = None, *args: Any, **kwargs: Any) -> Any:
             if isinstance(prompt, str):
-                add_bos = bool(llm._model.add_bos_token())
-                raise _RenderedPrompt(RenderedText(prompt.encode("utf-8"), add_bos))
+                raise _RenderedPrompt(RenderedText(prompt.encode("utf-8"), None))
             if isinstance(prompt, list):
                 raise _RenderedPrompt(as_token_array(prompt))
             raise _RenderedPrompt(None)

@@ -173,7 +173,8 @@ def decode(
     mac_secret: bytes | None,
     max_state_bytes: int = MAX_STATE_BYTES,
 ) -> Snapshot:
-    """Verify a whole file read into memory and return its snapshot.
+    """Verify a whole file read into memory and return its snapshot, which holds copies of what it
+    keeps: `data` may be overwritten once this returns.
 
     Raises MacMismatch for an intact file authenticated otherwise, CorruptSnapshot for the rest.
     """

@@ -16,7 +16,7 @@ import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +38,8 @@ _SQLITE_CORRUPT = 11
 _SQLITE_NOTADB = 26
 _UINT64 = 1 << 64
 _INT64_MAX = (1 << 63) - 1
+# Keys one query asks for at most (SQLite's oldest builds allow 999 bound parameters).
+_KEYS_PER_QUERY = 500
 _COLUMNS = (
     "key_id, fingerprint, scope, token_count, prefix_hash, rolling_hash, priority,"
     " file_name, file_bytes, state_bytes, created_at, last_used_at"
@@ -278,6 +280,21 @@ class DiskIndex:
                 f"SELECT {_COLUMNS} FROM entries WHERE key_id = ?", (key_id,)
             ).fetchone()
         return None if values is None else _row(values)
+
+    def get_many(self, key_ids: Sequence[str]) -> dict[str, IndexRow]:
+        """The rows of those of `key_ids` the index holds, by key id: one query per 500 keys."""
+        found: dict[str, IndexRow] = {}
+        with self._lock, self._errors("read"):
+            for start in range(0, len(key_ids), _KEYS_PER_QUERY):
+                chunk = list(key_ids[start : start + _KEYS_PER_QUERY])
+                marks = ", ".join("?" * len(chunk))
+                cursor = self._conn.execute(
+                    f"SELECT {_COLUMNS} FROM entries WHERE key_id IN ({marks})", chunk
+                )
+                for values in cursor.fetchall():
+                    row = _row(values)
+                    found[row.key_id] = row
+        return found
 
     def rows(self, fingerprint: str | None = None, scope: str | None = None) -> list[IndexRow]:
         clauses, params = [], []

@@ -8,11 +8,10 @@ logged miss, never an exception, and so is a remote tier (see remote_tier).
 
 from __future__ import annotations
 
-import functools
 import itertools
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from snapcache._disk_catalogs import DiskCatalogs
@@ -168,25 +167,43 @@ class TierReads:
         found: TokenArray | None = disk_call("read tokens", self._disk.stored_tokens, key, default=None)
         return found
 
-    def get_block(self, key: SnapshotKey) -> tuple[Snapshot, TierName] | None:
-        """The block under `key` and its tier, promoted like a get but neither counted nor touched."""
+    def get_blocks(self, keys: Sequence[SnapshotKey]) -> list[tuple[Snapshot, TierName]]:
+        """The blocks of `keys` up to the first that no tier holds, each with its tier: promoted like
+        a get but neither counted nor touched. Those not in memory are read from disk at once."""
+        memory_tier = self._memory_tier()
+        found: list[tuple[Snapshot, TierName] | None] = []
         with self._lock:
-            snapshot = self._memory.get(key)
-            if snapshot is not None:
-                return snapshot, self._memory_tier()
+            for key in keys:
+                snapshot = self._memory.get(key)
+                found.append(None if snapshot is None else (snapshot, memory_tier))
             epoch = self._memory.remove_epoch
+        missing = [i for i, held in enumerate(found) if held is None]
         disk = self._disk
-        found: Snapshot | Miss | None = None
-        if disk is not None:
-            read = functools.partial(disk.read, touch=False)  # touch_blocks records the uses at once
-            found = disk_call("get", read, key, default=None)
-        if not isinstance(found, Snapshot):
+        if missing and disk is not None:
+            wanted = [keys[i] for i in missing]
+            read: list[Snapshot | Miss] = disk_call("get", disk.read_many, wanted, default=[])
+            hits = [
+                (i, snapshot)
+                for i, snapshot in zip(missing, read, strict=False)
+                if isinstance(snapshot, Snapshot)
+            ]
+            for i, snapshot in hits:
+                found[i] = (snapshot, "disk")
+            if hits:
+                with self._lock:
+                    for _, snapshot in reversed(hits):
+                        self._memory.promote(snapshot, epoch)
+                self._drain_if_foreground()
+        blocks: list[tuple[Snapshot, TierName]] = []
+        for key, held in zip(keys, found, strict=True):
+            if held is not None:
+                blocks.append(held)
+                continue
             remote = self._get_remote(key)
-            return None if remote is None else (remote, "disk")
-        with self._lock:
-            self._memory.promote(found, epoch)
-        self._drain_if_foreground()
-        return found, "disk"
+            if remote is None:
+                break
+            blocks.append((remote, "disk"))
+        return blocks
 
     def touch_blocks(self, keys: list[SnapshotKey]) -> None:
         """Record a use of `keys`, the first as the most recent, in RAM and on disk."""

@@ -18,7 +18,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +35,7 @@ from snapcache._disk_repair import (
     reclaim_debris,
     survey,
 )
+from snapcache._threads import map_in_parallel
 from snapcache.cache_dir import prepare_cache_dir
 from snapcache.errors import CorruptSnapshot, InvalidArgument, KeyMismatch, StoreUnavailable
 from snapcache.key import SnapshotKey, TokenArray, rolling_hash, validate_budget, validate_priority
@@ -235,53 +236,86 @@ class DiskTier:
         """
         index = self._open_index()
         try:
-            row = index.get(key.id)
-            for _attempt in range(3):
-                if row is None:
-                    return Miss.ABSENT
-                if not files.is_snapshot_name(row.file_name):
-                    self._discard(row, "the index names an invalid file", unlink=False)
-                    return Miss.DISCARDED
+            found = self._read_row(index, key, index.get(key.id))
+            if isinstance(found, Miss):
+                return found
+            snapshot, row = found
+            if touch:
                 try:
-                    data = files.read_file(self._files / row.file_name)
-                except FileNotFoundError:
-                    current = index.get(key.id)
-                    if current is not None and current.file_name != row.file_name:
-                        row = current  # a concurrent put replaced it
-                        continue
-                    if current is not None:
-                        logger.warning("snapshot file %s vanished; dropping its row", row.file_name)
-                        self._announce(index.delete(row.key_id, row.file_name))
-                    return Miss.ABSENT
-                except OSError as exc:
-                    logger.warning("cannot read snapshot file %s: %s", row.file_name, exc)
-                    return Miss.UNAVAILABLE
-                try:
-                    snapshot = self._verify(row, data, key)
-                except MacMismatch as exc:
-                    _warn_unauthenticated(self._files / row.file_name, str(exc))
-                    self._not_authenticated(row)
-                    return Miss.UNAUTHENTICATED
-                except CorruptSnapshot as exc:
-                    self._discard(row, str(exc))
-                    return Miss.DISCARDED
-                if touch:
-                    try:
-                        index.touch(row.key_id, row.file_name, time.time())
-                    except StoreUnavailable as exc:  # a full disk, a busy writer: the hit still stands
-                        logger.debug("could not record the use of %s: %s", row.file_name, exc)
-                return snapshot
+                    index.touch(row.key_id, row.file_name, time.time())
+                except StoreUnavailable as exc:  # a full disk, a busy writer: the hit still stands
+                    logger.debug("could not record the use of %s: %s", row.file_name, exc)
+            return snapshot
         except StoreUnavailable as exc:
             logger.warning("disk tier index unavailable, treating the lookup as a miss: %s", exc)
         return Miss.UNAVAILABLE
+
+    def read_many(self, keys: Sequence[SnapshotKey]) -> list[Snapshot | Miss]:
+        """`read(key, touch=False)` of each of `keys`, in order: the rows come from one index query,
+        and the files are read, verified and decoded on the codec's threads (a restore's blocks,
+        whose uses `touch` then records at once)."""
+        index = self._open_index()
+        try:
+            rows = index.get_many([key.id for key in keys])
+        except StoreUnavailable as exc:
+            logger.warning("disk tier index unavailable, treating the lookup as a miss: %s", exc)
+            return [Miss.UNAVAILABLE] * len(keys)
+
+        def read_one(key: SnapshotKey) -> Snapshot | Miss:
+            try:
+                found = self._read_row(index, key, rows.get(key.id))
+            except StoreUnavailable as exc:
+                logger.warning("disk tier index unavailable, treating the lookup as a miss: %s", exc)
+                return Miss.UNAVAILABLE
+            return found if isinstance(found, Miss) else found[0]
+
+        return map_in_parallel(read_one, keys)
+
+    def _read_row(
+        self, index: DiskIndex, key: SnapshotKey, row: IndexRow | None
+    ) -> tuple[Snapshot, IndexRow] | Miss:
+        """The snapshot in the file `row` names, verified, and the row it came from; a file a
+        concurrent put replaced is read again from the new row."""
+        for _attempt in range(3):
+            if row is None:
+                return Miss.ABSENT
+            if not files.is_snapshot_name(row.file_name):
+                self._discard(row, "the index names an invalid file", unlink=False)
+                return Miss.DISCARDED
+            try:
+                # Reused: decoding copies out everything the snapshot keeps.
+                data = files.read_file(self._files / row.file_name, reuse=True)
+            except FileNotFoundError:
+                current = index.get(key.id)
+                if current is not None and current.file_name != row.file_name:
+                    row = current  # a concurrent put replaced it
+                    continue
+                if current is not None:
+                    logger.warning("snapshot file %s vanished; dropping its row", row.file_name)
+                    self._announce(index.delete(row.key_id, row.file_name))
+                return Miss.ABSENT
+            except OSError as exc:
+                logger.warning("cannot read snapshot file %s: %s", row.file_name, exc)
+                return Miss.UNAVAILABLE
+            try:
+                return self._verify(row, data, key), row
+            except MacMismatch as exc:
+                _warn_unauthenticated(self._files / row.file_name, str(exc))
+                self._not_authenticated(row)
+                return Miss.UNAUTHENTICATED
+            except CorruptSnapshot as exc:
+                self._discard(row, str(exc))
+                return Miss.DISCARDED
+        return Miss.UNAVAILABLE  # replaced again and again while read: asking later may find it
 
     def touch(self, keys: list[SnapshotKey]) -> None:
         """Record a use of each of `keys` in one transaction, the first as the most recent."""
         index = self._open_index()
         now = time.time()
+        rows = index.get_many([key.id for key in keys])
         uses = []
         for i, key in enumerate(keys):
-            row = index.get(key.id)
+            row = rows.get(key.id)
             if row is not None:
                 uses.append((row.key_id, row.file_name, now - i * 1e-6))
         if not uses:

@@ -15,7 +15,7 @@ import logging
 import os
 import threading
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, TypeVar
@@ -250,16 +250,23 @@ class SnapshotStore:
         return self._reads.held_priority(key)
 
     def get_block(self, key: SnapshotKey) -> tuple[Snapshot, TierName] | None:
-        """The block stored under `key` and the tier that served it, or None; promoted like a get, but
-        not counted as a hit or miss (a restore counts once, not per block), and its use on disk is
-        recorded by `touch_blocks`, for many blocks at once."""
-        if not isinstance(key, SnapshotKey) or not key.is_block:
-            raise InvalidArgument(f"not the key of a block: {key!r}")
+        """The block stored under `key` and the tier that served it, or None: `get_blocks` of one."""
+        found = self.get_blocks([key])
+        return found[0] if found else None
+
+    def get_blocks(self, keys: Sequence[SnapshotKey]) -> list[tuple[Snapshot, TierName]]:
+        """The blocks stored under `keys`, each with the tier that served it, up to the first that is
+        missing (or fails to read); promoted like a get, but not counted as hits or misses (a restore
+        counts once, not per block). Those on disk are read together, on the codec's threads; their
+        uses are recorded by `touch_blocks`, for many blocks at once."""
+        for key in keys:
+            if not isinstance(key, SnapshotKey) or not key.is_block:
+                raise InvalidArgument(f"not the key of a block: {key!r}")
         self._check_open()
-        return self._reads.get_block(key)
+        return self._reads.get_blocks(keys)
 
     def touch_blocks(self, keys: list[SnapshotKey]) -> None:
-        """Record a use of the blocks `get_block` served, the first of `keys` as the most recent (so
+        """Record a use of the blocks `get_blocks` served, the first of `keys` as the most recent (so
         that the first blocks of a prompt, which every longer prefix needs, are evicted last)."""
         self._reads.touch_blocks(keys)
 

@@ -595,11 +595,11 @@ def test_a_transient_disk_read_failure_does_not_hide_the_entry(
         real_read = disk_files.read_file
         failures = []
 
-        def failing_read(path: Path) -> memoryview:
+        def failing_read(path: Path, *, reuse: bool = False) -> memoryview:
             if not failures:
                 failures.append(path)
                 raise PermissionError(13, "Permission denied")
-            return real_read(path)
+            return real_read(path, reuse=reuse)
 
         monkeypatch.setattr(disk_files, "read_file", failing_read)
         assert store.lookup(FP, SCOPE, DOC[:100]) is None

@@ -218,21 +218,15 @@ class StoredStates:
         return Found(Snapshot(key, prefix, state), source, None, None)
 
     def _read_blocks(self, keys: Sequence[SnapshotKey], tier: Source) -> tuple[list[memoryview], Source]:
-        """The blocks of `keys` up to the first that is missing or fails to read (those after it would
-        be read for nothing), marked as used; and "disk" if any came from there, else `tier`."""
-        blocks: list[memoryview] = []
-        source = tier
-        for key in keys:
-            try:
-                found = self._store.get_block(key)
-            except (SnapcacheError, OSError) as exc:
-                _log.warning("block lookup failed: %s", exc)
-                break
-            if found is None:
-                break
-            blocks.append(memoryview(found[0].state))
-            if found[1] == "disk":
-                source = "disk"
+        """The blocks of `keys` up to the first that is missing or fails to read, marked as used; and
+        "disk" if any came from there, else `tier`."""
+        try:
+            found = self._store.get_blocks(keys)
+        except (SnapcacheError, OSError) as exc:
+            _log.warning("block lookup failed: %s", exc)
+            found = []
+        blocks = [memoryview(block.state) for block, _ in found]
+        source: Source = "disk" if any(tier == "disk" for _, tier in found) else tier
         if blocks:
             self._store.touch_blocks(list(keys[: len(blocks)]))
         return blocks, source

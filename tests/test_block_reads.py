@@ -1,0 +1,141 @@
+"""Reading many blocks at once: one index query, the files decoded on the codec's threads, and each
+answer what reading that key alone would give (damaged, absent and foreign files included)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from snapcache import _threads
+from snapcache.disk_tier import FILES_DIR, DiskTier, Miss
+from snapcache.key import SnapshotKey, block_keys
+from snapcache.snapshot import Snapshot
+from snapcache.store import SnapshotStore
+
+BLOCK_BYTES = 30_000
+
+
+def block_snapshots(n: int, *, seed: int = 0, priority: int = 0) -> list[Snapshot]:
+    """`n` blocks of one prompt, each with its own state bytes."""
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, 32_000, 64 * n, dtype=np.int32)
+    keys = block_keys("fp-a", "default", tokens, n)
+    return [
+        Snapshot(
+            key,
+            tokens[64 * i : 64 * (i + 1)],
+            rng.integers(0, 256, BLOCK_BYTES, dtype=np.uint8).tobytes(),
+            priority=priority,
+        )
+        for i, key in enumerate(keys)
+    ]
+
+
+def file_of(tier: DiskTier, key: SnapshotKey) -> Path:
+    row = tier._open_index().get(key.id)
+    assert row is not None
+    return tier.directory / FILES_DIR / row.file_name
+
+
+def test_read_many_answers_each_key_as_read_would(tmp_path: Path) -> None:
+    blocks = block_snapshots(12)
+    other = DiskTier(tmp_path / "other", 1 << 26, secret=b"someone else")
+    tier = DiskTier(tmp_path / "disk", 1 << 26, secret=b"ours")
+    try:
+        for block in blocks[:10]:
+            assert tier.put(block)
+        damaged = file_of(tier, blocks[3].key)
+        data = bytearray(damaged.read_bytes())
+        data[-100] ^= 0xFF
+        damaged.write_bytes(data)
+        # An intact file written under another secret: kept, but not served.
+        assert other.put(blocks[5])
+        foreign = file_of(other, blocks[5].key)
+        file_of(tier, blocks[5].key).write_bytes(foreign.read_bytes())
+
+        got = tier.read_many([b.key for b in blocks])
+
+        assert len(got) == 12
+        for i, found in enumerate(got):
+            if i == 3:
+                assert found is Miss.DISCARDED
+            elif i == 5:
+                assert found is Miss.UNAUTHENTICATED
+            elif i >= 10:
+                assert found is Miss.ABSENT
+            else:
+                assert isinstance(found, Snapshot)
+                assert found.key == blocks[i].key
+                assert bytes(found.state) == bytes(blocks[i].state)
+        assert blocks[3].key not in tier  # damage is removed, as a read removes it
+        assert blocks[5].key in tier  # another configuration's file stays
+    finally:
+        tier.close()
+        other.close()
+
+
+def test_the_index_is_asked_in_batches_beyond_the_parameter_limit(tmp_path: Path) -> None:
+    blocks = block_snapshots(3)
+    tier = DiskTier(tmp_path / "disk", 1 << 26)
+    for block in blocks:
+        assert tier.put(block)
+    ids = [f"{i:064x}" for i in range(1_200)] + [b.key.id for b in blocks]
+    rows = tier._open_index().get_many(ids)
+    tier.close()
+    assert sorted(rows) == sorted(b.key.id for b in blocks)
+
+
+def test_get_blocks_stops_at_the_first_missing_block_and_promotes_the_rest(tmp_path: Path) -> None:
+    blocks = block_snapshots(8)
+    with SnapshotStore(tmp_path / "c", ram_bytes=0, disk_bytes=1 << 26) as store:
+        for i, block in enumerate(blocks):
+            if i != 5:
+                store.put(block.key, block.tokens, block.state)
+        store.flush()
+    with SnapshotStore(tmp_path / "c", ram_bytes=1 << 24, disk_bytes=1 << 26) as store:
+        got = store.get_blocks([b.key for b in blocks])
+        assert [found.key for found, _ in got] == [b.key for b in blocks[:5]]
+        assert all(tier == "disk" for _, tier in got)
+        assert all(bytes(found.state) == bytes(b.state) for (found, _), b in zip(got, blocks, strict=False))
+        again = store.get_blocks([b.key for b in blocks[:5]])
+        assert [tier for _, tier in again] == ["ram"] * 5  # promoted by the first read
+        assert store.get_block(blocks[5].key) is None
+
+
+def test_parallel_map_keeps_order_and_raises_what_a_call_raised() -> None:
+    seen_threads: set[str] = set()
+
+    def square(x: int) -> int:
+        seen_threads.add(threading.current_thread().name)
+        return x * x
+
+    assert _threads.map_in_parallel(square, list(range(101))) == [x * x for x in range(101)]
+    assert _threads.map_in_parallel(square, []) == []
+
+    def fail_on_seven(x: int) -> int:
+        if x == 7:
+            raise ValueError("seven")
+        return x
+
+    with pytest.raises(ValueError, match="seven"):
+        _threads.map_in_parallel(fail_on_seven, list(range(10)))
+
+
+def _map_in_child(queue: multiprocessing.Queue[list[int]]) -> None:
+    queue.put(_threads.map_in_parallel(lambda x: x + 1, list(range(10))))
+
+
+@pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="no fork here")
+def test_a_forked_child_gets_its_own_decoding_threads() -> None:
+    _threads.map_in_parallel(lambda x: x, list(range(10)))  # the parent's pool exists
+    context = multiprocessing.get_context("fork")
+    queue: multiprocessing.Queue[list[int]] = context.Queue()
+    child = context.Process(target=_map_in_child, args=(queue,))
+    child.start()
+    child.join(timeout=60)
+    assert child.exitcode == 0
+    assert queue.get(timeout=5) == list(range(1, 11))

@@ -24,6 +24,7 @@ import cProfile
 import json
 import os
 import pstats
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -180,13 +181,16 @@ def measure(
             hot_s, hot_text = _chat(llm, system)
 
             # Several restarted processes: a new process's first memory and first restore vary a lot.
-            restarts = sorted(
-                (
-                    _spawn(model_path, n_ctx, directory, system_path, workdir / f"restored-{size}-{i}.json")
-                    for i in range(runs)
-                ),
-                key=lambda result: float(result["ttft_s"]),
-            )
+            # Each opens its own copy of the warmed store: what one saves must not serve the next.
+            results = []
+            for i in range(runs):
+                copy = workdir / f"store-{size}-run-{i}"
+                shutil.copytree(directory, copy)
+                results.append(
+                    _spawn(model_path, n_ctx, copy, system_path, workdir / f"restored-{size}-{i}.json")
+                )
+                shutil.rmtree(copy)
+            restarts = sorted(results, key=lambda result: float(result["ttft_s"]))
             restored = restarts[len(restarts) // 2]
             profiled = None
             if profile:

@@ -113,16 +113,16 @@ def export_bundle(
         except ValueError as exc:
             raise BundleError(f"snapshot {key.id[:12]} holds a malformed record: {exc}") from None
         needed = block_keys(key.model_fingerprint, key.scope, snapshot.tokens, record.n_blocks)
-        for i, block_key in enumerate(needed):
-            if block_key in chosen:
-                continue
-            found = store.get_block(block_key)
-            if found is None:
-                raise BundleError(
-                    f"snapshot {key.id[:12]} lacks block {i + 1} of its {record.n_blocks} "
-                    "(evicted or unreadable): warm it again before exporting"
-                )
-            chosen[block_key] = ("block", found[0])
+        unread = [block_key for block_key in needed if block_key not in chosen]
+        found = store.get_blocks(unread)  # up to the first missing one, read together
+        for block_key, (block, _tier) in zip(unread, found, strict=False):
+            chosen[block_key] = ("block", block)
+        if len(found) < len(unread):
+            i = needed.index(unread[len(found)])
+            raise BundleError(
+                f"snapshot {key.id[:12]} lacks block {i + 1} of its {record.n_blocks} "
+                "(evicted or unreadable): warm it again before exporting"
+            )
         chosen[key] = ("record", snapshot)
 
     entries: list[ManifestEntry] = []

@@ -247,8 +247,7 @@ class DiskTier:
                     logger.debug("could not record the use of %s: %s", row.file_name, exc)
             return snapshot
         except StoreUnavailable as exc:
-            logger.warning("disk tier index unavailable, treating the lookup as a miss: %s", exc)
-        return Miss.UNAVAILABLE
+            return _index_unavailable(exc)
 
     def read_many(self, keys: Sequence[SnapshotKey]) -> list[Snapshot | Miss]:
         """`read(key, touch=False)` of each of `keys`, in order: the rows come from one index query,
@@ -258,15 +257,13 @@ class DiskTier:
         try:
             rows = index.get_many([key.id for key in keys])
         except StoreUnavailable as exc:
-            logger.warning("disk tier index unavailable, treating the lookup as a miss: %s", exc)
-            return [Miss.UNAVAILABLE] * len(keys)
+            return [_index_unavailable(exc)] * len(keys)
 
         def read_one(key: SnapshotKey) -> Snapshot | Miss:
             try:
                 found = self._read_row(index, key, rows.get(key.id))
             except StoreUnavailable as exc:
-                logger.warning("disk tier index unavailable, treating the lookup as a miss: %s", exc)
-                return Miss.UNAVAILABLE
+                return _index_unavailable(exc)
             return found if isinstance(found, Miss) else found[0]
 
         return map_in_parallel(read_one, keys)
@@ -562,6 +559,12 @@ class DiskTier:
     def _unlink_row_file(self, row: IndexRow) -> None:
         if files.is_snapshot_name(row.file_name):
             files.unlink(self._files / row.file_name)
+
+
+def _index_unavailable(exc: StoreUnavailable) -> Miss:
+    """A read the index could not answer: logged, and a miss that may not last."""
+    logger.warning("disk tier index unavailable, treating the lookup as a miss: %s", exc)
+    return Miss.UNAVAILABLE
 
 
 def _warn_unauthenticated(path: Path, reason: str) -> None:

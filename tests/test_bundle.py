@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -16,8 +17,8 @@ import pytest
 from chat_support import GREEDY, N_CTX, SYSTEM, chat, chat_reply, cold_chat, context_of
 
 from snapcache import export_bundle, import_bundle
-from snapcache.bundle import BundleRefused, CorruptBundle
-from snapcache.key import BLOCK_TOKENS
+from snapcache.bundle import BundleError, BundleRefused, CorruptBundle
+from snapcache.key import BLOCK_TOKENS, block_keys
 from snapcache.llama.cached import CachedLlama
 from snapcache.llama.fingerprint import model_fingerprint
 from snapcache.store import SnapshotStore
@@ -317,3 +318,18 @@ def test_cli_export_and_import(tmp_path, tiny_model_path, tiny_model_path_other_
 
     _clean_error(run_cli("export", "ffff", "-o", str(tmp_path / "x.snap"), cache_dir=a), "no snapshot")
     _clean_error(run_cli("export", key, "-o", str(tmp_path / "no" / "x.snap"), cache_dir=a))
+
+
+def test_exporting_a_record_whose_block_is_gone_names_the_missing_block(
+    warmed: Warmed, tmp_path: Path
+) -> None:
+    directory = tmp_path / "store"
+    shutil.copytree(warmed.directory, directory)
+    with SnapshotStore(directory, ram_bytes=0, disk_bytes=256 << 20) as store:
+        snapshot = store.get(warmed.key)
+        assert snapshot is not None
+        blocks = block_keys(warmed.key.model_fingerprint, warmed.key.scope, snapshot.tokens, 2)
+        assert store.remove(blocks[1])
+        with pytest.raises(BundleError, match=r"lacks block 2 of its"):
+            export_bundle(store, [warmed.key], tmp_path / "out.snap", secret=b"")
+    assert not (tmp_path / "out.snap").exists()

@@ -179,13 +179,20 @@ def test_a_chat_restored_to_its_warmed_system_part_tokenizes_only_its_prompt(cac
     warmed = cached().warm(SYSTEM)
     fresh = cached()
     seen = _counting_long_tokenizations(fresh.llm, len(SYSTEM))
+    decoded_by_token: list[int] = []  # long runs only: generation decodes its own few tokens
+    detokenize = fresh.llm.detokenize
+    fresh.llm.detokenize = lambda tokens, *args, **kwargs: (  # type: ignore[method-assign]
+        (len(tokens) > 100 and decoded_by_token.append(len(tokens))) or detokenize(tokens, *args, **kwargs)
+    )
     messages = chat("Tell Sam I will be ten minutes late.")
     reply = reply_of(fresh.create_chat_completion(messages, **GREEDY))
     assert fresh.last_restore.restored_tokens == warmed.token_count
     assert (reply, context_of(fresh.llm)) == cold_runs(messages)
     # The prompt, once: the template probes that find the system part render text and stop before
-    # tokenizing it, and the restored tokens already reach its last checkpoint.
+    # tokenizing it, and the restored tokens already reach its last checkpoint. llama.cpp decoded
+    # them in one call, and Gemma's text came back as it was: no decoding token by token.
     assert len(seen) == 1
+    assert decoded_by_token == []
 
     # A system part not stored yet is tokenized once more, to put a checkpoint at its end.
     seen.clear()
@@ -196,3 +203,16 @@ def test_a_chat_restored_to_its_warmed_system_part_tokenizes_only_its_prompt(cac
     later = cached()
     later.create_chat_completion(chat_with(SYSTEM + " Sign every message.", "Any news?"), **GREEDY)
     assert later.last_restore.restored_tokens > warmed.token_count  # the new system part's checkpoint
+
+
+def test_decoding_at_once_gives_what_detokenize_gives_token_by_token(make_llama, gemma_model_path):
+    from snapcache.key import as_token_array
+    from snapcache.llama.chat_prefix import _decode_at_once
+
+    llm = make_llama(gemma_model_path, n_ctx=N_CTX)
+    rendered = f"<start_of_turn>user\n{SYSTEM}\n\n¿Qué tal? 1 + 1 = ?<end_of_turn>\n<start_of_turn>model\n"
+    tokens = as_token_array(llm.tokenize(rendered.encode("utf-8"), add_bos=False, special=True))
+    assert len(tokens) > 600
+    at_once = _decode_at_once(llm, tokens)
+    assert at_once == llm.detokenize(tokens.tolist(), special=True)
+    assert at_once == rendered.encode("utf-8")

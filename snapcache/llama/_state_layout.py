@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from snapcache.llama._sparse_memory import populate_for_reading, sparse_zeros
+
 SEQ_STATE_MAGIC = 0xAF143CD8
 BLOB_HEADER_BYTES = 8
 # The blob header and the first section's stream and cell counts: what every blob starts with.
@@ -113,15 +115,17 @@ def pad_window(state: npt.NDArray[np.uint8], sections: list[CacheSection]) -> np
     every cell back where a cold prefill in a full-size window cache leaves it.
 
     The padded blob is several times the window (164 MiB for 9,344 Gemma-3 tokens): it is built in
-    one zeroed allocation, whose zero pages the system provides lazily, and only the window's own
-    rows are copied in (`blocks.assemble` writes it straight from blocks the same way).
+    one zeroed allocation, whose zero pages the system provides lazily (`_sparse_memory`), and only
+    the window's own rows are copied in (`blocks.assemble` writes it straight from blocks the same
+    way).
     """
     if len(sections) != 2 or window_start(sections[1]) <= 0:
         return None
     window = sections[1]
-    out = np.zeros(window.start + padded_window_bytes(window), dtype=np.uint8)
+    out = sparse_zeros(window.start + padded_window_bytes(window))
     out[: window.start] = state[: window.start]
     write_padded_window(out, window.start, state, window)
+    populate_for_reading(out)
     return out
 
 

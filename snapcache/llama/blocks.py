@@ -25,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from snapcache.key import BLOCK_TOKENS
+from snapcache.llama._sparse_memory import populate_for_reading, sparse_zeros
 from snapcache.llama._state_layout import (
     BLOB_HEADER_BYTES,
     SEQ_STATE_MAGIC,
@@ -220,7 +221,7 @@ def assemble(
         assert record is not None
         window = record.sections[1]
         # Zero pages come lazily: only the window's own cells and rows are written into the padding.
-        view = np.zeros(total + padded_window_bytes(window), dtype=np.uint8)
+        view = sparse_zeros(total + padded_window_bytes(window))
     else:
         view = np.empty(total + rest.nbytes, dtype=np.uint8)  # every byte is written below
     out = view.data
@@ -256,6 +257,7 @@ def assemble(
     if padded:
         assert record is not None
         write_padded_window(view, off, blob, record.sections[1])
+        populate_for_reading(view)
     else:
         view[off:] = rest
     return out

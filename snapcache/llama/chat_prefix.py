@@ -14,6 +14,7 @@ tokens, not text, is probed by tokens.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 from collections import OrderedDict
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import llama_cpp
+import llama_cpp.llama_tokenizer
 import numpy as np
 
 from snapcache.key import TokenArray, as_token_array
@@ -99,13 +101,16 @@ class SharedPrefix:
             return False
         llm = self._llm
         lead = len(RenderedText(b"", self.text.add_bos).tokens(llm))  # a BOS or CLS, not in the text
-        try:
-            decoded = llm.detokenize(prompt[lead:n_tokens].tolist(), special=True)
-        except (RuntimeError, ValueError, UnicodeError):
-            return False
+        restored = prompt[lead:n_tokens]
         text = self.text.text
-        shared = common_prefix(np.frombuffer(decoded, np.uint8), np.frombuffer(text, np.uint8))
-        if shared < len(decoded) and shared < len(text):
+        for decode in (_decode_at_once, _decode_by_token):
+            decoded = decode(llm, restored)
+            if decoded is None:
+                continue
+            shared = _common_bytes(decoded, text)
+            if shared == len(decoded) or shared == len(text):
+                break
+        else:
             return False  # they part ways inside the text (or decoding does not give it back)
         rest = RenderedText(text[shared:], add_bos=False).tokens(llm) if shared < len(text) else []
         return align_down(n_tokens + len(rest), alignment) <= n_tokens
@@ -262,6 +267,35 @@ def common_prefix(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> int:
     n = min(len(a), len(b))
     differ = np.flatnonzero(a[:n] != b[:n])
     return int(differ[0]) if len(differ) else n
+
+
+def _decode_at_once(llm: llama_cpp.Llama, tokens: TokenArray) -> bytes | None:
+    """The text of `tokens` decoded by llama.cpp in one call (0.1 ms for 4,000 tokens, against 6 ms
+    for `Llama.detokenize`, a call per token); None where the Llama has a tokenizer of its own.
+
+    llama.cpp may drop a leading space or clean spaces up where the per-token decoding keeps them:
+    a result that disagrees with the expected text is decoded again by `_decode_by_token`."""
+    if type(llm.tokenizer_) is not llama_cpp.llama_tokenizer.LlamaTokenizer or not len(tokens):
+        return None
+    ids = np.ascontiguousarray(tokens, dtype=np.int32)
+    pointer = ids.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token))
+    vocab = llm._model.vocab
+    capacity = 8 * len(ids) + 64
+    for _attempt in range(2):
+        buffer = ctypes.create_string_buffer(capacity)
+        written = int(llama_cpp.llama_detokenize(vocab, pointer, len(ids), buffer, capacity, False, True))
+        if written >= 0:
+            return buffer.raw[:written]
+        capacity = -written  # llama.cpp says how many bytes it needs
+    return None
+
+
+def _decode_by_token(llm: llama_cpp.Llama, tokens: TokenArray) -> bytes | None:
+    """The text of `tokens` as `Llama.detokenize` gives it; None when it cannot."""
+    try:
+        return llm.detokenize(tokens.tolist(), special=True)
+    except (RuntimeError, ValueError, UnicodeError):
+        return None
 
 
 def _common_bytes(a: bytes, b: bytes) -> int:

@@ -1,0 +1,57 @@
+"""Large zero-filled buffers that are mostly left zero: a padded sliding-window blob.
+
+A padded window blob (see `llama._state_layout.pad_window`) is several times the state it carries:
+164 MiB for 9,344 Gemma-3 tokens, of which the window's own rows are 7.5 MiB. They are written a
+little at the end of every transposed V row, so nearly every 2 MiB of the buffer gets a write.
+
+numpy asks for transparent huge pages on allocations of 4 MiB and more. Here that is the slow
+choice: each first write into a 2 MiB range makes the kernel find (and, on a fragmented machine,
+compact memory for) a huge page and zero all of it, so padding that state in a new process took
+100-300 ms, against 13 ms with 4 KiB pages (bench_restart.py measures the whole restore). So
+`sparse_zeros` maps its own memory and declines huge pages, and `populate_for_reading` maps the zero
+pages llama.cpp is about to read in one call (Linux 5.14+), rather than one page fault at a time
+(about 25 ms against 47 ms for that blob). Elsewhere both fall back to what numpy does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import sys
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["populate_for_reading", "sparse_zeros"]
+
+# madvise(2) advice that Python's mmap module does not name on every version.
+_MADV_POPULATE_READ = 22
+_LINUX = sys.platform == "linux"
+
+
+def sparse_zeros(size: int) -> npt.NDArray[np.uint8]:
+    """`size` zero bytes whose pages the system provides (4 KiB at a time) when first touched."""
+    flags = getattr(mmap, "MAP_PRIVATE", None)
+    anonymous = getattr(mmap, "MAP_ANONYMOUS", None)
+    if size <= 0 or flags is None or anonymous is None:
+        return np.zeros(size, dtype=np.uint8)  # Windows, or nothing to map
+    try:
+        memory = mmap.mmap(-1, size, flags=flags | anonymous)
+    except (OSError, ValueError, OverflowError):
+        return np.zeros(size, dtype=np.uint8)
+    no_huge_pages = getattr(mmap, "MADV_NOHUGEPAGE", None)
+    if no_huge_pages is not None:
+        with contextlib.suppress(OSError):
+            memory.madvise(no_huge_pages)
+    return np.frombuffer(memory, dtype=np.uint8)
+
+
+def populate_for_reading(array: npt.NDArray[np.uint8]) -> None:
+    """Map every page of a `sparse_zeros` buffer now (the untouched ones to the zero page), so that
+    reading it all does not fault page by page. Does nothing where the system cannot."""
+    base = array.base
+    memory = base.obj if isinstance(base, memoryview) else base
+    if not _LINUX or not isinstance(memory, mmap.mmap):
+        return
+    with contextlib.suppress(OSError, ValueError):  # kernels before 5.14: EINVAL
+        memory.madvise(_MADV_POPULATE_READ)

@@ -1,0 +1,51 @@
+"""The zero-filled buffers a padded sliding-window blob is built in."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+from snapcache.llama._sparse_memory import populate_for_reading, sparse_zeros
+
+
+def _vm_flags(address: int) -> list[str]:
+    """The VmFlags of the mapping of this process that holds `address` (Linux)."""
+    with open("/proc/self/smaps", encoding="ascii", errors="replace") as smaps:
+        inside = False
+        for line in smaps:
+            head = line.split(" ", 1)[0]
+            if "-" in head and ":" not in head:
+                start, end = (int(part, 16) for part in head.split("-"))
+                inside = start <= address < end
+            elif inside and line.startswith("VmFlags:"):
+                return line.split()[1:]
+    raise AssertionError("no mapping holds the buffer")
+
+
+def test_a_sparse_buffer_is_zero_writable_and_stays_as_written_when_populated():
+    size = (8 << 20) + 123
+    buffer = sparse_zeros(size)
+    assert buffer.shape == (size,)
+    assert buffer.dtype == np.uint8
+    assert not buffer.any()
+    written = [0, 4095, 4096, 5 << 20, size - 1]
+    buffer[written] = 7
+    populate_for_reading(buffer)
+    assert np.flatnonzero(buffer).tolist() == written
+    assert set(buffer[written].tolist()) == {7}
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="huge pages are a Linux setting")
+def test_a_sparse_buffer_declines_huge_pages():
+    buffer = sparse_zeros(16 << 20)
+    assert "nh" in _vm_flags(buffer.ctypes.data)
+    dense = np.zeros(16 << 20, dtype=np.uint8)  # what numpy gives: no such advice
+    assert "nh" not in _vm_flags(dense.ctypes.data)
+
+
+def test_populating_an_ordinary_array_does_nothing():
+    array = np.arange(10, dtype=np.uint8)
+    populate_for_reading(array)
+    assert array.tolist() == list(range(10))

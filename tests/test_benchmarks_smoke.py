@@ -170,6 +170,7 @@ def test_bench_restart_quick(tmp_path: Path) -> None:
         assert restored["restored_tokens"] == row["system_tokens"] > 0
         assert restored["text"] == row["cold_text"]
         assert min(row["cold_s"], row["hot_s"], row["restored_s"]) > 0
+        assert 0 < restored["restore_s"] < restored["ttft_s"]
         fastest, slowest = row["restored_range_s"]
         assert fastest <= row["restored_s"] <= slowest
         phases = row["profiled"]["profile"]

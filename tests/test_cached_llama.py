@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -45,12 +46,15 @@ def test_restore_then_suffix_matches_cold(cached, make_llama, tiny_model_path):
     prompt = DOCUMENT + "Question: what does the fox do?\nAnswer:"
 
     warm = cached()
+    started = time.perf_counter()
     text = warm.create_completion(prompt, **GREEDY)["choices"][0]["text"]
+    whole_call = time.perf_counter() - started
 
     info = warm.last_restore
     assert info is not None
     assert (info.restored_tokens, info.source) == (warmed.token_count, "ram")
     assert info.evaluated_tokens == info.prompt_tokens - warmed.token_count
+    assert 0 < info.restore_seconds < whole_call
     assert (text, context_of(warm.llm)) == cold_completion(make_llama, tiny_model_path, prompt)
 
 

@@ -432,9 +432,11 @@ class CacheHook:
         n = len(tokens)
         if n == 0 or n >= int(llm.n_ctx()):
             return  # llama-cpp-python raises or handles these itself
+        started = time.perf_counter()
         reused, source = (
             self._loader.load(tokens, call.scope, self._alignment) if call.cacheable else (0, None)
         )
+        restore_seconds = time.perf_counter() - started
         self._last_prompts[call.scope] = (tokens, reused, time.time())
         self._last_prompts.move_to_end(call.scope)
         if len(self._last_prompts) > _REMEMBERED_SCOPES:
@@ -474,7 +476,7 @@ class CacheHook:
         if call.cacheable:
             self._loader.mark_read(n)  # generate reads the rest of the prompt next
         evaluated = n - min(reused, n - 1)
-        call.restore = RestoreInfo(n, reused, evaluated, source, call.checkpoints)
+        call.restore = RestoreInfo(n, reused, evaluated, source, call.checkpoints, restore_seconds)
         self.last_restore = call.restore
         _log.debug("prompt of %d tokens: %d reused (%s), %d to evaluate", n, reused, source, evaluated)
         if self._listener is not None:

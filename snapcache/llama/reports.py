@@ -20,6 +20,8 @@ class RestoreInfo:
     context ("context"); `evaluated_tokens` were read by llama.cpp. A prompt exactly as long as its
     snapshot evaluates its last token again (a state carries no logits), so the two can add up to one
     more than `prompt_tokens`. `checkpoints` counts the states saved while reading the prompt.
+    `restore_seconds` is the time spent finding that prefix and handing it to llama.cpp (on a miss,
+    the time the lookup took).
     """
 
     prompt_tokens: int
@@ -27,6 +29,7 @@ class RestoreInfo:
     evaluated_tokens: int
     source: Source | None
     checkpoints: int
+    restore_seconds: float = 0.0
 
     @property
     def cached_tokens(self) -> int:

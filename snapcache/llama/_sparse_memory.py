@@ -6,11 +6,11 @@ little at the end of every transposed V row, so nearly every 2 MiB of the buffer
 
 numpy asks for transparent huge pages on allocations of 4 MiB and more. Here that is the slow
 choice: each first write into a 2 MiB range makes the kernel find (and, on a fragmented machine,
-compact memory for) a huge page and zero all of it, so padding that state in a new process took
-100-300 ms, against 13 ms with 4 KiB pages (bench_restart.py measures the whole restore). So
-`sparse_zeros` maps its own memory and declines huge pages, and `populate_for_reading` maps the zero
-pages llama.cpp is about to read in one call (Linux 5.14+), rather than one page fault at a time
-(about 25 ms against 47 ms for that blob). Elsewhere both fall back to what numpy does.
+compact memory for) a huge page and zero all of it, which made padding that state in a new process
+several times slower than with 4 KiB pages, and uneven (bench_restart.py measures the whole
+restore). So `sparse_zeros` maps its own memory and declines huge pages, and `populate_for_reading`
+maps the zero pages llama.cpp is about to read in one call (Linux 5.14+), rather than one page fault
+at a time. Elsewhere both fall back to what numpy does.
 """
 
 from __future__ import annotations

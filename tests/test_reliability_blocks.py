@@ -110,10 +110,15 @@ def reference(llama_factory: Any, tiny_model_path: Path) -> Iterator[Reference]:
 def restore_all(llm: Any, store: SnapshotStore, reference: Reference, prompts: list[Prompt]) -> dict:
     """Complete each prompt after restoring what `store` serves (saving nothing); every context must
     equal the cold one. Returns how many tokens each restored."""
-    cached = CachedLlama(llm, store, SCOPE, save=False)
+    return _complete_each(CachedLlama(llm, store, SCOPE, save=False), reference, prompts)
+
+
+def _complete_each(cached: CachedLlama, reference: Reference, prompts: list[Prompt]) -> dict[Prompt, int]:
+    """Complete each prompt from an empty context through `cached`; every context must equal the
+    cold one. Returns how many tokens each restored."""
     restored = {}
     for prompt in prompts:
-        llm.reset()
+        cached.llm.reset()
         assert complete(cached, reference.prompt(prompt)) == reference.context(prompt), prompt
         assert cached.last_restore is not None
         restored[prompt] = cached.last_restore.restored_tokens
@@ -147,15 +152,8 @@ def write_prompts(
     as cold); returns what each restored."""
     store_args.setdefault("ram_bytes", 0)
     store_args.setdefault("disk_bytes", BUDGET)
-    restored = {}
     with SnapshotStore(directory, **store_args) as store:
-        cached = CachedLlama(llm, store, SCOPE)
-        for prompt in prompts:
-            llm.reset()
-            assert complete(cached, reference.prompt(prompt)) == reference.context(prompt), prompt
-            assert cached.last_restore is not None
-            restored[prompt] = cached.last_restore.restored_tokens
-    return restored
+        return _complete_each(CachedLlama(llm, store, SCOPE), reference, prompts)
 
 
 # -- kill -9 ------------------------------------------------------------------------------------------

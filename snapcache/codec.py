@@ -81,7 +81,10 @@ def _import_blosc2() -> None:
 # blosc2 is a whole array library and takes 0.2-0.4 s to import (bench_disk_hit.py); a new process
 # should not wait for that at its first disk hit. Importing it on a thread from here overlaps it with
 # what the process does next (load a model, open the index); _blosc2() waits for it when needed.
-threading.Thread(target=_import_blosc2, name="snapcache-import-blosc2", daemon=True).start()
+# The thread is not a daemon: Python ends daemon threads at exit wherever they are, and one ended
+# inside the C++ of an extension's import aborts the whole process ("FATAL: exception not
+# rethrown"). A process that is done before the import is waits for it instead.
+threading.Thread(target=_import_blosc2, name="snapcache-import-blosc2", daemon=False).start()
 
 
 def _blosc2() -> Any:

@@ -284,3 +284,30 @@ class _Sink:
 
     def data(self) -> bytes:
         return b"".join(self._chunks)
+
+
+
+_EXIT_AT_ONCE = """
+import atexit
+import sys
+import threading
+sys.path[:0] = [sys.argv[1]]
+atexit.register(lambda: print([t.name for t in threading.enumerate() if t.name.startswith("snapcache")]))
+import snapcache.codec
+"""
+
+
+def test_a_process_that_ends_at_once_does_not_leave_the_background_import_running() -> None:
+    # Python ends daemon threads at exit wherever they are, and one ended inside the C++ of an
+    # extension's import aborts the process. The import thread must be done before exit handlers run.
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = str(Path(__file__).resolve().parents[1])
+    for _ in range(3):
+        done = subprocess.run(
+            [sys.executable, "-c", _EXIT_AT_ONCE, repo], capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == "[]", done.stderr

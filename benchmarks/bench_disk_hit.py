@@ -6,9 +6,11 @@ A hit is what DiskTier.get does with a snapshot file: read it whole, verify its 
 logits and its payload, and decompress the state into the one buffer that is handed to llama.cpp.
 States are real Gemma-3-270M states (f16 KV) of a 1,200-token prompt and of a 9,344-token one (35
 MiB, captured once by a 2-3 minute prefill and kept with bench_codec.py's states). The file is read
-from the page cache: a cold disk adds its own read time. The last table goes through a real DiskTier
-(its index lookup and bookkeeping included); another shows a new process's first hit, whose buffers
-are fresh pages and which may wait for blosc2's import. --quick uses the test suite's tiny model.
+from the page cache: a cold disk adds its own read time. A table goes through a real DiskTier (its
+index lookup and bookkeeping included); another shows a new process's first hit, whose buffers are
+fresh pages and which may wait for blosc2's import. The last restores the states from shared blocks,
+in a store opened afresh and in new processes (with how much their peak memory grew). --quick uses
+the test suite's tiny model.
 """
 
 from __future__ import annotations
@@ -211,12 +213,51 @@ def tier_row(table: Table, name: str, snapshot: Snapshot, secret: bytes | None, 
     )
 
 
-def blocks_row(table: Table, name: str, snapshot: Snapshot, secret: bytes | None, repeat: int) -> None:
+_FIRST_FIND = """
+import json, resource, sys, time
+import numpy as np
+from pathlib import Path
+from snapcache.llama.stored_states import StoredStates
+from snapcache.store import SnapshotStore
+import blosc2  # its import, under way on a thread, is not what this measures
+path, n, secret, blocks_alone = json.loads(sys.argv[1])
+tokens = np.arange(1, n + 1, dtype=np.int32)  # as snapshot_of() made them
+secret = None if secret is None else secret.encode()
+with SnapshotStore(Path(path), ram_bytes=256 << 20, disk_bytes=1 << 34, secret=secret) as store:
+    states = StoredStates(store, "bench")
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    start = time.perf_counter()
+    found = states.find(tokens, "default", blocks_alone=blocks_alone)
+    took = time.perf_counter() - start
+    grew = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    assert found is not None and found.snapshot.key.token_count == n
+print(json.dumps([took, grew * 1024]))
+"""
+
+
+def first_find(path: Path, n: int, secret: bytes | None, blocks_alone: bool, runs: int) -> tuple[float, int]:
+    """A new process's first restore from the blocks in `path` (a RAM tier of 256 MiB, as a server
+    would have): its median time, and how much its peak memory grew meanwhile (Linux's ru_maxrss)."""
+    argument = json.dumps([str(path), n, None if secret is None else secret.decode(), blocks_alone])
+    samples = []
+    for _ in range(runs):
+        out = subprocess.run(
+            [sys.executable, "-c", _FIRST_FIND, argument], capture_output=True, text=True, check=True
+        )
+        samples.append(json.loads(out.stdout))
+    took, grew = (statistics.median(column) for column in zip(*samples, strict=True))
+    return took, int(grew)
+
+
+def blocks_row(
+    table: Table, name: str, snapshot: Snapshot, secret: bytes | None, repeat: int, runs: int
+) -> None:
     """A restore from shared blocks through a real store opened afresh on the directory: look up the
-    record, fetch each block (index lookup, read, verify, decompress), and assemble one blob."""
+    record, fetch each block (index lookup, read, verify, decompress), and assemble one blob; then
+    the same in new processes."""
     split = split_state(snapshot.state)
     if split is None:
-        table.add(name, secret is not None, "-", "-", "-", "-", "-", "-")
+        table.add(name, secret is not None, *["-"] * 8)
         return
     n = split.n_cells if split.windows else len(snapshot.tokens)
     tokens = snapshot.tokens[:n]
@@ -236,6 +277,7 @@ def blocks_row(table: Table, name: str, snapshot: Snapshot, secret: bytes | None
                 finds.append(time.perf_counter() - start)
                 assert found is not None
                 assert bytes(found.snapshot.state) == bytes(snapshot.state)
+        first, grew = first_find(path, n, secret, not split.windows, runs)
     median = statistics.median(finds)
     state_bytes = len(snapshot.state)
     table.add(
@@ -247,6 +289,8 @@ def blocks_row(table: Table, name: str, snapshot: Snapshot, secret: bytes | None
         round(min(finds) * 1e3, 1),
         round(state_bytes / median / 1e9, 2),
         round(state_bytes / min(finds) / 1e9, 2),
+        round(first * 1e3, 1),
+        round(grew / 2**20, 1),
     )
 
 
@@ -321,12 +365,26 @@ def main() -> None:
             tier_row(tier, name, snapshot, secret, args.repeat)
     blocks = Table(
         f"restore from shared 64-token blocks, a store opened afresh each time (median of {args.repeat})",
-        ["state", "MAC", "blocks", "state MiB", "find ms", "best ms", "state GB/s", "best GB/s"],
+        [
+            "state",
+            "MAC",
+            "blocks",
+            "state MiB",
+            "find ms",
+            "best ms",
+            "state GB/s",
+            "best GB/s",
+            "new process ms",
+            "peak grew MiB",
+        ],
     )
     for name, snapshot in states.items():
         for secret in (None, SECRET):
-            blocks_row(blocks, name, snapshot, secret, max(3, args.repeat // 3))
+            blocks_row(blocks, name, snapshot, secret, max(3, args.repeat // 3), args.runs)
     blocks.notes.append("find: record lookup, every block read + verified + decompressed, one blob assembled")
+    blocks.notes.append(
+        f"new process: its first find (median of {args.runs}); peak grew: its peak memory meanwhile"
+    )
     blocks.notes.append("Gemma's sliding-window cache is in the record; its full-attention cache in blocks")
     load_after = os.getloadavg()[0]
     hits.notes.append(f"load average {load_before:.1f} before, {load_after:.1f} after (other work slows it)")

@@ -113,11 +113,23 @@ def read_file(path: Path, *, reuse: bool = False) -> memoryview:
 
 def _read_buffer(size: int) -> memoryview:
     """This thread's reusable read buffer, `size` bytes of it."""
-    buffer: memoryview | None = getattr(_reads, "buffer", None)
+    return _thread_buffer("read", size)
+
+
+def decode_buffer(size: int) -> memoryview:
+    """This thread's reusable buffer to decode a state of at most REUSED_READ_BYTES into (a block
+    that is copied elsewhere at once), `size` bytes of it; a larger size gets new memory."""
+    if size > REUSED_READ_BYTES:
+        return np.empty(size, dtype=np.uint8).data
+    return _thread_buffer("decode", size)
+
+
+def _thread_buffer(purpose: str, size: int) -> memoryview:
+    buffer: memoryview | None = getattr(_reads, purpose, None)
     if buffer is None or buffer.nbytes < size:
         # numpy's empty buffer skips the zero-fill a bytearray would pay for.
         buffer = np.empty(max(size, 1 << 18), dtype=np.uint8).data
-        _reads.buffer = buffer
+        setattr(_reads, purpose, buffer)
     return buffer[:size]
 
 

@@ -39,8 +39,8 @@ import numpy as np
 import xxhash
 
 from snapcache import codec
-from snapcache.errors import CorruptSnapshot, InvalidArgument
-from snapcache.key import SnapshotKey, TokenArray, as_token_array
+from snapcache.errors import CorruptSnapshot
+from snapcache.key import SnapshotKey, TokenArray
 from snapcache.snapshot import MAX_PRIORITY, Buffer, Snapshot
 
 MAGIC = b"\x89SNAPC\r\n"
@@ -84,6 +84,7 @@ class FileHeader:
 @dataclass(frozen=True, slots=True)
 class _Head:
     header: dict[str, Any]
+    key: SnapshotKey
     version: int
     has_mac: bool
     body_start: int
@@ -131,12 +132,7 @@ def encode(
     body_digest.update(logits)
     key = snapshot.key
     header = {
-        "key": {
-            "model_fingerprint": key.model_fingerprint,
-            "scope": key.scope,
-            "token_count": key.token_count,
-            "prefix_hash": key.prefix_hash,
-        },
+        "key": _key_fields(key),
         "store_id": store_id,
         "priority": snapshot.priority,
         "created_at": snapshot.created_at,
@@ -172,18 +168,20 @@ def decode(
     store_id: str,
     mac_secret: bytes | None,
     max_state_bytes: int = MAX_STATE_BYTES,
+    state_into: memoryview | None = None,
 ) -> Snapshot:
     """Verify a whole file read into memory and return its snapshot, which holds copies of what it
     keeps: `data` may be overwritten once this returns.
 
+    `state_into`: a writable buffer the state is decoded into instead of new memory, when it is
+    large enough (format 2); the snapshot's state is then a view of it.
+
     Raises MacMismatch for an intact file authenticated otherwise, CorruptSnapshot for the rest.
     """
     view = memoryview(data).cast("B")
-    head = _read_head(view, mac_secret, max_state_bytes)
+    head = _read_head(view, mac_secret, max_state_bytes, expected_key=key)
     header = head.header
-    if _header_key(header) != key:
-        raise CorruptSnapshot("file belongs to another key")
-    if _field(header, "store_id", str) != store_id:
+    if header["store_id"] != store_id:
         raise CorruptSnapshot("file belongs to another store")
     if head.file_bytes != view.nbytes:
         raise CorruptSnapshot(f"file is {view.nbytes} bytes, its header describes {head.file_bytes}")
@@ -206,6 +204,10 @@ def decode(
     if head.version == 1:  # zstd checks the frame checksum (XXH64 of the state) while decoding
         shuffle = _field(header, "codec", dict)["shuffle"] == 2
         state = codec.decompress_zstd_frame(payload, expected_size=head.state_bytes, shuffle=shuffle)
+    elif state_into is not None and state_into.nbytes >= head.state_bytes:
+        state = state_into[: head.state_bytes]
+        codec.decompress_into(payload, state)
+        state = state.toreadonly()
     else:
         state = codec.decompress(payload, expected_size=head.state_bytes)
     return Snapshot(
@@ -257,7 +259,7 @@ def read_header(file: BinaryIO, file_bytes: int, *, mac_secret: bytes | None) ->
     head = _read_head(view, mac_secret, MAX_STATE_BYTES, raise_mac=False)
     if head.file_bytes != file_bytes:
         raise CorruptSnapshot(f"file is {file_bytes} bytes, its header describes {head.file_bytes}")
-    key = _header_key(head.header)
+    key = head.key
     file.seek(head.body_start)
     raw = file.read(4 * key.token_count)
     if len(raw) != 4 * key.token_count:
@@ -278,9 +280,15 @@ def read_header(file: BinaryIO, file_bytes: int, *, mac_secret: bytes | None) ->
 
 
 def _read_head(
-    view: memoryview, mac_secret: bytes | None, max_state_bytes: int, *, raise_mac: bool = True
+    view: memoryview,
+    mac_secret: bytes | None,
+    max_state_bytes: int,
+    *,
+    raise_mac: bool = True,
+    expected_key: SnapshotKey | None = None,
 ) -> _Head:
-    """Check the prelude, the header digest, the MAC (MacMismatch unless not `raise_mac`), the fields."""
+    """Check the prelude, the header digest, the MAC (MacMismatch unless not `raise_mac`), the fields,
+    and that the header names `expected_key` when one is given."""
     if view.nbytes < _PRELUDE.size:
         raise CorruptSnapshot("file is shorter than its prelude")
     magic, version, flags, header_len = _PRELUDE.unpack_from(view)
@@ -313,7 +321,7 @@ def _read_head(
     if mac_problem is not None and raise_mac:
         raise MacMismatch(mac_problem)
     header = _parse_header(view[_PRELUDE.size : head_end])
-    token_count = _header_key(header).token_count
+    key = _header_key(header, expected_key)
     codec_info = _field(header, "codec", dict)
     if _field(codec_info, "name", str) != _CODEC_NAMES[version]:
         raise CorruptSnapshot("unknown codec")
@@ -334,10 +342,11 @@ def _read_head(
     _field(header, "store_id", str)
     return _Head(
         header=header,
+        key=key,
         version=version,
         has_mac=has_mac,
         body_start=body_start,
-        file_bytes=body_start + 4 * token_count + 4 * logits_count + payload_bytes,
+        file_bytes=body_start + 4 * key.token_count + 4 * logits_count + payload_bytes,
         logits_count=logits_count,
         state_bytes=state_bytes,
         priority=priority,
@@ -347,11 +356,13 @@ def _read_head(
 
 
 def _file_tokens(raw: Buffer) -> TokenArray:
-    """The token ids stored in a file; ids no tokenizer produces (negative ones) mean a foreign file."""
-    try:
-        return as_token_array(np.frombuffer(raw, dtype="<i4"))
-    except InvalidArgument as exc:
-        raise CorruptSnapshot(f"file holds invalid tokens: {exc}") from None
+    """A read-only copy of the token ids stored in a file; ids no tokenizer produces (negative ones)
+    mean a foreign file."""
+    tokens = np.frombuffer(raw, dtype="<i4").copy()
+    if tokens.size and int(tokens.min()) < 0:
+        raise CorruptSnapshot("file holds invalid tokens: token ids must not be negative")
+    tokens.flags.writeable = False
+    return tokens
 
 
 def _parse_header(raw: memoryview) -> dict[str, Any]:
@@ -389,8 +400,17 @@ def _bounded(mapping: dict[str, Any], name: str, limit: int) -> int:
     return value
 
 
-def _header_key(header: dict[str, Any]) -> SnapshotKey:
+def _header_key(header: dict[str, Any], expected: SnapshotKey | None = None) -> SnapshotKey:
+    """The key the header names; CorruptSnapshot when it is malformed or not `expected`."""
     fields = _field(header, "key", dict)
+    if expected is not None:
+        # Comparing with a key already checked is cheaper than checking another (a restore reads
+        # hundreds of blocks); `is int` keeps JSON's true from passing for 1.
+        if fields != _key_fields(expected) or type(fields["token_count"]) is not int:
+            raise CorruptSnapshot("file belongs to another key")
+        if expected.token_count > MAX_TOKENS:
+            raise CorruptSnapshot(f"header field 'token_count' = {expected.token_count} is too large")
+        return expected
     token_count = _bounded(fields, "token_count", MAX_TOKENS)
     try:
         return SnapshotKey(
@@ -401,6 +421,16 @@ def _header_key(header: dict[str, Any]) -> SnapshotKey:
         )
     except ValueError as exc:
         raise CorruptSnapshot(f"header key is invalid: {exc}") from None
+
+
+def _key_fields(key: SnapshotKey) -> dict[str, Any]:
+    """How a header names `key`."""
+    return {
+        "model_fingerprint": key.model_fingerprint,
+        "scope": key.scope,
+        "token_count": key.token_count,
+        "prefix_hash": key.prefix_hash,
+    }
 
 
 def _logits_count(header: dict[str, Any]) -> int:

@@ -8,6 +8,7 @@ logged miss, never an exception, and so is a remote tier (see remote_tier).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import threading
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from snapcache._disk_catalogs import DiskCatalogs
 from snapcache._store_memory import StoreMemory
 from snapcache._store_report import Counters
+from snapcache._threads import map_in_parallel
 from snapcache.errors import StoreUnavailable
 from snapcache.key import SnapshotKey, TokenArray, rolling_prefix_hashes
 from snapcache.prefix_index import PrefixHashes, PrefixIndex, iter_prefix_matches
@@ -32,6 +34,8 @@ log = logging.getLogger("snapcache")
 # Remote candidates a longest-prefix lookup reads at most, longest first, before it gives up: each
 # that fails verification (or was evicted meanwhile) costs a round trip.
 _MAX_REMOTE_TRIES = 3
+# Blocks read from disk by restores that are remembered, so that a second read promotes them.
+_LENT_KEYS_REMEMBERED = 1 << 14
 
 
 def disk_call(what: str, call: Callable[..., Any], *args: Any, default: Any) -> Any:
@@ -64,6 +68,8 @@ class TierReads:
         self._counters = counters
         self._remote = remote
         self._copy_in = copy_in
+        # Blocks a restore read from disk without promoting them, oldest first: see copy_blocks.
+        self._lent_from_disk: dict[str, bool] = {}
 
     def get(self, key: SnapshotKey) -> Snapshot | None:
         """The snapshot under exactly `key`, counted as a hit or a miss."""
@@ -204,6 +210,74 @@ class TierReads:
                 break
             blocks.append((remote, "disk"))
         return blocks
+
+    def copy_blocks(
+        self, keys: Sequence[SnapshotKey], copy: Callable[[int, memoryview], None]
+    ) -> list[TierName]:
+        """Hand the state of each block of `keys` to `copy(i, state)`, up to the first that no tier
+        holds; return the tiers that served them. See `SnapshotStore.copy_blocks`."""
+        memory_tier = self._memory_tier()
+        tiers: list[TierName | None] = [None] * len(keys)
+        with self._lock:
+            held = [self._memory.get(key) for key in keys]
+            epoch = self._memory.remove_epoch
+        in_memory = [i for i, snapshot in enumerate(held) if snapshot is not None]
+
+        def copy_held(i: int) -> None:
+            snapshot = held[i]
+            assert snapshot is not None
+            copy(i, memoryview(snapshot.state))
+
+        map_in_parallel(copy_held, in_memory)
+        for i in in_memory:
+            tiers[i] = memory_tier
+        missing = [i for i, snapshot in enumerate(held) if snapshot is None]
+        disk = self._disk
+        if missing and disk is not None:
+            with self._lock:
+                keep = [self._read_from_disk_before(keys[i]) for i in missing]
+            read: list[Snapshot | Miss | None] = disk_call(
+                "get",
+                functools.partial(disk.lend_many, keep=keep),
+                [keys[i] for i in missing],
+                lambda j, state: copy(missing[j], state),
+                default=[],
+            )
+            kept: list[Snapshot] = []
+            for i, result in zip(missing, read, strict=False):
+                if result is None or isinstance(result, Snapshot):
+                    tiers[i] = "disk"
+                    if result is not None:
+                        kept.append(result)
+            if kept:
+                with self._lock:
+                    for snapshot in reversed(kept):
+                        self._memory.promote(snapshot, epoch)
+                self._drain_if_foreground()
+        served: list[TierName] = []
+        for i, (key, tier) in enumerate(zip(keys, tiers, strict=True)):
+            if tier is None:
+                remote = self._get_remote(key)
+                if remote is None:
+                    break
+                copy(i, memoryview(remote.state))
+                tier = "disk"
+            served.append(tier)
+        if served:
+            self.touch_blocks(list(keys[: len(served)]))
+        return served
+
+    def _read_from_disk_before(self, key: SnapshotKey) -> bool:
+        """Whether `key` was lent from disk recently (and is then worth a place in RAM); the first
+        time, remember it. Lock held."""
+        if self._memory.ram is None:
+            return False
+        if self._lent_from_disk.pop(key.id, False):
+            return True
+        self._lent_from_disk[key.id] = True
+        if len(self._lent_from_disk) > _LENT_KEYS_REMEMBERED:
+            del self._lent_from_disk[next(iter(self._lent_from_disk))]
+        return False
 
     def touch_blocks(self, keys: list[SnapshotKey]) -> None:
         """Record a use of `keys`, the first as the most recent, in RAM and on disk."""

@@ -253,26 +253,54 @@ class DiskTier:
         """`read(key, touch=False)` of each of `keys`, in order: the rows come from one index query,
         and the files are read, verified and decoded on the codec's threads (a restore's blocks,
         whose uses `touch` then records at once)."""
+        found = self.lend_many(keys, None, keep=[True] * len(keys))
+        return [Miss.ABSENT if result is None else result for result in found]
+
+    def lend_many(
+        self,
+        keys: Sequence[SnapshotKey],
+        use: Callable[[int, memoryview], None] | None,
+        *,
+        keep: Sequence[bool],
+    ) -> list[Snapshot | Miss | None]:
+        """Like `read_many`, and each state read is handed to `use(i, state)` on the thread that
+        decoded it. The state of key i is decoded into new memory and returned when `keep[i]`, else
+        into that thread's reused buffer (valid only until `use` returns), and None is returned for
+        it: a block that is copied into an assembled blob at once needs no memory of its own.
+
+        An exception from `use` is raised here, after every thread has ended."""
         index = self._open_index()
         try:
             rows = index.get_many([key.id for key in keys])
         except StoreUnavailable as exc:
             return [_index_unavailable(exc)] * len(keys)
 
-        def read_one(key: SnapshotKey) -> Snapshot | Miss:
+        def read_one(i: int) -> Snapshot | Miss | None:
+            key = keys[i]
+            row = rows.get(key.id)
+            into = None if keep[i] or row is None else files.decode_buffer(row.state_bytes)
             try:
-                found = self._read_row(index, key, rows.get(key.id))
+                found = self._read_row(index, key, row, state_into=into)
             except StoreUnavailable as exc:
                 return _index_unavailable(exc)
-            return found if isinstance(found, Miss) else found[0]
+            if isinstance(found, Miss):
+                return found
+            if use is not None:
+                use(i, memoryview(found[0].state))
+            return found[0] if keep[i] else None
 
-        return map_in_parallel(read_one, keys)
+        return map_in_parallel(read_one, range(len(keys)))
 
     def _read_row(
-        self, index: DiskIndex, key: SnapshotKey, row: IndexRow | None
+        self,
+        index: DiskIndex,
+        key: SnapshotKey,
+        row: IndexRow | None,
+        *,
+        state_into: memoryview | None = None,
     ) -> tuple[Snapshot, IndexRow] | Miss:
         """The snapshot in the file `row` names, verified, and the row it came from; a file a
-        concurrent put replaced is read again from the new row."""
+        concurrent put replaced is read again from the new row. `state_into`: see `decode`."""
         for _attempt in range(3):
             if row is None:
                 return Miss.ABSENT
@@ -295,7 +323,7 @@ class DiskTier:
                 logger.warning("cannot read snapshot file %s: %s", row.file_name, exc)
                 return Miss.UNAVAILABLE
             try:
-                return self._verify(row, data, key), row
+                return self._verify(row, data, key, state_into), row
             except MacMismatch as exc:
                 _warn_unauthenticated(self._files / row.file_name, str(exc))
                 self._not_authenticated(row)
@@ -502,7 +530,9 @@ class DiskTier:
             raise StoreUnavailable(f"the disk tier on {self.directory} is closed")
         return self._index
 
-    def _verify(self, row: IndexRow, data: memoryview, key: SnapshotKey) -> Snapshot:
+    def _verify(
+        self, row: IndexRow, data: memoryview, key: SnapshotKey, state_into: memoryview | None = None
+    ) -> Snapshot:
         if len(data) != row.file_bytes:
             raise CorruptSnapshot(f"file is {len(data)} bytes, the index recorded {row.file_bytes}")
         try:
@@ -512,6 +542,7 @@ class DiskTier:
                 store_id=self._store_id,
                 mac_secret=self._mac_key,
                 max_state_bytes=row.state_bytes,
+                state_into=state_into,
             )
         except CorruptSnapshot:
             raise

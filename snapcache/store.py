@@ -15,7 +15,7 @@ import logging
 import os
 import threading
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, TypeVar
@@ -264,6 +264,25 @@ class SnapshotStore:
                 raise InvalidArgument(f"not the key of a block: {key!r}")
         self._check_open()
         return self._reads.get_blocks(keys)
+
+    def copy_blocks(
+        self, keys: Sequence[SnapshotKey], copy: Callable[[int, memoryview], None]
+    ) -> list[TierName]:
+        """Hand the state of each block under `keys` to `copy(i, state)` for a restore to copy from,
+        up to the first block that is missing (or fails to read); return the tier that served each
+        one handed over. Their uses are recorded as `touch_blocks` records them.
+
+        `copy` must be done with `state` when it returns: a block read from disk is decoded into a
+        buffer that is reused, not into memory of its own. Calls come from the codec's threads,
+        several at once for different blocks (blocks after a missing one may be handed over too);
+        an exception from `copy` is raised here. A block read from disk is promoted into RAM only
+        when a restore read it from disk before: the first restore after a restart, whose prefix
+        then stays in the model's context, neither waits for nor fills RAM."""
+        for key in keys:
+            if not isinstance(key, SnapshotKey) or not key.is_block:
+                raise InvalidArgument(f"not the key of a block: {key!r}")
+        self._check_open()
+        return self._reads.copy_blocks(keys, copy)
 
     def touch_blocks(self, keys: list[SnapshotKey]) -> None:
         """Record a use of the blocks `get_blocks` served, the first of `keys` as the most recent (so

@@ -233,3 +233,22 @@ def test_bench_remote_quick(tmp_path: Path) -> None:
     first = payload["tables"][0]
     # Every row restored the whole prompt from Redis and answered as cold.
     assert all(row[-1] == "yes" for row in first["rows"])
+
+
+def test_bench_disk_hit_quick(tmp_path: Path) -> None:
+    out = tmp_path / "disk_hit.json"
+    proc = _run("bench_disk_hit.py", "--quick", "--repeat", "3", "--runs", "1", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    _assert_header(proc.stdout, "disk hit end to end", "state")
+    _assert_header(proc.stdout, "restore from shared 64-token blocks", "state")
+    payload = _load_json(out, "bench_disk_hit")
+    formats = {(row["format"], row["mac"]) for row in payload["hits"]}
+    assert formats == {(1, False), (1, True), (2, False), (2, True)}
+    blocks = next(t for t in payload["tables"] if t["title"].startswith("restore from shared"))
+    columns = blocks["columns"]
+    for row in blocks["rows"]:
+        values = dict(zip(columns, row, strict=True))
+        # The tiny model's 448 tokens are 7 blocks; a new process restored them too.
+        assert int(values["blocks"]) == 7
+        assert float(values["find ms"]) > 0
+        assert float(values["new process ms"]) > 0

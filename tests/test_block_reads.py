@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from snapcache import _threads
+from snapcache import _threads, codec
 from snapcache.disk_tier import FILES_DIR, DiskTier, Miss
 from snapcache.key import SnapshotKey, block_keys
 from snapcache.snapshot import Snapshot
@@ -139,3 +139,91 @@ def test_a_forked_child_gets_its_own_decoding_threads() -> None:
     child.join(timeout=60)
     assert child.exitcode == 0
     assert queue.get(timeout=5) == list(range(1, 11))
+
+
+# -- copying blocks out for a restore -------------------------------------------------------------------
+
+
+class Copies:
+    """What copy_blocks handed over, copied at once (the buffer is not the caller's to keep)."""
+
+    def __init__(self) -> None:
+        self.states: dict[int, bytes] = {}
+        self.threads: set[str] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, index: int, state: memoryview) -> None:
+        with self._lock:
+            assert index not in self.states
+            self.states[index] = bytes(state)
+            self.threads.add(threading.current_thread().name)
+
+
+def stored(tmp_path: Path, blocks: list[Snapshot], *, skip: int = -1) -> Path:
+    with SnapshotStore(tmp_path / "c", ram_bytes=0, disk_bytes=1 << 26) as store:
+        for i, block in enumerate(blocks):
+            if i != skip:
+                store.put(block.key, block.tokens, block.state)
+    return tmp_path / "c"
+
+
+def test_copy_blocks_hands_over_each_state_and_promotes_on_a_second_disk_read(tmp_path: Path) -> None:
+    blocks = block_snapshots(8)
+    keys = [b.key for b in blocks]
+    with SnapshotStore(stored(tmp_path, blocks), ram_bytes=1 << 24, disk_bytes=1 << 26) as store:
+        first = Copies()
+        assert store.copy_blocks(keys, first) == ["disk"] * 8
+        assert first.states == {i: bytes(b.state) for i, b in enumerate(blocks)}
+        assert store.stats().ram_entries == 0  # a first read from disk fills no RAM
+        second = Copies()
+        assert store.copy_blocks(keys[:5], second) == ["disk"] * 5
+        assert second.states == {i: bytes(b.state) for i, b in enumerate(blocks[:5])}
+        assert store.stats().ram_entries == 5  # read from disk again: now worth a place in RAM
+        third = Copies()
+        assert store.copy_blocks(keys, third) == ["ram"] * 5 + ["disk"] * 3
+        assert third.states == first.states
+
+
+def test_copy_blocks_never_promotes_without_a_ram_tier(tmp_path: Path) -> None:
+    blocks = block_snapshots(4)
+    with SnapshotStore(stored(tmp_path, blocks), ram_bytes=0, disk_bytes=1 << 26) as store:
+        for _ in range(3):
+            copies = Copies()
+            assert store.copy_blocks([b.key for b in blocks], copies) == ["disk"] * 4
+            assert copies.states == {i: bytes(b.state) for i, b in enumerate(blocks)}
+
+
+def test_copy_blocks_stops_at_the_first_missing_block(tmp_path: Path) -> None:
+    blocks = block_snapshots(8)
+    with SnapshotStore(stored(tmp_path, blocks, skip=5), ram_bytes=1 << 24, disk_bytes=1 << 26) as store:
+        copies = Copies()
+        assert store.copy_blocks([b.key for b in blocks], copies) == ["disk"] * 5
+        assert [copies.states[i] for i in range(5)] == [bytes(b.state) for b in blocks[:5]]
+        assert set(copies.states) <= set(range(8)) - {5}  # later blocks may be handed over too
+        with pytest.raises(Exception, match="not the key of a block"):
+            store.copy_blocks([SnapshotKey.for_tokens("fp-a", "default", [1, 2])], copies)
+
+
+def test_an_exception_from_copy_is_raised_and_costs_no_stored_block(tmp_path: Path) -> None:
+    blocks = block_snapshots(6)
+    keys = [b.key for b in blocks]
+    path = stored(tmp_path, blocks)
+
+    def refuse_the_third(index: int, state: memoryview) -> None:
+        if index == 2:
+            raise ValueError("does not fit")
+
+    with SnapshotStore(path, ram_bytes=1 << 24, disk_bytes=1 << 26) as store:
+        with pytest.raises(ValueError, match="does not fit"):
+            store.copy_blocks(keys, refuse_the_third)
+        copies = Copies()
+        assert store.copy_blocks(keys, copies) == ["disk"] * 6  # every file is still there
+        assert copies.states == {i: bytes(b.state) for i, b in enumerate(blocks)}
+
+
+def test_blocks_read_from_disk_are_decoded_on_the_codecs_threads(tmp_path: Path) -> None:
+    blocks = block_snapshots(40)
+    with SnapshotStore(stored(tmp_path, blocks), ram_bytes=0, disk_bytes=1 << 26) as store:
+        copies = Copies()
+        assert len(store.copy_blocks([b.key for b in blocks], copies)) == 40
+    assert len(copies.threads) == codec.DEFAULT_THREADS

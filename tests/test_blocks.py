@@ -9,7 +9,7 @@ import pytest
 from chat_support import GREEDY, N_CTX, SYSTEM, chat, chat_reply, context_of
 
 from snapcache.key import BLOCK_TOKENS, SnapshotKey
-from snapcache.llama.blocks import KIND_PROMPT_END, assemble, read_record, split_state
+from snapcache.llama.blocks import KIND_PROMPT_END, Assembly, assemble, read_record, split_state
 from snapcache.llama.cached import CachedLlama
 from snapcache.llama.state import capture_sequence
 from snapcache.store import SnapshotStore
@@ -48,6 +48,32 @@ def test_a_capture_cut_into_blocks_and_records_assembles_back_byte_for_byte(make
     short.eval(tokens[320:330])
     record = read_record(split.record(330, KIND_PROMPT_END))
     assert bytes(assemble(blocks[:5], record)) == bytes(capture_sequence(short).state)
+
+
+def test_blocks_placed_in_any_order_from_two_threads_assemble_the_same_blob(make_llama, tiny_model_path):
+    import threading
+
+    llm = make_llama(tiny_model_path, n_ctx=N_CTX)
+    llm.eval(llm.tokenize(RAW.encode())[:700])
+    split = split_state(capture_sequence(llm).state)
+    assert split is not None
+    blocks = [split.block(i) for i in range(700 // BLOCK_TOKENS)]
+    record = read_record(split.record(700, KIND_PROMPT_END))
+    assembly = Assembly(len(blocks), record)
+    order = list(range(len(blocks)))[::-1]
+    with pytest.raises(ValueError, match="not all"):
+        assembly.finish()
+    threads = [
+        threading.Thread(target=lambda run: [assembly.place(i, blocks[i]) for i in run], args=(order[k::2],))
+        for k in range(2)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert bytes(assembly.finish()) == bytes(assemble(blocks, record)) == bytes(capture_sequence(llm).state)
+    with pytest.raises(ValueError, match="not one of"):
+        assembly.place(len(blocks), blocks[0])
 
 
 def test_pieces_that_do_not_fit_together_are_refused(make_llama, tiny_model_path, gemma_model_path):

@@ -1,4 +1,5 @@
-"""Large zero-filled buffers that are mostly left zero: a padded sliding-window blob.
+"""Large buffers for assembled blobs: zero-filled ones mostly left zero (a padded sliding-window
+blob), and ones written whole from several threads.
 
 A padded window blob (see `llama._state_layout.pad_window`) is several times the state it carries:
 164 MiB for 9,344 Gemma-3 tokens, of which the window's own rows are 7.5 MiB. They are written a
@@ -11,6 +12,9 @@ several times slower than with 4 KiB pages, and uneven (bench_restart.py measure
 restore). So `sparse_zeros` maps its own memory and declines huge pages, and `populate_for_reading`
 maps the zero pages llama.cpp is about to read in one call (Linux 5.14+), rather than one page fault
 at a time. Elsewhere both fall back to what numpy does.
+
+A blob assembled from blocks is the opposite case: every byte is written, by the codec's threads
+at once. `populated_empty` maps all of it, on huge pages, in one call before they start.
 """
 
 from __future__ import annotations
@@ -22,10 +26,13 @@ import sys
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["populate_for_reading", "sparse_zeros"]
+__all__ = ["populate_for_reading", "populated_empty", "sparse_zeros"]
 
 # madvise(2) advice that Python's mmap module does not name on every version.
 _MADV_POPULATE_READ = 22
+_MADV_POPULATE_WRITE = 23
+# numpy asks for huge pages from this size on.
+_HUGE_PAGE_ALLOCATION = 4 << 20
 _LINUX = sys.platform == "linux"
 
 
@@ -55,3 +62,24 @@ def populate_for_reading(array: npt.NDArray[np.uint8]) -> None:
         return
     with contextlib.suppress(OSError, ValueError):  # kernels before 5.14: EINVAL
         memory.madvise(_MADV_POPULATE_READ)
+
+
+def populated_empty(size: int) -> npt.NDArray[np.uint8]:
+    """`size` bytes, every one of which the caller writes: mapped now, on huge pages where the system
+    gives them, so that threads filling it at once do not fault on the same pages (blocks placed
+    from two threads took up to several times the CPU when they did).
+    Below numpy's huge-page size, what numpy gives (often memory that malloc reuses)."""
+    flags = getattr(mmap, "MAP_PRIVATE", None)
+    anonymous = getattr(mmap, "MAP_ANONYMOUS", None)
+    if not _LINUX or size < _HUGE_PAGE_ALLOCATION or flags is None or anonymous is None:
+        return np.empty(size, dtype=np.uint8)
+    try:
+        memory = mmap.mmap(-1, size, flags=flags | anonymous)
+    except (OSError, ValueError, OverflowError):
+        return np.empty(size, dtype=np.uint8)
+    huge_pages = getattr(mmap, "MADV_HUGEPAGE", None)
+    with contextlib.suppress(OSError, ValueError):
+        if huge_pages is not None:
+            memory.madvise(huge_pages)
+        memory.madvise(_MADV_POPULATE_WRITE)
+    return np.frombuffer(memory, dtype=np.uint8)

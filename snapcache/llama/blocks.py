@@ -18,6 +18,7 @@ blob before llama.cpp reads it (see `state.restore_sequence`).
 from __future__ import annotations
 
 import struct
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -25,7 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from snapcache.key import BLOCK_TOKENS
-from snapcache.llama._sparse_memory import populate_for_reading, sparse_zeros
+from snapcache.llama._sparse_memory import populate_for_reading, populated_empty, sparse_zeros
 from snapcache.llama._state_layout import (
     BLOB_HEADER_BYTES,
     SEQ_STATE_MAGIC,
@@ -41,6 +42,7 @@ from snapcache.llama._state_layout import (
 __all__ = [
     "KIND_PREFIX",
     "KIND_PROMPT_END",
+    "Assembly",
     "Record",
     "SplitState",
     "assemble",
@@ -182,85 +184,159 @@ def assemble(
     would pad the assembled blob, but without building the blob twice (see `pads_window`)."""
     if not blocks:
         raise ValueError("no blocks to assemble")
-    if record is not None and record.n_blocks != len(blocks):
-        raise ValueError(f"the record needs {record.n_blocks} blocks, {len(blocks)} given")
-    arrays = [np.frombuffer(block, dtype=np.uint8) for block in blocks]
-    try:
-        data_header, layers, size = parse_layers(arrays[0], 0, BLOCK_TOKENS)
-    except struct.error as exc:
-        raise ValueError(f"a block is too short for its layout: {exc}") from None
-    if size != arrays[0].nbytes:
-        raise ValueError("a block does not end where its rows do")
-    signature = _header_positions(data_header, layers)
-    expected = arrays[0][signature]
-    for array in arrays[1:]:
-        if array.nbytes != size or not np.array_equal(array[signature], expected):
+    assembly = Assembly(len(blocks), record, pad_window=pad_window)
+    for index, block in enumerate(blocks):
+        assembly.place(index, block)
+    return assembly.finish()
+
+
+class Assembly:
+    """The blob of `n_blocks` blocks and a record (see `assemble`), built as the blocks arrive.
+
+    `place` copies one block into its rows and returns: the caller may reuse the block's buffer then.
+    Several threads may place different blocks at once. The first block placed sets the layout,
+    which every other block, and the record's tail, must share.
+    """
+
+    def __init__(self, n_blocks: int, record: Record | None, *, pad_window: bool = False) -> None:
+        if n_blocks < 1:
+            raise ValueError("no blocks to assemble")
+        if record is not None and record.n_blocks != n_blocks:
+            raise ValueError(f"the record needs {record.n_blocks} blocks, {n_blocks} given")
+        self.n_blocks = n_blocks
+        self._record = record
+        self._padded = pad_window and pads_window(record)
+        self._placed = np.zeros(n_blocks, dtype=bool)
+        self._layout_lock = threading.Lock()
+        self._layout: _Layout | None = None
+
+    def place(self, index: int, block: memoryview | bytes | bytearray) -> None:
+        """Copy block `index` into the blob; ValueError when it does not share the blob's layout."""
+        if not 0 <= index < self.n_blocks:
+            raise ValueError(f"block {index} is not one of the {self.n_blocks} to assemble")
+        array = np.frombuffer(block, dtype=np.uint8)
+        layout = self._layout
+        if layout is None:
+            with self._layout_lock:
+                if self._layout is None:
+                    self._layout = _Layout.of(array, self.n_blocks, self._record, self._padded)
+                layout = self._layout
+        if array.nbytes != layout.block_bytes or any(
+            array.data[start:end] != expected for start, end, expected in layout.fields
+        ):
             raise ValueError("the blocks do not share one layout")
+        for (start, end, shape), target in zip(layout.rows, layout.targets, strict=True):
+            target[:, index] = array[start:end].reshape(shape)
+        self._placed[index] = True
 
-    n_whole = len(arrays) * BLOCK_TOKENS
-    tail: CacheSection | None = None
-    blob = np.empty(0, dtype=np.uint8)  # the record's blob, where the tail's rows are
-    rest = blob
-    if record is not None:
-        first = record.sections[0]
-        if len(first.positions):
-            tail = first
-            tail_signature = _header_positions(first.data_header, first.layers)
-            if tail_signature.size != signature.size or not np.array_equal(
-                record.blob[tail_signature], expected
-            ):
-                raise ValueError("the record's tail has another layout than its blocks")
-        blob = record.blob
-        rest = blob[first.end :]
-    n = n_whole + (0 if tail is None else len(tail.positions))
-    padded = pad_window and pads_window(record)
+    def finish(self) -> memoryview:
+        """The blob, once every block is placed; ValueError before."""
+        layout = self._layout
+        if layout is None or not self._placed.all():
+            raise ValueError(f"not all of the {self.n_blocks} blocks were placed")
+        if self._padded:
+            populate_for_reading(layout.blob)
+        return layout.blob.data
 
-    total = BLOB_HEADER_BYTES + 8 + n * _CELL.itemsize + 8
-    total += sum(12 + layer.width * n * layer.row_bytes for layer in layers)
-    if padded:
-        assert record is not None
-        window = record.sections[1]
-        # Zero pages come lazily: only the window's own cells and rows are written into the padding.
-        view = sparse_zeros(total + padded_window_bytes(window))
-    else:
-        view = np.empty(total + rest.nbytes, dtype=np.uint8)  # every byte is written below
-    out = view.data
-    if record is not None:
-        view[:BLOB_HEADER_BYTES] = record.blob[:BLOB_HEADER_BYTES]
-    else:
-        struct.pack_into("<Ii", out, 0, SEQ_STATE_MAGIC, 0)
-    seq_id = struct.unpack_from("<i", out, 4)[0]
-    off = BLOB_HEADER_BYTES
-    struct.pack_into("<II", out, off, 1, n)
-    off += 8
-    meta = view[off : off + n * _CELL.itemsize].view(_CELL)
-    meta["pos"] = np.arange(n)
-    meta["one"] = 1
-    meta["seq"] = seq_id
-    off += n * _CELL.itemsize
-    view[off : off + 8] = arrays[0][data_header[0] : data_header[1]]
-    off += 8
-    for k, layer in enumerate(layers):
-        view[off : off + 12] = arrays[0][layer.header[0] : layer.header[1]]
-        off += 12
-        step = BLOCK_TOKENS * layer.row_bytes
-        target = view[off : off + layer.width * n * layer.row_bytes].reshape(layer.width, n * layer.row_bytes)
-        for i, array in enumerate(arrays):
-            source = array[layer.data : layer.data + layer.width * step].reshape(layer.width, step)
-            target[:, i * step : (i + 1) * step] = source
-        if tail is not None:
-            tail_layer = tail.layers[k]
-            m = len(tail.positions)
-            source = blob[tail_layer.data : tail_layer.data + layer.width * m * layer.row_bytes]
-            target[:, n_whole * layer.row_bytes :] = source.reshape(layer.width, m * layer.row_bytes)
-        off += layer.width * n * layer.row_bytes
-    if padded:
-        assert record is not None
-        write_padded_window(view, off, blob, record.sections[1])
-        populate_for_reading(view)
-    else:
-        view[off:] = rest
-    return out
+
+@dataclass(frozen=True, slots=True)
+class _Layout:
+    """An assembly's blob, written but for its blocks' rows, and where those rows go."""
+
+    blob: Bytes
+    block_bytes: int
+    fields: tuple[tuple[int, int, bytes], ...]  # a block's layout fields, as every block has them
+    rows: tuple[tuple[int, int, tuple[int, int]], ...]  # per layer, a block's rows and their shape
+    targets: tuple[Bytes, ...]  # per layer, its rows in the blob as (width, block, one block's row)
+
+    @classmethod
+    def of(cls, first: Bytes, n_blocks: int, record: Record | None, padded: bool) -> _Layout:
+        """The layout `first`, a block, sets: the blob allocated, and all but the blocks written."""
+        try:
+            data_header, layers, size = parse_layers(first, 0, BLOCK_TOKENS)
+        except struct.error as exc:
+            raise ValueError(f"a block is too short for its layout: {exc}") from None
+        if size != first.nbytes:
+            raise ValueError("a block does not end where its rows do")
+        signature = _header_positions(data_header, layers)
+        expected = first[signature]
+        fields = tuple(  # copied: `first` may be a buffer its owner reuses
+            (start, end, first[start:end].tobytes())
+            for start, end in (data_header, *(layer.header for layer in layers))
+        )
+
+        n_whole = n_blocks * BLOCK_TOKENS
+        tail: CacheSection | None = None
+        blob = np.empty(0, dtype=np.uint8)  # the record's blob, where the tail's rows are
+        rest = blob
+        if record is not None:
+            first_section = record.sections[0]
+            if len(first_section.positions):
+                tail = first_section
+                tail_signature = _header_positions(tail.data_header, tail.layers)
+                if tail_signature.size != signature.size or not np.array_equal(
+                    record.blob[tail_signature], expected
+                ):
+                    raise ValueError("the record's tail has another layout than its blocks")
+            blob = record.blob
+            rest = blob[first_section.end :]
+        n = n_whole + (0 if tail is None else len(tail.positions))
+
+        total = BLOB_HEADER_BYTES + 8 + n * _CELL.itemsize + 8
+        total += sum(12 + layer.width * n * layer.row_bytes for layer in layers)
+        if padded:
+            assert record is not None
+            # Zero pages come lazily: only the window's own cells and rows are written into the padding.
+            view = sparse_zeros(total + padded_window_bytes(record.sections[1]))
+        else:
+            view = populated_empty(total + rest.nbytes)  # every byte is written
+        out = view.data
+        if record is not None:
+            view[:BLOB_HEADER_BYTES] = record.blob[:BLOB_HEADER_BYTES]
+        else:
+            struct.pack_into("<Ii", out, 0, SEQ_STATE_MAGIC, 0)
+        seq_id = struct.unpack_from("<i", out, 4)[0]
+        off = BLOB_HEADER_BYTES
+        struct.pack_into("<II", out, off, 1, n)
+        off += 8
+        meta = view[off : off + n * _CELL.itemsize].view(_CELL)
+        meta["pos"] = np.arange(n)
+        meta["one"] = 1
+        meta["seq"] = seq_id
+        off += n * _CELL.itemsize
+        view[off : off + 8] = first[data_header[0] : data_header[1]]
+        off += 8
+        targets = []
+        for k, layer in enumerate(layers):
+            view[off : off + 12] = first[layer.header[0] : layer.header[1]]
+            off += 12
+            target = view[off : off + layer.width * n * layer.row_bytes].reshape(
+                layer.width, n * layer.row_bytes
+            )
+            if tail is not None:
+                tail_layer = tail.layers[k]
+                m = len(tail.positions)
+                source = blob[tail_layer.data : tail_layer.data + layer.width * m * layer.row_bytes]
+                target[:, n_whole * layer.row_bytes :] = source.reshape(layer.width, m * layer.row_bytes)
+            step = BLOCK_TOKENS * layer.row_bytes
+            blocks_rows = target[:, : n_whole * layer.row_bytes].reshape(layer.width, n_blocks, step)
+            assert np.may_share_memory(blocks_rows, view)  # a view, never a copy
+            targets.append(blocks_rows)
+            off += layer.width * n * layer.row_bytes
+        if padded:
+            assert record is not None
+            write_padded_window(view, off, blob, record.sections[1])
+        else:
+            view[off:] = rest
+        rows = tuple(
+            (
+                layer.data,
+                layer.data + layer.width * BLOCK_TOKENS * layer.row_bytes,
+                (layer.width, BLOCK_TOKENS * layer.row_bytes),
+            )
+            for layer in layers
+        )
+        return cls(view, size, fields, rows, tuple(targets))
 
 
 def _cells(state: Bytes, layer: LayerRows, n: int, start: int, end: int) -> Bytes:

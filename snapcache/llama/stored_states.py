@@ -21,11 +21,12 @@ from dataclasses import dataclass
 
 from snapcache.errors import SnapcacheError
 from snapcache.key import BLOCK_TOKENS, SnapshotKey, TokenArray, block_keys
-from snapcache.llama.blocks import Record, assemble, is_record, pads_window, read_record, split_state
+from snapcache.llama.blocks import Assembly, Record, is_record, pads_window, read_record, split_state
 from snapcache.llama.reports import Source
 from snapcache.llama.state import CapturedState
 from snapcache.snapshot import Snapshot
 from snapcache.store import SnapshotStore
+from snapcache.tier import TierName
 
 __all__ = ["Found", "RestorePoint", "StoredStates"]
 
@@ -186,14 +187,13 @@ class StoredStates:
             _log.warning("record %s is malformed, ignored: %s", snapshot.key.id[:12], exc)
             return None
         keys = block_keys(self.fingerprint, snapshot.key.scope, snapshot.tokens, record.n_blocks)
-        blocks, source = self._read_blocks(keys, tier)
-        if len(blocks) < record.n_blocks:
-            _log.debug("record %s lacks some of its %d blocks", snapshot.key.id[:12], record.n_blocks)
-            return None
         padded = pad_windows and pads_window(record)
-        state = self._assemble(blocks, record, padded)
+        state, served = self._assemble(keys, record, padded)
         if state is None:
+            if len(served) < record.n_blocks:
+                _log.debug("record %s lacks some of its %d blocks", snapshot.key.id[:12], record.n_blocks)
             return None
+        source: Source = "disk" if "disk" in served else tier
         restored = Snapshot(snapshot.key, snapshot.tokens, state, snapshot.logits, snapshot.priority)
         return Found(restored, source, snapshot.key, record.kind, padded)
 
@@ -206,37 +206,32 @@ class StoredStates:
             run += 1
         if run * BLOCK_TOKENS <= longer_than:
             return None
-        blocks, source = self._read_blocks(keys[:run], "ram")  # up to the first that fails to read
-        run = len(blocks)
-        if run * BLOCK_TOKENS <= longer_than:
-            return None
-        state = self._assemble(blocks, None)
+        state, served = self._assemble(keys[:run], None)
+        if state is None and 0 < len(served) < run and len(served) * BLOCK_TOKENS > longer_than:
+            # A block failed to read: the run before it, in a blob of its own size.
+            run = len(served)
+            state, served = self._assemble(keys[:run], None)
         if state is None:
             return None
         prefix = tokens[: run * BLOCK_TOKENS]
         key = SnapshotKey.for_tokens(self.fingerprint, scope, prefix)
-        return Found(Snapshot(key, prefix, state), source, None, None)
-
-    def _read_blocks(self, keys: Sequence[SnapshotKey], tier: Source) -> tuple[list[memoryview], Source]:
-        """The blocks of `keys` up to the first that is missing or fails to read, marked as used; and
-        "disk" if any came from there, else `tier`."""
-        try:
-            found = self._store.get_blocks(keys)
-        except (SnapcacheError, OSError) as exc:
-            _log.warning("block lookup failed: %s", exc)
-            found = []
-        blocks = [memoryview(block.state) for block, _ in found]
-        source: Source = "disk" if any(tier == "disk" for _, tier in found) else tier
-        if blocks:
-            self._store.touch_blocks(list(keys[: len(blocks)]))
-        return blocks, source
+        return Found(Snapshot(key, prefix, state), "disk" if "disk" in served else "ram", None, None)
 
     def _assemble(
-        self, blocks: Sequence[memoryview], record: Record | None, pad_window: bool = False
-    ) -> memoryview | None:
-        """The blob of `blocks` and `record`; None when they do not fit together."""
+        self, keys: Sequence[SnapshotKey], record: Record | None, pad_window: bool = False
+    ) -> tuple[memoryview | None, list[TierName]]:
+        """The blob of the blocks of `keys` and `record`, each copied in as the store hands it over,
+        and the tiers that served the blocks. The blob is None unless every block was served (the
+        tiers then say how many were), or when the store fails or the pieces do not fit together."""
         try:
-            return assemble(blocks, record, pad_window=pad_window)
+            assembly = Assembly(len(keys), record, pad_window=pad_window)
+            served = self._store.copy_blocks(keys, assembly.place)
         except ValueError as exc:
             _log.warning("stored blocks do not fit together, not restored: %s", exc)
-            return None
+            return None, []
+        except (SnapcacheError, OSError) as exc:
+            _log.warning("block lookup failed: %s", exc)
+            return None, []
+        if len(served) < len(keys):
+            return None, served
+        return assembly.finish(), served

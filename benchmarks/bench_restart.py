@@ -111,8 +111,8 @@ def _restored_turn(args: argparse.Namespace) -> None:
 PHASES = [
     ("restore, all of it (before llama.cpp reads the rest)", "snapcache/llama/hook.py", "_prepare"),
     ("  record lookup", "snapcache/store.py", "lookup_with_tier"),
-    ("  block files read, verified, decompressed", "snapcache/llama/stored_states.py", "_read_blocks"),
-    ("  blocks assembled (window padded)", "snapcache/llama/blocks.py", "assemble"),
+    ("  blocks read, verified, decompressed, placed", "snapcache/store.py", "copy_blocks"),
+    ("  blob finished (window's zero pages mapped)", "snapcache/llama/blocks.py", "finish"),
     ("  llama.cpp takes the state", "snapcache/llama/state.py", "restore_sequence"),
     ("  is the system part restored? (decode)", "snapcache/llama/chat_prefix.py", "reached"),
     ("chat template probes", "snapcache/llama/chat_prefix.py", "shared"),
@@ -314,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         for label, _suffix, _name in PHASES:
             phases.add(label, *[fmt_seconds(row["profiled"]["profile"][label]) for row in rows])
         phases.notes.append("cProfile slows Python code down; llama.cpp's own time is unchanged")
+        phases.notes.append("blocks are decoded on two threads; the phase is the wait for both")
         tables.append(phases)
     report(
         "bench_restart",

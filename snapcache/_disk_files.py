@@ -44,8 +44,10 @@ SNAPSHOT_SUFFIX = ".snap"
 _FILE_NAME = re.compile(r"[0-9a-f]{64}-[0-9a-f]{12}\.snap")
 _O_BINARY = getattr(os, "O_BINARY", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-# Files up to this size may be read into a per-thread buffer that is reused (see read_file).
-REUSED_READ_BYTES = 4 << 20
+# Files up to this size may be read into a per-thread buffer that is reused (see read_file), and
+# states up to it decoded into another (see decode_buffer): a 64-token block of an 8B-class model,
+# 128 KiB of state per token, is 8 MiB.
+REUSED_BUFFER_BYTES = 16 << 20
 _reads = threading.local()
 
 
@@ -95,13 +97,14 @@ def write_file(folder: Path, name: str, encoded: EncodedFile) -> None:
 def read_file(path: Path, *, reuse: bool = False) -> memoryview:
     """The bytes of `path`; shorter than expected when the file shrank while read.
 
-    `reuse`: a file of at most REUSED_READ_BYTES is read into this thread's own buffer, which the next
-    such read overwrites (a block's file, decoded into new memory at once): a restore of many blocks
-    then touches the same few pages instead of fresh ones for each.
+    `reuse`: a file of at most REUSED_BUFFER_BYTES is read into this thread's own buffer, which the
+    next such read overwrites (a file decoded at once into memory of its own, or copied out): a
+    restore of many blocks then touches the same few pages instead of fresh ones for each.
     """
     with open(path, "rb", buffering=0) as file:
         size = os.fstat(file.fileno()).st_size
-        data = _read_buffer(size) if reuse and size <= REUSED_READ_BYTES else np.empty(size, np.uint8).data
+        reused = reuse and size <= REUSED_BUFFER_BYTES
+        data = _thread_buffer("read", size) if reused else np.empty(size, np.uint8).data
         filled = 0
         while filled < size:
             count = file.readinto(data[filled:])
@@ -111,20 +114,16 @@ def read_file(path: Path, *, reuse: bool = False) -> memoryview:
     return data[:filled]
 
 
-def _read_buffer(size: int) -> memoryview:
-    """This thread's reusable read buffer, `size` bytes of it."""
-    return _thread_buffer("read", size)
-
-
 def decode_buffer(size: int) -> memoryview:
-    """This thread's reusable buffer to decode a state of at most REUSED_READ_BYTES into (a block
+    """This thread's reusable buffer to decode a state of at most REUSED_BUFFER_BYTES into (a block
     that is copied elsewhere at once), `size` bytes of it; a larger size gets new memory."""
-    if size > REUSED_READ_BYTES:
+    if size > REUSED_BUFFER_BYTES:
         return np.empty(size, dtype=np.uint8).data
     return _thread_buffer("decode", size)
 
 
 def _thread_buffer(purpose: str, size: int) -> memoryview:
+    """`size` bytes of this thread's reusable buffer for `purpose`, grown when too small."""
     buffer: memoryview | None = getattr(_reads, purpose, None)
     if buffer is None or buffer.nbytes < size:
         # numpy's empty buffer skips the zero-fill a bytearray would pay for.

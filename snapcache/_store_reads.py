@@ -195,11 +195,7 @@ class TierReads:
             ]
             for i, snapshot in hits:
                 found[i] = (snapshot, "disk")
-            if hits:
-                with self._lock:
-                    for _, snapshot in reversed(hits):
-                        self._memory.promote(snapshot, epoch)
-                self._drain_if_foreground()
+            self._promote_blocks([snapshot for _, snapshot in hits], epoch)
         blocks: list[tuple[Snapshot, TierName]] = []
         for key, held in zip(keys, found, strict=True):
             if held is not None:
@@ -249,11 +245,7 @@ class TierReads:
                     tiers[i] = "disk"
                     if result is not None:
                         kept.append(result)
-            if kept:
-                with self._lock:
-                    for snapshot in reversed(kept):
-                        self._memory.promote(snapshot, epoch)
-                self._drain_if_foreground()
+            self._promote_blocks(kept, epoch)
         served: list[TierName] = []
         for i, (key, tier) in enumerate(zip(keys, tiers, strict=True)):
             if tier is None:
@@ -266,6 +258,15 @@ class TierReads:
         if served:
             self.touch_blocks(list(keys[: len(served)]))
         return served
+
+    def _promote_blocks(self, blocks: list[Snapshot], epoch: int) -> None:
+        """Promote blocks read from disk into RAM, the first of them as the most recently used."""
+        if not blocks:
+            return
+        with self._lock:
+            for snapshot in reversed(blocks):
+                self._memory.promote(snapshot, epoch)
+        self._drain_if_foreground()
 
     def _read_from_disk_before(self, key: SnapshotKey) -> bool:
         """Whether `key` was lent from disk recently (and is then worth a place in RAM); the first

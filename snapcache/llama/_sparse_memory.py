@@ -38,14 +38,9 @@ _LINUX = sys.platform == "linux"
 
 def sparse_zeros(size: int) -> npt.NDArray[np.uint8]:
     """`size` zero bytes whose pages the system provides (4 KiB at a time) when first touched."""
-    flags = getattr(mmap, "MAP_PRIVATE", None)
-    anonymous = getattr(mmap, "MAP_ANONYMOUS", None)
-    if size <= 0 or flags is None or anonymous is None:
+    memory = _anonymous_map(size)
+    if memory is None:
         return np.zeros(size, dtype=np.uint8)  # Windows, or nothing to map
-    try:
-        memory = mmap.mmap(-1, size, flags=flags | anonymous)
-    except (OSError, ValueError, OverflowError):
-        return np.zeros(size, dtype=np.uint8)
     no_huge_pages = getattr(mmap, "MADV_NOHUGEPAGE", None)
     if no_huge_pages is not None:
         with contextlib.suppress(OSError):
@@ -69,13 +64,8 @@ def populated_empty(size: int) -> npt.NDArray[np.uint8]:
     gives them, so that threads filling it at once do not fault on the same pages (blocks placed
     from two threads took up to several times the CPU when they did).
     Below numpy's huge-page size, what numpy gives (often memory that malloc reuses)."""
-    flags = getattr(mmap, "MAP_PRIVATE", None)
-    anonymous = getattr(mmap, "MAP_ANONYMOUS", None)
-    if not _LINUX or size < _HUGE_PAGE_ALLOCATION or flags is None or anonymous is None:
-        return np.empty(size, dtype=np.uint8)
-    try:
-        memory = mmap.mmap(-1, size, flags=flags | anonymous)
-    except (OSError, ValueError, OverflowError):
+    memory = _anonymous_map(size) if _LINUX and size >= _HUGE_PAGE_ALLOCATION else None
+    if memory is None:
         return np.empty(size, dtype=np.uint8)
     huge_pages = getattr(mmap, "MADV_HUGEPAGE", None)
     with contextlib.suppress(OSError, ValueError):
@@ -83,3 +73,15 @@ def populated_empty(size: int) -> npt.NDArray[np.uint8]:
             memory.madvise(huge_pages)
         memory.madvise(_MADV_POPULATE_WRITE)
     return np.frombuffer(memory, dtype=np.uint8)
+
+
+def _anonymous_map(size: int) -> mmap.mmap | None:
+    """`size` bytes of private anonymous memory, or None where the system cannot map them."""
+    flags = getattr(mmap, "MAP_PRIVATE", None)
+    anonymous = getattr(mmap, "MAP_ANONYMOUS", None)
+    if size <= 0 or flags is None or anonymous is None:
+        return None
+    try:
+        return mmap.mmap(-1, size, flags=flags | anonymous)
+    except (OSError, ValueError, OverflowError):
+        return None

@@ -258,11 +258,8 @@ class _Layout:
             raise ValueError(f"a block is too short for its layout: {exc}") from None
         if size != first.nbytes:
             raise ValueError("a block does not end where its rows do")
-        signature = _header_positions(data_header, layers)
-        expected = first[signature]
         fields = tuple(  # copied: `first` may be a buffer its owner reuses
-            (start, end, first[start:end].tobytes())
-            for start, end in (data_header, *(layer.header for layer in layers))
+            (start, end, first[start:end].tobytes()) for start, end in _field_ranges(data_header, layers)
         )
 
         n_whole = n_blocks * BLOCK_TOKENS
@@ -273,9 +270,10 @@ class _Layout:
             first_section = record.sections[0]
             if len(first_section.positions):
                 tail = first_section
-                tail_signature = _header_positions(tail.data_header, tail.layers)
-                if tail_signature.size != signature.size or not np.array_equal(
-                    record.blob[tail_signature], expected
+                tail_ranges = _field_ranges(tail.data_header, tail.layers)
+                if len(tail_ranges) != len(fields) or any(
+                    record.blob[start:end].tobytes() != expected
+                    for (start, end), (_, _, expected) in zip(tail_ranges, fields, strict=True)
                 ):
                     raise ValueError("the record's tail has another layout than its blocks")
             blob = record.blob
@@ -345,7 +343,6 @@ def _cells(state: Bytes, layer: LayerRows, n: int, start: int, end: int) -> Byte
     return rows[:, start * layer.row_bytes : end * layer.row_bytes]
 
 
-def _header_positions(data_header: tuple[int, int], layers: Sequence[LayerRows]) -> npt.NDArray[np.intp]:
-    """The byte positions of the layout fields (V layout, layer count, each layer's type and size)."""
-    ranges = [np.arange(*data_header)] + [np.arange(*layer.header) for layer in layers]
-    return np.concatenate(ranges)
+def _field_ranges(data_header: tuple[int, int], layers: Sequence[LayerRows]) -> list[tuple[int, int]]:
+    """The byte ranges of the layout fields (V layout and layer count, each layer's type and size)."""
+    return [data_header, *(layer.header for layer in layers)]

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from snapcache import _disk_files as files
 from snapcache import codec
+from snapcache._disk_auth import OtherAuthentication
 from snapcache._disk_files import FILES_DIR, INDEX_NAME, LOCK_NAME, QUARANTINE_DIR, TEMP_PREFIX
 from snapcache._disk_format import MacMismatch, decode, encode, mac_key, read_header
 from snapcache._disk_index import CatalogRow, Change, DiskIndex, IndexRow
@@ -46,11 +47,6 @@ logger = logging.getLogger("snapcache")
 
 # The budget of a directory that records none, for a store given none.
 DEFAULT_BUDGET_BYTES = 8 << 30
-# Files this process found authenticated otherwise: warned about once, not on every lookup.
-_MAX_WARNED = 10_000
-_warned_unauthenticated: set[str] = set()
-_warned_lock = threading.Lock()
-
 __all__ = [
     "DEFAULT_GRACE_S",
     "FILES_DIR",
@@ -124,11 +120,7 @@ class DiskTier:
         except OSError as exc:
             raise StoreUnavailable(f"cannot create {self._files}: {exc.strerror or exc}") from None
         self._on_change = on_change
-        # With a secret: files this process found intact but not authenticated under it, by key id
-        # (kept for a reader that has the right secret, but not "held" for this one, so that a put
-        # replaces them), and files whose head has been checked since (by key id and file name).
-        self._unauthenticated: dict[str, str] = {}
-        self._heads_checked: set[tuple[str, str]] = set()
+        self._other_authentication = OtherAuthentication(self._files, self._mac_key)
         with files.open_lock(self.directory / LOCK_NAME):
             self._index = open_or_rebuild(self.directory, self._mac_key)
             try:
@@ -215,7 +207,7 @@ class DiskTier:
             return False
         for old in change.removed:
             self._unlink_row_file(old)
-        self._unauthenticated.pop(key.id, None)  # replaced under this store's secret
+        self._other_authentication.replaced(key.id)
         evicted = sum(1 for old in change.removed if old.key_id != key.id)
         if evicted:
             with self._lock:
@@ -325,8 +317,7 @@ class DiskTier:
             try:
                 return self._verify(row, data, key, state_into), row
             except MacMismatch as exc:
-                _warn_unauthenticated(self._files / row.file_name, str(exc))
-                self._not_authenticated(row)
+                self._other_authentication.found(row, str(exc))
                 return Miss.UNAUTHENTICATED
             except CorruptSnapshot as exc:
                 self._discard(row, str(exc))
@@ -353,45 +344,11 @@ class DiskTier:
     def held_priority(self, key: SnapshotKey) -> int | None:
         """The priority recorded for `key`, or None when the index has no row for it or, with a
         secret, its file is not authenticated under it (a put under the secret replaces it then; a
-        store without a secret never replaces signed files).
-
-        While a file that failed authentication in this process (a new secret, a forgery) has not
-        been replaced, the head of each other file asked about is checked too, once, so that a
-        writer with the secret stores again what it could not read."""
+        store without a secret never replaces signed files). See `OtherAuthentication.held`."""
         row = self._open_index().get(key.id)
-        if row is None:
+        if row is None or not self._other_authentication.held(row):
             return None
-        if self._mac_key is not None and self._unauthenticated:
-            if self._unauthenticated.get(row.key_id) == row.file_name:
-                return None
-            checked = (row.key_id, row.file_name)
-            if checked not in self._heads_checked:
-                if len(self._heads_checked) >= _MAX_WARNED:
-                    self._heads_checked.clear()
-                self._heads_checked.add(checked)
-                if not self._head_authenticated(row):
-                    self._not_authenticated(row)
-                    return None
         return row.priority
-
-    def _not_authenticated(self, row: IndexRow) -> None:
-        """Remember that `row`'s file failed authentication under this store's secret."""
-        if self._mac_key is None:
-            return
-        if len(self._unauthenticated) >= _MAX_WARNED:
-            self._unauthenticated.clear()
-        self._unauthenticated[row.key_id] = row.file_name
-
-    def _head_authenticated(self, row: IndexRow) -> bool:
-        """Whether `row`'s file head carries a valid MAC under this store's secret (or, without one,
-        none); True when it cannot be read: damage is left for a read or `check` to deal with."""
-        if not files.is_snapshot_name(row.file_name):
-            return True
-        try:
-            with (self._files / row.file_name).open("rb") as handle:
-                return read_header(handle, row.file_bytes, mac_secret=self._mac_key).authenticated
-        except (OSError, CorruptSnapshot):
-            return True
 
     def stored_tokens(self, key: SnapshotKey) -> TokenArray | None:
         """The tokens in the checked header of `key`'s file, without reading its payload; None if absent
@@ -597,18 +554,3 @@ def _index_unavailable(exc: StoreUnavailable) -> Miss:
     logger.warning("disk tier index unavailable, treating the lookup as a miss: %s", exc)
     return Miss.UNAVAILABLE
 
-
-def _warn_unauthenticated(path: Path, reason: str) -> None:
-    """Log once per file per process: a misconfigured reader must not flood the log."""
-    name = str(path)
-    with _warned_lock:
-        if name in _warned_unauthenticated:
-            return
-        if len(_warned_unauthenticated) >= _MAX_WARNED:
-            _warned_unauthenticated.clear()
-        _warned_unauthenticated.add(name)
-    logger.warning(
-        "snapshot file %s is a miss and was kept: %s (check the secret: SNAPCACHE_SECRET or secret=)",
-        path.name,
-        reason,
-    )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -312,6 +313,7 @@ def test_warm_over_http_then_stats_and_metrics(server, tiny_model_path: Path, tm
     assert scope["requests"] == 1
     assert scope["cached_tokens"] == cached
     assert scope["restored_from_ram"] + scope["reused_context"] == 1
+    assert scope["restore_seconds"] > 0
     assert stats["store"]["ram_entries"] >= 1
     assert stats["all_time"][0]["scope"] == "agent-w"
 
@@ -319,6 +321,11 @@ def test_warm_over_http_then_stats_and_metrics(server, tiny_model_path: Path, tm
         metrics = response.read().decode()
     assert f'snapcache_cached_tokens_total{{scope="agent-w"}} {float(cached)}' in metrics
     assert 'snapcache_store_entries{tier="ram"}' in metrics
+    source = headers["x-snapcache-source"]
+    assert f'snapcache_restore_seconds_count{{source="{source}"}} 1.0' in metrics
+    observed = re.search(rf'snapcache_restore_seconds_sum{{source="{source}"}} (\S+)', metrics)
+    assert observed is not None
+    assert float(observed.group(1)) == pytest.approx(scope["restore_seconds"])
 
     shown = subprocess.run(
         [sys.executable, "-m", "snapcache", "--cache-dir", str(tmp_path / "cache"), "stats", "--json"],

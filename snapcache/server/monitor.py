@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -40,6 +40,7 @@ class ScopeTotals:
     restored_from_disk: int = 0
     reused_context: int = 0
     misses: int = 0
+    restore_seconds: float = 0.0  # finding prefixes and handing them to llama.cpp, misses included
 
 
 class ServeMonitor:
@@ -79,6 +80,14 @@ class ServeMonitor:
             ["scope"],
             registry=self.registry,
         )
+        self._restore_seconds = Histogram(
+            "snapcache_restore_seconds",
+            "Seconds a completion spent finding its prefix and handing it to llama.cpp (on a miss, "
+            "the lookup), by where the prefix came from.",
+            ["source"],
+            buckets=_RESTORE_BUCKETS,
+            registry=self.registry,
+        )
         self.registry.register(_StoreCollector(store))
 
     # -- the hook's listener ------------------------------------------------------------------------
@@ -104,6 +113,7 @@ class ServeMonitor:
             totals.requests += 1
             totals.prompt_tokens += restore.prompt_tokens
             totals.cached_tokens += restore.cached_tokens
+            totals.restore_seconds += restore.restore_seconds
             if restore.source == "ram":
                 totals.restored_from_ram += 1
             elif restore.source == "disk":
@@ -116,6 +126,7 @@ class ServeMonitor:
         self._prompt_tokens.labels(report.scope).inc(restore.prompt_tokens)
         self._cached_tokens.labels(report.scope).inc(restore.cached_tokens)
         self._seconds_saved.labels(report.scope).inc(saved)
+        self._restore_seconds.labels(restore.source or "none").observe(restore.restore_seconds)
         if self._ledger is not None:
             self._ledger.record(
                 self._fingerprint,
@@ -196,6 +207,8 @@ class _StoreCollector(Collector):
             yield metric
 
 
+# From a context reused (well under a millisecond) to a long prompt restored from disk (seconds).
+_RESTORE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _TIERS = ("ram", "disk")
 # (family, metric name, help, the StoreStats field of each tier)
 _PER_TIER: tuple[tuple[type[GaugeMetricFamily] | type[CounterMetricFamily], str, str, str], ...] = (

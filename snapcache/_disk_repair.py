@@ -98,6 +98,37 @@ def survey(
     return found
 
 
+def report_of(found: Survey, directory: Path, *, repaired: bool) -> CheckReport:
+    """The report of a check that found `found` in `directory` (and, with `repaired`, removed every
+    problem), logged when it found files to repair or authenticated otherwise."""
+    report = CheckReport(
+        entries=len(found.rows) - (len(found.missing) + len(found.corrupt) if repaired else 0),
+        missing_files=tuple(row.key_id for row in found.missing),
+        orphan_files=tuple(found.orphans),
+        temp_files=tuple(found.temp),
+        corrupt_files=tuple(row.file_name for row in found.corrupt),
+        repaired=repaired,
+        unauthenticated_files=tuple(row.file_name for row in found.unauthenticated),
+    )
+    if found.unauthenticated:
+        logger.warning(
+            "disk tier check of %s: %d file(s) authenticated under another secret (or none) kept",
+            directory,
+            len(found.unauthenticated),
+        )
+    if not report.ok:
+        logger.warning(
+            "disk tier check of %s: %d missing, %d orphan, %d temporary, %d corrupt file(s)%s",
+            directory,
+            len(found.missing),
+            len(found.orphans),
+            len(found.temp),
+            len(found.corrupt),
+            ", repaired" if repaired else "",
+        )
+    return report
+
+
 def find_debris(
     folder: Path, names: set[str], named: set[str], grace_s: float
 ) -> tuple[list[str], list[str]]:

@@ -34,6 +34,7 @@ from snapcache._disk_repair import (
     Verdict,
     open_or_rebuild,
     reclaim_debris,
+    report_of,
     survey,
 )
 from snapcache._threads import map_in_parallel
@@ -431,32 +432,7 @@ class DiskTier:
                 files.unlink(self._files / name)
             for row in found.corrupt:
                 self._discard(row, "failed verification during check")
-        report = CheckReport(
-            entries=len(found.rows) - (len(found.missing) + len(found.corrupt) if repair else 0),
-            missing_files=tuple(row.key_id for row in found.missing),
-            orphan_files=tuple(found.orphans),
-            temp_files=tuple(found.temp),
-            corrupt_files=tuple(row.file_name for row in found.corrupt),
-            repaired=repair,
-            unauthenticated_files=tuple(row.file_name for row in found.unauthenticated),
-        )
-        if found.unauthenticated:
-            logger.warning(
-                "disk tier check of %s: %d file(s) authenticated under another secret (or none) kept",
-                self.directory,
-                len(found.unauthenticated),
-            )
-        if not report.ok:
-            logger.warning(
-                "disk tier check of %s: %d missing, %d orphan, %d temporary, %d corrupt file(s)%s",
-                self.directory,
-                len(found.missing),
-                len(found.orphans),
-                len(found.temp),
-                len(found.corrupt),
-                ", repaired" if repair else "",
-            )
-        return report
+        return report_of(found, self.directory, repaired=repair)
 
     # -- internals -----------------------------------------------------------------------------
 

@@ -9,8 +9,10 @@ MiB, captured once by a 2-3 minute prefill and kept with bench_codec.py's states
 from the page cache: a cold disk adds its own read time. A table goes through a real DiskTier (its
 index lookup and bookkeeping included); another shows a new process's first hit, whose buffers are
 fresh pages and which may wait for blosc2's import. The last restores the states from shared blocks,
-in a store opened afresh and in new processes (with the memory they then hold). --quick uses
-the test suite's tiny model.
+in a store opened afresh and in new processes (with the memory they then hold). A last table sets
+the blocks' copy from the store beside what one file per restore would give (a layout the store
+does not write): where the time of a restore from blocks goes. --quick uses the test suite's tiny
+model.
 """
 
 from __future__ import annotations
@@ -29,13 +31,15 @@ from typing import Any
 
 import bench_codec
 import numpy as np
+import xxhash
 from _common import Table, make_parser, report
 
 from snapcache import _disk_format, codec
-from snapcache._disk_files import read_file  # the disk tier's own read, so the benchmark times it
+from snapcache._disk_files import decode_buffer, read_file  # the disk tier's own, so the benchmark times them
+from snapcache._threads import map_in_parallel
 from snapcache.disk_tier import DiskTier
-from snapcache.key import SnapshotKey
-from snapcache.llama.blocks import KIND_PREFIX, split_state
+from snapcache.key import SnapshotKey, block_keys
+from snapcache.llama.blocks import KIND_PREFIX, Assembly, split_state
 from snapcache.llama.state import CapturedState
 from snapcache.llama.stored_states import RestorePoint, StoredStates
 from snapcache.snapshot import Snapshot
@@ -303,6 +307,84 @@ def blocks_row(
     )
 
 
+def one_file_row(table: Table, name: str, snapshot: Snapshot, repeat: int) -> None:
+    """The full-attention blocks of `snapshot` copied into one blob, alternately from a store opened
+    afresh (`copy_blocks`: a file per block, each with its header, tokens and index row) and from one
+    file holding their payloads (one read, then each block's XXH3 checked, decoded and placed): what
+    the per-file work costs, measured side by side."""
+    split = split_state(snapshot.state)
+    if split is None:
+        table.add(name, *["-"] * 7)
+        return
+    n_blocks = split.n_cells // 64
+    blocks = [split.block(i) for i in range(n_blocks)]
+    payloads = [codec.compress(block) for block in blocks]
+    digests = [xxhash.xxh3_128_digest(payload) for payload in payloads]
+    ends = np.cumsum([len(payload) for payload in payloads]).tolist()
+    expected = bytes(
+        _blocks_blob(lambda copy: [copy(i, memoryview(b)) for i, b in enumerate(blocks)], n_blocks)
+    )
+    saved = snapshot.tokens[: split.n_cells if split.windows else len(snapshot.tokens)]
+    captured = CapturedState(saved, memoryview(snapshot.state), None)
+    with tempfile.TemporaryDirectory() as directory:
+        path = Path(directory) / "c"
+        with SnapshotStore(path, ram_bytes=0, disk_bytes=1 << 34) as store:
+            point = RestorePoint(len(saved), 0, KIND_PREFIX)
+            StoredStates(store, "bench").save(captured, "default", [point])
+            store.flush()
+        one_file = Path(directory) / "blocks.bin"
+        one_file.write_bytes(b"".join(payloads))
+        keys = block_keys("bench", "default", saved, n_blocks)
+
+        def from_one_file() -> memoryview:
+            data = read_file(one_file)
+
+            def copy_all(copy: Any) -> None:
+                def one(i: int) -> None:
+                    payload = data[(ends[i - 1] if i else 0) : ends[i]]
+                    if xxhash.xxh3_128_digest(payload) != digests[i]:
+                        raise ValueError("damaged")
+                    state = decode_buffer(len(blocks[i]))
+                    codec.decompress_into(payload, state)
+                    copy(i, state)
+
+                map_in_parallel(one, range(n_blocks))
+
+            return _blocks_blob(copy_all, n_blocks)
+
+        times: dict[str, list[float]] = {"store": [], "one file": []}
+        for _ in range(repeat):
+            with SnapshotStore(path, ram_bytes=0, disk_bytes=1 << 34) as store:  # opened untimed
+                start = time.perf_counter()
+                blob = _blocks_blob(lambda copy: store.copy_blocks(keys, copy), n_blocks)
+                times["store"].append(time.perf_counter() - start)
+            assert bytes(blob) == expected
+            start = time.perf_counter()
+            blob = from_one_file()
+            times["one file"].append(time.perf_counter() - start)
+            assert bytes(blob) == expected
+            del blob
+    store_s, one_s = (statistics.median(times[label]) for label in ("store", "one file"))
+    blob_bytes = len(expected)
+    table.add(
+        name,
+        n_blocks,
+        round(blob_bytes / 2**20, 1),
+        round(store_s * 1e3, 1),
+        round(blob_bytes / store_s / 1e9, 2),
+        round(one_s * 1e3, 1),
+        round(blob_bytes / one_s / 1e9, 2),
+        f"{store_s / one_s:.2f}x",
+    )
+
+
+def _blocks_blob(copy_blocks: Any, n_blocks: int) -> memoryview:
+    """The blob of `n_blocks` blocks that `copy_blocks(place)` hands over."""
+    assembly = Assembly(n_blocks, None)
+    copy_blocks(assembly.place)
+    return assembly.finish()
+
+
 def main() -> None:
     parser = make_parser(__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=15, help="hits per row (the median is shown)")
@@ -396,9 +478,25 @@ def main() -> None:
         " memory it holds beyond what it held before, the restored blob included"
     )
     blocks.notes.append("Gemma's sliding-window cache is in the record; its full-attention cache in blocks")
+    one_file = Table(
+        f"the blocks alone into one blob, from the store against from one file (median of {args.repeat}, "
+        "alternating)",
+        ["state", "blocks", "blob MiB", "store ms", "GB/s", "one file ms", "GB/s", "store/one file"],
+    )
+    for name, snapshot in states.items():
+        one_file_row(one_file, name, snapshot, args.repeat)
+    one_file.notes.append(
+        "store: SnapshotStore.copy_blocks in a store opened afresh, untimed (index rows, a file per "
+        "block, its header, tokens and payload verified, the uses recorded)"
+    )
+    one_file.notes.append(
+        "one file: the same payloads in one file, read at once, each XXH3-checked, decoded and placed "
+        "on the same threads (a layout the store does not write)"
+    )
     load_after = os.getloadavg()[0]
     hits.notes.append(f"load average {load_before:.1f} before, {load_after:.1f} after (other work slows it)")
-    report("bench_disk_hit", [hits, first, tier, blocks], args.json, quick=args.quick, extra={"hits": rows})
+    tables = [hits, first, tier, blocks, one_file]
+    report("bench_disk_hit", tables, args.json, quick=args.quick, extra={"hits": rows})
 
 
 if __name__ == "__main__":

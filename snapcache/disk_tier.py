@@ -48,6 +48,7 @@ logger = logging.getLogger("snapcache")
 
 # The budget of a directory that records none, for a store given none.
 DEFAULT_BUDGET_BYTES = 8 << 30
+
 __all__ = [
     "DEFAULT_GRACE_S",
     "FILES_DIR",

@@ -259,10 +259,7 @@ class SnapshotStore:
         missing (or fails to read); promoted like a get, but not counted as hits or misses (a restore
         counts once, not per block). Those on disk are read together, on the codec's threads; their
         uses are recorded by `touch_blocks`, for many blocks at once."""
-        for key in keys:
-            if not isinstance(key, SnapshotKey) or not key.is_block:
-                raise InvalidArgument(f"not the key of a block: {key!r}")
-        self._check_open()
+        self._check_block_keys(keys)
         return self._reads.get_blocks(keys)
 
     def copy_blocks(
@@ -278,10 +275,7 @@ class SnapshotStore:
         an exception from `copy` is raised here. A block read from disk is promoted into RAM only
         when a restore read it from disk before: the first restore after a restart, whose prefix
         then stays in the model's context, neither waits for nor fills RAM."""
-        for key in keys:
-            if not isinstance(key, SnapshotKey) or not key.is_block:
-                raise InvalidArgument(f"not the key of a block: {key!r}")
-        self._check_open()
+        self._check_block_keys(keys)
         return self._reads.copy_blocks(keys, copy)
 
     def touch_blocks(self, keys: list[SnapshotKey]) -> None:
@@ -487,6 +481,13 @@ class SnapshotStore:
     def _check_open(self) -> None:
         if self._closed:
             raise StoreUnavailable("the store is closed")
+
+    def _check_block_keys(self, keys: Sequence[SnapshotKey]) -> None:
+        """Block key arguments of a read, and the store still open."""
+        for key in keys:
+            if not isinstance(key, SnapshotKey) or not key.is_block:
+                raise InvalidArgument(f"not the key of a block: {key!r}")
+        self._check_open()
 
     def _check_key(self, key: SnapshotKey) -> None:
         """A key argument of a read, and the store still open."""

@@ -38,8 +38,8 @@ from snapcache import _disk_format, codec
 from snapcache._disk_files import decode_buffer, read_file  # the disk tier's own, so the benchmark times them
 from snapcache._threads import map_in_parallel
 from snapcache.disk_tier import DiskTier
-from snapcache.key import SnapshotKey, block_keys
-from snapcache.llama.blocks import KIND_PREFIX, Assembly, split_state
+from snapcache.key import BLOCK_TOKENS, SnapshotKey, TokenArray, block_keys
+from snapcache.llama.blocks import KIND_PREFIX, Assembly, SplitState, split_state
 from snapcache.llama.state import CapturedState
 from snapcache.llama.stored_states import RestorePoint, StoredStates
 from snapcache.snapshot import Snapshot
@@ -262,6 +262,18 @@ def first_find(path: Path, n: int, secret: bytes | None, blocks_alone: bool, run
     return took, int(grew)
 
 
+def save_blocks(path: Path, snapshot: Snapshot, split: SplitState, secret: bytes | None) -> TokenArray:
+    """Store `snapshot` in a new store at `path` as a restore would find it: its blocks and one record
+    at the end of its capture (a windowed state cannot be cut earlier); return the tokens saved."""
+    tokens = snapshot.tokens[: split.n_cells if split.windows else len(snapshot.tokens)]
+    captured = CapturedState(tokens, memoryview(snapshot.state), None)
+    with SnapshotStore(path, ram_bytes=0, disk_bytes=1 << 34, secret=secret) as store:
+        point = RestorePoint(len(tokens), 0, KIND_PREFIX)
+        StoredStates(store, "bench").save(captured, "default", [point])
+        store.flush()
+    return tokens
+
+
 def blocks_row(
     table: Table, name: str, snapshot: Snapshot, secret: bytes | None, repeat: int, runs: int
 ) -> None:
@@ -272,14 +284,11 @@ def blocks_row(
     if split is None:
         table.add(name, secret is not None, *["-"] * 8)
         return
-    n = split.n_cells if split.windows else len(snapshot.tokens)
-    tokens = snapshot.tokens[:n]
-    captured = CapturedState(tokens, memoryview(snapshot.state), None)
     with tempfile.TemporaryDirectory() as directory:
         path = Path(directory) / "c"
+        tokens = save_blocks(path, snapshot, split, secret)
+        n = len(tokens)
         with SnapshotStore(path, ram_bytes=0, disk_bytes=1 << 34, secret=secret) as store:
-            StoredStates(store, "bench").save(captured, "default", [RestorePoint(n, 0, KIND_PREFIX)])
-            store.flush()
             n_blocks = sum(1 for row in store.entries(blocks=True) if row.key.is_block)
         finds = []
         for _ in range(repeat):
@@ -316,7 +325,7 @@ def one_file_row(table: Table, name: str, snapshot: Snapshot, repeat: int) -> No
     if split is None:
         table.add(name, *["-"] * 7)
         return
-    n_blocks = split.n_cells // 64
+    n_blocks = split.n_cells // BLOCK_TOKENS
     blocks = [split.block(i) for i in range(n_blocks)]
     payloads = [codec.compress(block) for block in blocks]
     digests = [xxhash.xxh3_128_digest(payload) for payload in payloads]
@@ -324,14 +333,9 @@ def one_file_row(table: Table, name: str, snapshot: Snapshot, repeat: int) -> No
     expected = bytes(
         _blocks_blob(lambda copy: [copy(i, memoryview(b)) for i, b in enumerate(blocks)], n_blocks)
     )
-    saved = snapshot.tokens[: split.n_cells if split.windows else len(snapshot.tokens)]
-    captured = CapturedState(saved, memoryview(snapshot.state), None)
     with tempfile.TemporaryDirectory() as directory:
         path = Path(directory) / "c"
-        with SnapshotStore(path, ram_bytes=0, disk_bytes=1 << 34) as store:
-            point = RestorePoint(len(saved), 0, KIND_PREFIX)
-            StoredStates(store, "bench").save(captured, "default", [point])
-            store.flush()
+        saved = save_blocks(path, snapshot, split, None)
         one_file = Path(directory) / "blocks.bin"
         one_file.write_bytes(b"".join(payloads))
         keys = block_keys("bench", "default", saved, n_blocks)

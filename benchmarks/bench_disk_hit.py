@@ -10,9 +10,9 @@ from the page cache: a cold disk adds its own read time. A table goes through a 
 index lookup and bookkeeping included); another shows a new process's first hit, whose buffers are
 fresh pages and which may wait for blosc2's import. The last restores the states from shared blocks,
 in a store opened afresh and in new processes (with the memory they then hold). A last table sets
-the blocks' copy from the store beside what one file per restore would give (a layout the store
-does not write): where the time of a restore from blocks goes. --quick uses the test suite's tiny
-model.
+the blocks' copy from the store beside two layouts the store does not write: its block files joined
+into one file, and their payloads alone in one file (where the time of a restore from blocks goes).
+--quick uses the test suite's tiny model.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ import xxhash
 from _common import Table, make_parser, report
 
 from snapcache import _disk_format, codec
-from snapcache._disk_files import decode_buffer, read_file  # the disk tier's own, so the benchmark times them
+from snapcache._disk_files import FILES_DIR, INDEX_NAME, decode_buffer, read_file  # the disk tier's own
+from snapcache._disk_index import DiskIndex
 from snapcache._threads import map_in_parallel
 from snapcache.disk_tier import DiskTier
 from snapcache.key import BLOCK_TOKENS, SnapshotKey, TokenArray, block_keys
@@ -317,69 +318,111 @@ def blocks_row(
 
 
 def one_file_row(table: Table, name: str, snapshot: Snapshot, repeat: int) -> None:
-    """The full-attention blocks of `snapshot` copied into one blob, alternately from a store opened
-    afresh (`copy_blocks`: a file per block, each with its header, tokens and index row) and from one
-    file holding their payloads (one read, then each block's XXH3 checked, decoded and placed): what
-    the per-file work costs, measured side by side."""
+    """The full-attention blocks of `snapshot` copied into one blob three ways, in turn: from a store
+    opened afresh (`copy_blocks`: a file per block, each with its header, tokens and index row); from
+    the store's own block files joined into one file (one read, then each verified whole as the store
+    verifies it); and from one file of their payloads alone (one read, then each XXH3-checked). Each
+    block is then decoded and placed on the same threads. What the per-file work costs, measured
+    side by side: opening and reading a file per block, and verifying a header per block."""
     split = split_state(snapshot.state)
     if split is None:
-        table.add(name, *["-"] * 7)
+        table.add(name, *["-"] * 10)
         return
     n_blocks = split.n_cells // BLOCK_TOKENS
     blocks = [split.block(i) for i in range(n_blocks)]
     payloads = [codec.compress(block) for block in blocks]
     digests = [xxhash.xxh3_128_digest(payload) for payload in payloads]
-    ends = np.cumsum([len(payload) for payload in payloads]).tolist()
     expected = bytes(
         _blocks_blob(lambda copy: [copy(i, memoryview(b)) for i, b in enumerate(blocks)], n_blocks)
     )
     with tempfile.TemporaryDirectory() as directory:
         path = Path(directory) / "c"
         saved = save_blocks(path, snapshot, split, None)
-        one_file = Path(directory) / "blocks.bin"
-        one_file.write_bytes(b"".join(payloads))
         keys = block_keys("bench", "default", saved, n_blocks)
+        joined_file = Path(directory) / "joined.bin"
+        joined_ends, store_id = join_block_files(path, keys, joined_file)
+        payload_file = Path(directory) / "payloads.bin"
+        payload_file.write_bytes(b"".join(payloads))
 
-        def from_one_file() -> memoryview:
-            data = read_file(one_file)
+        def from_joined_files(i: int, member: memoryview) -> memoryview:
+            decoded = _disk_format.decode(
+                member,
+                key=keys[i],
+                store_id=store_id,
+                mac_secret=None,
+                state_into=decode_buffer(len(blocks[i])),
+            )
+            return memoryview(decoded.state)
 
-            def copy_all(copy: Any) -> None:
-                def one(i: int) -> None:
-                    payload = data[(ends[i - 1] if i else 0) : ends[i]]
-                    if xxhash.xxh3_128_digest(payload) != digests[i]:
-                        raise ValueError("damaged")
-                    state = decode_buffer(len(blocks[i]))
-                    codec.decompress_into(payload, state)
-                    copy(i, state)
+        def from_payloads(i: int, payload: memoryview) -> memoryview:
+            if xxhash.xxh3_128_digest(payload) != digests[i]:
+                raise ValueError("damaged")
+            state = decode_buffer(len(blocks[i]))
+            codec.decompress_into(payload, state)
+            return state
 
-                map_in_parallel(one, range(n_blocks))
-
-            return _blocks_blob(copy_all, n_blocks)
-
-        times: dict[str, list[float]] = {"store": [], "one file": []}
+        layouts = {
+            "joined files": (joined_file, joined_ends, from_joined_files),
+            "one file": (payload_file, _ends(payloads), from_payloads),
+        }
+        times: dict[str, list[float]] = {"store": [], **{label: [] for label in layouts}}
         for _ in range(repeat):
             with SnapshotStore(path, ram_bytes=0, disk_bytes=1 << 34) as store:  # opened untimed
                 start = time.perf_counter()
                 blob = _blocks_blob(lambda copy: store.copy_blocks(keys, copy), n_blocks)
                 times["store"].append(time.perf_counter() - start)
             assert bytes(blob) == expected
-            start = time.perf_counter()
-            blob = from_one_file()
-            times["one file"].append(time.perf_counter() - start)
-            assert bytes(blob) == expected
+            for label, (file, ends, decode) in layouts.items():
+                start = time.perf_counter()
+                blob = _blob_from_one_file(file, ends, decode, n_blocks)
+                times[label].append(time.perf_counter() - start)
+                assert bytes(blob) == expected
             del blob
-    store_s, one_s = (statistics.median(times[label]) for label in ("store", "one file"))
+    medians = {label: statistics.median(values) for label, values in times.items()}
     blob_bytes = len(expected)
+    cells: list[object] = []
+    for label in times:
+        cells += [round(medians[label] * 1e3, 1), round(blob_bytes / medians[label] / 1e9, 2)]
     table.add(
         name,
         n_blocks,
         round(blob_bytes / 2**20, 1),
-        round(store_s * 1e3, 1),
-        round(blob_bytes / store_s / 1e9, 2),
-        round(one_s * 1e3, 1),
-        round(blob_bytes / one_s / 1e9, 2),
-        f"{store_s / one_s:.2f}x",
+        *cells,
+        f"{medians['store'] / medians['joined files']:.2f}x",
+        f"{medians['store'] / medians['one file']:.2f}x",
     )
+
+
+def join_block_files(path: Path, keys: list[SnapshotKey], joined: Path) -> tuple[list[int], str]:
+    """Write the store's files of the blocks `keys` (the store at `path`) one after another into
+    `joined`; return where each ends and the store's id, which their headers name."""
+    index = DiskIndex(path / INDEX_NAME)
+    try:
+        rows = index.get_many([key.id for key in keys])
+        store_id = index.store_id
+    finally:
+        index.close()
+    files = [(path / FILES_DIR / rows[key.id].file_name).read_bytes() for key in keys]
+    joined.write_bytes(b"".join(files))
+    return _ends(files), store_id
+
+
+def _ends(parts: list[bytes]) -> list[int]:
+    return [int(end) for end in np.cumsum([len(part) for part in parts])]
+
+
+def _blob_from_one_file(file: Path, ends: list[int], decode: Any, n_blocks: int) -> memoryview:
+    """The blob of the `n_blocks` blocks in `file`, read at once: `decode(i, bytes)` checks and
+    decodes block i, which ends at `ends[i]`, on the codec's threads."""
+    data = read_file(file)
+
+    def copy_all(copy: Any) -> None:
+        def one(i: int) -> None:
+            copy(i, decode(i, data[(ends[i - 1] if i else 0) : ends[i]]))
+
+        map_in_parallel(one, range(n_blocks))
+
+    return _blocks_blob(copy_all, n_blocks)
 
 
 def _blocks_blob(copy_blocks: Any, n_blocks: int) -> memoryview:
@@ -483,9 +526,21 @@ def main() -> None:
     )
     blocks.notes.append("Gemma's sliding-window cache is in the record; its full-attention cache in blocks")
     one_file = Table(
-        f"the blocks alone into one blob, from the store against from one file (median of {args.repeat}, "
-        "alternating)",
-        ["state", "blocks", "blob MiB", "store ms", "GB/s", "one file ms", "GB/s", "store/one file"],
+        f"the blocks alone into one blob: from the store, from its block files joined into one file, from"
+        f" one file of their payloads (median of {args.repeat}, in turn)",
+        [
+            "state",
+            "blocks",
+            "blob MiB",
+            "store ms",
+            "GB/s",
+            "joined files ms",
+            "GB/s",
+            "one file ms",
+            "GB/s",
+            "store/joined",
+            "store/one file",
+        ],
     )
     for name, snapshot in states.items():
         one_file_row(one_file, name, snapshot, args.repeat)
@@ -494,8 +549,14 @@ def main() -> None:
         "block, its header, tokens and payload verified, the uses recorded)"
     )
     one_file.notes.append(
-        "one file: the same payloads in one file, read at once, each XXH3-checked, decoded and placed "
-        "on the same threads (a layout the store does not write)"
+        "joined files: the store's block files one after another in one file, read at once, each verified"
+        " whole as the store verifies it (header digest, key, tokens, payload digest): what a file holding"
+        " many blocks would save by opening and reading once"
+    )
+    one_file.notes.append(
+        "one file: the blocks' payloads alone in one file, read at once, each XXH3-checked: what is left"
+        " with one header for many blocks too (layouts the store does not write; both decode and place"
+        " on the same threads)"
     )
     load_after = os.getloadavg()[0]
     hits.notes.append(f"load average {load_before:.1f} before, {load_after:.1f} after (other work slows it)")

@@ -10,8 +10,8 @@ from the page cache: a cold disk adds its own read time. A table goes through a 
 index lookup and bookkeeping included); another shows a new process's first hit, whose buffers are
 fresh pages and which may wait for blosc2's import. The last restores the states from shared blocks,
 in a store opened afresh and in new processes (with the memory they then hold). A last table sets
-the blocks' copy from the store beside two layouts the store does not write: its block files joined
-into one file, and their payloads alone in one file (where the time of a restore from blocks goes).
+the blocks' copy from the store's pack files beside the same blocks in a file each (the layout before
+packs) and their payloads alone in one file (what is left without an index and headers).
 --quick uses the test suite's tiny model.
 """
 
@@ -35,8 +35,7 @@ import xxhash
 from _common import Table, make_parser, report
 
 from snapcache import _disk_format, codec
-from snapcache._disk_files import FILES_DIR, INDEX_NAME, decode_buffer, read_file  # the disk tier's own
-from snapcache._disk_index import DiskIndex
+from snapcache._disk_files import FILES_DIR, decode_buffer, read_file  # the disk tier's own
 from snapcache._threads import map_in_parallel
 from snapcache.disk_tier import DiskTier
 from snapcache.key import BLOCK_TOKENS, SnapshotKey, TokenArray, block_keys
@@ -319,11 +318,11 @@ def blocks_row(
 
 def one_file_row(table: Table, name: str, snapshot: Snapshot, repeat: int) -> None:
     """The full-attention blocks of `snapshot` copied into one blob three ways, in turn: from a store
-    opened afresh (`copy_blocks`: a file per block, each with its header, tokens and index row); from
-    the store's own block files joined into one file (one read, then each verified whole as the store
-    verifies it); and from one file of their payloads alone (one read, then each XXH3-checked). Each
-    block is then decoded and placed on the same threads. What the per-file work costs, measured
-    side by side: opening and reading a file per block, and verifying a header per block."""
+    opened afresh on the blocks as a save stores them (pack files: one header and one open for up to
+    64 blocks); from a store opened afresh on the same blocks in a file each (the layout before
+    packs: a file, a header and an index row per block); and from one file of their payloads alone
+    (one read, then each XXH3-checked: a floor no store reaches). Each block is then decoded and
+    placed on the same threads."""
     split = split_state(snapshot.state)
     if split is None:
         table.add(name, *["-"] * 10)
@@ -336,23 +335,19 @@ def one_file_row(table: Table, name: str, snapshot: Snapshot, repeat: int) -> No
         _blocks_blob(lambda copy: [copy(i, memoryview(b)) for i, b in enumerate(blocks)], n_blocks)
     )
     with tempfile.TemporaryDirectory() as directory:
-        path = Path(directory) / "c"
-        saved = save_blocks(path, snapshot, split, None)
+        packed = Path(directory) / "packs"
+        saved = save_blocks(packed, snapshot, split, None)
         keys = block_keys("bench", "default", saved, n_blocks)
-        joined_file = Path(directory) / "joined.bin"
-        joined_ends, store_id = join_block_files(path, keys, joined_file)
+        one_each = Path(directory) / "one-each"
+        tier = DiskTier(one_each, 1 << 34)
+        try:
+            for i, key in enumerate(keys):
+                tokens = saved[i * BLOCK_TOKENS : (i + 1) * BLOCK_TOKENS]
+                assert tier.put(Snapshot(key, tokens, blocks[i]))
+        finally:
+            tier.close()
         payload_file = Path(directory) / "payloads.bin"
         payload_file.write_bytes(b"".join(payloads))
-
-        def from_joined_files(i: int, member: memoryview) -> memoryview:
-            decoded = _disk_format.decode(
-                member,
-                key=keys[i],
-                store_id=store_id,
-                mac_secret=None,
-                state_into=decode_buffer(len(blocks[i])),
-            )
-            return memoryview(decoded.state)
 
         def from_payloads(i: int, payload: memoryview) -> memoryview:
             if xxhash.xxh3_128_digest(payload) != digests[i]:
@@ -361,23 +356,21 @@ def one_file_row(table: Table, name: str, snapshot: Snapshot, repeat: int) -> No
             codec.decompress_into(payload, state)
             return state
 
-        layouts = {
-            "joined files": (joined_file, joined_ends, from_joined_files),
-            "one file": (payload_file, _ends(payloads), from_payloads),
-        }
-        times: dict[str, list[float]] = {"store": [], **{label: [] for label in layouts}}
+        stores = {"packs": packed, "file per block": one_each}
+        times: dict[str, list[float]] = {label: [] for label in (*stores, "one file")}
         for _ in range(repeat):
-            with SnapshotStore(path, ram_bytes=0, disk_bytes=1 << 34) as store:  # opened untimed
-                start = time.perf_counter()
-                blob = _blocks_blob(lambda copy: store.copy_blocks(keys, copy), n_blocks)
-                times["store"].append(time.perf_counter() - start)
-            assert bytes(blob) == expected
-            for label, (file, ends, decode) in layouts.items():
-                start = time.perf_counter()
-                blob = _blob_from_one_file(file, ends, decode, n_blocks)
-                times[label].append(time.perf_counter() - start)
+            for label, path in stores.items():
+                with SnapshotStore(path, ram_bytes=0, disk_bytes=1 << 34) as store:  # opened untimed
+                    start = time.perf_counter()
+                    blob = _blocks_blob(lambda copy: store.copy_blocks(keys, copy), n_blocks)
+                    times[label].append(time.perf_counter() - start)
                 assert bytes(blob) == expected
+            start = time.perf_counter()
+            blob = _blob_from_one_file(payload_file, _ends(payloads), from_payloads, n_blocks)
+            times["one file"].append(time.perf_counter() - start)
+            assert bytes(blob) == expected
             del blob
+        pack_files = len(os.listdir(packed / FILES_DIR)) - 1  # less the record's file
     medians = {label: statistics.median(values) for label, values in times.items()}
     blob_bytes = len(expected)
     cells: list[object] = []
@@ -385,26 +378,12 @@ def one_file_row(table: Table, name: str, snapshot: Snapshot, repeat: int) -> No
         cells += [round(medians[label] * 1e3, 1), round(blob_bytes / medians[label] / 1e9, 2)]
     table.add(
         name,
-        n_blocks,
+        f"{n_blocks} in {pack_files}",
         round(blob_bytes / 2**20, 1),
         *cells,
-        f"{medians['store'] / medians['joined files']:.2f}x",
-        f"{medians['store'] / medians['one file']:.2f}x",
+        f"{medians['file per block'] / medians['packs']:.2f}x",
+        f"{medians['packs'] / medians['one file']:.2f}x",
     )
-
-
-def join_block_files(path: Path, keys: list[SnapshotKey], joined: Path) -> tuple[list[int], str]:
-    """Write the store's files of the blocks `keys` (the store at `path`) one after another into
-    `joined`; return where each ends and the store's id, which their headers name."""
-    index = DiskIndex(path / INDEX_NAME)
-    try:
-        rows = index.get_many([key.id for key in keys])
-        store_id = index.store_id
-    finally:
-        index.close()
-    files = [(path / FILES_DIR / rows[key.id].file_name).read_bytes() for key in keys]
-    joined.write_bytes(b"".join(files))
-    return _ends(files), store_id
 
 
 def _ends(parts: list[bytes]) -> list[int]:
@@ -526,37 +505,36 @@ def main() -> None:
     )
     blocks.notes.append("Gemma's sliding-window cache is in the record; its full-attention cache in blocks")
     one_file = Table(
-        f"the blocks alone into one blob: from the store, from its block files joined into one file, from"
-        f" one file of their payloads (median of {args.repeat}, in turn)",
+        f"the blocks alone into one blob: from a store of pack files, from a store of a file per block,"
+        f" from one file of their payloads (median of {args.repeat}, in turn)",
         [
             "state",
-            "blocks",
+            "blocks in packs",
             "blob MiB",
-            "store ms",
+            "packs ms",
             "GB/s",
-            "joined files ms",
+            "file per block ms",
             "GB/s",
             "one file ms",
             "GB/s",
-            "store/joined",
-            "store/one file",
+            "per block/packs",
+            "packs/one file",
         ],
     )
     for name, snapshot in states.items():
         one_file_row(one_file, name, snapshot, args.repeat)
     one_file.notes.append(
-        "store: SnapshotStore.copy_blocks in a store opened afresh, untimed (index rows, a file per "
-        "block, its header, tokens and payload verified, the uses recorded)"
+        "packs: SnapshotStore.copy_blocks in a store opened afresh, untimed, on the blocks as a save"
+        " stores them: pack files of up to 64 blocks (an index query, per pack one open and one header"
+        " checked, per block its bytes read and XXH3-checked, the uses recorded)"
     )
     one_file.notes.append(
-        "joined files: the store's block files one after another in one file, read at once, each verified"
-        " whole as the store verifies it (header digest, key, tokens, payload digest): what a file holding"
-        " many blocks would save by opening and reading once"
+        "file per block: the same on the same blocks written by DiskTier.put one by one, the layout"
+        " before packs (per block a file, a header, its tokens and payload verified)"
     )
     one_file.notes.append(
-        "one file: the blocks' payloads alone in one file, read at once, each XXH3-checked: what is left"
-        " with one header for many blocks too (layouts the store does not write; both decode and place"
-        " on the same threads)"
+        "one file: the blocks' payloads alone in one file, read at once, each XXH3-checked: no index, no"
+        " header (not a layout the store writes; all three decode and place on the same threads)"
     )
     load_after = os.getloadavg()[0]
     hits.notes.append(f"load average {load_before:.1f} before, {load_after:.1f} after (other work slows it)")

@@ -8,12 +8,14 @@ them as held, and warns about each file once per process, not on every lookup.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from pathlib import Path
 
 from snapcache import _disk_files as files
 from snapcache._disk_format import read_header
 from snapcache._disk_index import IndexRow
+from snapcache._pack_format import read_pack_head
 from snapcache.errors import CorruptSnapshot
 
 logger = logging.getLogger("snapcache")
@@ -76,9 +78,13 @@ class OtherAuthentication:
     def _head_authenticated(self, row: IndexRow) -> bool:
         """Whether `row`'s file head carries a valid MAC under this tier's secret; True when it cannot
         be read: damage is left for a read or `check` to deal with."""
-        if not files.is_snapshot_name(row.file_name):
-            return True
         try:
+            if files.is_pack_name(row.file_name):
+                with (self._folder / row.file_name).open("rb") as handle:
+                    size = os.fstat(handle.fileno()).st_size
+                    return read_pack_head(handle, size, mac_secret=self._mac_key).authenticated
+            if not files.is_snapshot_name(row.file_name):
+                return True
             with (self._folder / row.file_name).open("rb") as handle:
                 return read_header(handle, row.file_bytes, mac_secret=self._mac_key).authenticated
         except (OSError, CorruptSnapshot):

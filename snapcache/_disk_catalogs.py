@@ -88,9 +88,9 @@ class DiskCatalogs:
                     if (row.fingerprint, row.scope) == group:
                         with contextlib.suppress(InvalidArgument):  # a row no put could have written
                             catalog.remove(row.key())
-                added = change.added
-                if added is not None and (added.fingerprint, added.scope) == group:
-                    catalog.add(added.key(), added.rolling_hash)
+                for added in change.added:
+                    if (added.fingerprint, added.scope) == group:
+                        catalog.add(added.key(), added.rolling_hash)
                 self._by_group[group] = (change.after, catalog)
 
     def forget(self, key: SnapshotKey) -> None:

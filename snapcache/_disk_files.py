@@ -4,7 +4,8 @@ Directory layout::
 
     index.sqlite3          one row per snapshot; a committed row is the commit point of a put
     index.sqlite3.lock     held while a process opens (and, if need be, repairs) the index
-    snapshots/<key id>-<random>.snap
+    snapshots/<key id>-<random>.snap   one snapshot
+    snapshots/pack-<random>.pack       the blocks of one save (_pack_format)
     snapshots/.tmp-<random>.partial    a write in flight (or left by a crash)
     quarantine/index.sqlite3.<time>    a damaged index, moved aside
 """
@@ -29,6 +30,7 @@ from snapcache.errors import StoreUnavailable
 
 if TYPE_CHECKING:
     from snapcache._disk_format import EncodedFile
+    from snapcache._pack_format import EncodedPack
     from snapcache.key import SnapshotKey
 
 logger = logging.getLogger("snapcache")
@@ -41,7 +43,9 @@ INDEX_SUFFIXES = ("", "-wal", "-shm", "-journal")
 TEMP_PREFIX = ".tmp-"
 TEMP_SUFFIX = ".partial"
 SNAPSHOT_SUFFIX = ".snap"
+PACK_SUFFIX = ".pack"
 _FILE_NAME = re.compile(r"[0-9a-f]{64}-[0-9a-f]{12}\.snap")
+_PACK_NAME = re.compile(r"pack-[0-9a-f]{32}\.pack")
 _O_BINARY = getattr(os, "O_BINARY", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 # Files up to this size may be read into a per-thread buffer that is reused (see read_file), and
@@ -49,6 +53,7 @@ _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 # 128 KiB of state per token, is 8 MiB.
 REUSED_BUFFER_BYTES = 16 << 20
 _reads = threading.local()
+_PREADV = getattr(os, "preadv", None)
 
 
 def new_file_name(key: SnapshotKey) -> str:
@@ -56,16 +61,31 @@ def new_file_name(key: SnapshotKey) -> str:
     return f"{key.id}-{secrets.token_hex(6)}{SNAPSHOT_SUFFIX}"
 
 
+def new_pack_name() -> str:
+    """A fresh name for a pack file."""
+    return f"pack-{secrets.token_hex(16)}{PACK_SUFFIX}"
+
+
 def is_snapshot_name(name: str) -> bool:
     """True for a name `new_file_name` could have made (never a path leaving the folder)."""
     return _FILE_NAME.fullmatch(name) is not None
+
+
+def is_pack_name(name: str) -> bool:
+    """True for a name `new_pack_name` could have made."""
+    return _PACK_NAME.fullmatch(name) is not None
+
+
+def is_stored_name(name: str) -> bool:
+    """True for the name of a snapshot file or a pack file."""
+    return is_snapshot_name(name) or is_pack_name(name)
 
 
 def is_temp_name(name: str) -> bool:
     return name.startswith(TEMP_PREFIX)
 
 
-def write_file(folder: Path, name: str, encoded: EncodedFile) -> None:
+def write_file(folder: Path, name: str, encoded: EncodedFile | EncodedPack) -> None:
     """Write `encoded` to folder/name durably: a temporary file, fsync, rename, fsync the folder.
 
     Raises StoreUnavailable (a full disk, say); then neither file remains.
@@ -111,6 +131,24 @@ def read_file(path: Path, *, reuse: bool = False) -> memoryview:
             if not count:
                 break
             filled += count
+    return data[:filled]
+
+
+def read_range(fd: int, offset: int, size: int) -> memoryview:
+    """`size` bytes of the open file `fd` from `offset`, into this thread's reused read buffer when
+    they fit (see read_file); shorter when the file ends sooner."""
+    data = _thread_buffer("read", size) if size <= REUSED_BUFFER_BYTES else np.empty(size, np.uint8).data
+    filled = 0
+    while filled < size:
+        if _PREADV is not None:  # positioned reads: threads share one descriptor
+            count = _PREADV(fd, [data[filled:]], offset + filled)
+        else:
+            chunk = os.pread(fd, size - filled, offset + filled)
+            count = len(chunk)
+            data[filled : filled + count] = chunk
+        if not count:
+            break
+        filled += count
     return data[:filled]
 
 

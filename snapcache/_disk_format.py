@@ -289,17 +289,8 @@ def _read_head(
 ) -> _Head:
     """Check the prelude, the header digest, the MAC (MacMismatch unless not `raise_mac`), the fields,
     and that the header names `expected_key` when one is given."""
-    if view.nbytes < _PRELUDE.size:
-        raise CorruptSnapshot("file is shorter than its prelude")
-    magic, version, flags, header_len = _PRELUDE.unpack_from(view)
-    if magic != MAGIC:
-        raise CorruptSnapshot("not a snapcache snapshot file (bad magic)")
-    if version not in _READABLE_VERSIONS:
-        raise CorruptSnapshot(f"unsupported snapshot format version {version}")
-    if flags & ~_KNOWN_FLAGS:
-        raise CorruptSnapshot(f"unknown flags {flags:#x}")
-    if header_len > MAX_HEADER_BYTES:
-        raise CorruptSnapshot(f"header length {header_len} exceeds {MAX_HEADER_BYTES}")
+    header_len = check_prelude(view[: _PRELUDE.size], versions=_READABLE_VERSIONS)
+    _magic, version, flags, _length = _PRELUDE.unpack_from(view)
     head_end = _PRELUDE.size + header_len
     has_mac = bool(flags & FLAG_MAC)
     body_start = head_end + _DIGEST_BYTES * (2 if has_mac else 1)
@@ -330,15 +321,7 @@ def _read_head(
     state_bytes = _bounded(header, "state_bytes", min(max_state_bytes, MAX_STATE_BYTES))
     payload_bytes = _bounded(header, "payload_bytes", MAX_STATE_BYTES)
     logits_count = _logits_count(header)
-    priority = _field(header, "priority", int)
-    if abs(priority) > MAX_PRIORITY:
-        raise CorruptSnapshot("priority out of range")
-    try:
-        created_at = float(_field(header, "created_at", float, int))
-    except OverflowError:  # an integer beyond any float
-        raise CorruptSnapshot("created_at is out of range") from None
-    if not math.isfinite(created_at):
-        raise CorruptSnapshot("created_at is not finite")
+    priority, created_at = checked_time_and_priority(header)
     _field(header, "store_id", str)
     return _Head(
         header=header,
@@ -353,6 +336,38 @@ def _read_head(
         created_at=created_at,
         mac_problem=mac_problem,
     )
+
+
+def check_prelude(prelude: Buffer, *, versions: tuple[int, ...]) -> int:
+    """The header length a file's prelude states, once its magic, version (one of `versions`),
+    flags and that length check out; CorruptSnapshot otherwise."""
+    view = memoryview(prelude).cast("B")
+    if view.nbytes < _PRELUDE.size:
+        raise CorruptSnapshot("file is shorter than its prelude")
+    magic, version, flags, header_len = _PRELUDE.unpack_from(view)
+    if magic != MAGIC:
+        raise CorruptSnapshot("not a snapcache snapshot file (bad magic)")
+    if version not in versions:
+        raise CorruptSnapshot(f"unsupported snapshot format version {version}")
+    if flags & ~_KNOWN_FLAGS:
+        raise CorruptSnapshot(f"unknown flags {flags:#x}")
+    if header_len > MAX_HEADER_BYTES:
+        raise CorruptSnapshot(f"header length {header_len} exceeds {MAX_HEADER_BYTES}")
+    return int(header_len)
+
+
+def checked_time_and_priority(header: dict[str, Any]) -> tuple[int, float]:
+    """A header's priority and creation time, checked."""
+    priority: int = _field(header, "priority", int)
+    if abs(priority) > MAX_PRIORITY:
+        raise CorruptSnapshot("priority out of range")
+    try:
+        created_at = float(_field(header, "created_at", float, int))
+    except OverflowError:  # an integer beyond any float
+        raise CorruptSnapshot("created_at is out of range") from None
+    if not math.isfinite(created_at):
+        raise CorruptSnapshot("created_at is not finite")
+    return priority, created_at
 
 
 def _file_tokens(raw: Buffer) -> TokenArray:

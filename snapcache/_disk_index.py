@@ -1,4 +1,9 @@
-"""The disk tier's SQLite index: one row per snapshot file; a committed row is a stored snapshot.
+"""The disk tier's SQLite index: one row per stored snapshot; a committed row is a stored snapshot.
+
+A row names the file that holds it: a snapshot file of its own, or a pack file shared with the other
+blocks one save wrote. A row's bytes are its share of its file, so that the rows' bytes always sum to
+the files' bytes: a row deleted while others of its file remain hands its share to one of them, and
+the file goes (the transaction reports it freed) with its last row. Eviction frees whole files.
 
 One connection per DiskIndex, shared by threads under a lock; WAL mode lets several processes read
 while one writes. Budget accounting and the choice of victims happen inside one BEGIN IMMEDIATE
@@ -28,7 +33,7 @@ from snapcache.tier import EVICTION_ORDER
 
 _T = TypeVar("_T")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 _BUSY_TIMEOUT_S = 30.0
 # Recording a use is best effort: it gives up quickly rather than make a hit wait for a writer.
 _TOUCH_BUSY_TIMEOUT_MS = 50
@@ -49,9 +54,7 @@ _CHANGED_COLUMNS = (
     "key_id, fingerprint, scope, token_count, prefix_hash, rolling_hash, priority,"
     " file_name, file_bytes, state_bytes, created_at"
 )
-_SCHEMA = (
-    "CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
-    """CREATE TABLE IF NOT EXISTS entries (
+_ENTRIES_TABLE = """CREATE TABLE IF NOT EXISTS {name} (
         key_id TEXT PRIMARY KEY,
         fingerprint TEXT NOT NULL,
         scope TEXT NOT NULL,
@@ -59,14 +62,18 @@ _SCHEMA = (
         prefix_hash TEXT NOT NULL,
         rolling_hash INTEGER NOT NULL,
         priority INTEGER NOT NULL,
-        file_name TEXT NOT NULL UNIQUE,
+        file_name TEXT NOT NULL,
         file_bytes INTEGER NOT NULL,
         state_bytes INTEGER NOT NULL,
         created_at REAL NOT NULL,
         last_used_at REAL NOT NULL
-    )""",
+    )"""
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    _ENTRIES_TABLE.format(name="entries"),
     "CREATE INDEX IF NOT EXISTS entries_by_eviction ON entries (priority, last_used_at)",
     "CREATE INDEX IF NOT EXISTS entries_by_scope ON entries (fingerprint, scope)",
+    "CREATE INDEX IF NOT EXISTS entries_by_file ON entries (file_name)",
     "CREATE TABLE IF NOT EXISTS generation (id INTEGER PRIMARY KEY CHECK (id = 0), value INTEGER NOT NULL)",
     "INSERT OR IGNORE INTO generation VALUES (0, 0)",
     # Per row: INSERT OR REPLACE fires the insert trigger; evicting five rows bumps it five times.
@@ -170,8 +177,9 @@ class Change:
 
     before: int
     after: int
-    added: IndexRow | None
-    removed: tuple[IndexRow, ...]  # deleted or evicted rows, and the row `added` replaced
+    added: tuple[IndexRow, ...]  # the rows of one new file
+    removed: tuple[IndexRow, ...]  # deleted or evicted rows, and the rows `added` replaced
+    freed: tuple[str, ...] = ()  # files no row names any more: to delete once committed
 
 
 def _row(values: Any) -> IndexRow:
@@ -239,6 +247,8 @@ class DiskIndex:
                 self._conn.execute(
                     "INSERT OR IGNORE INTO meta VALUES ('store_id', ?)", (secrets.token_hex(16),)
                 )
+                if self._meta("schema_version") == "1":
+                    self._migrate_from_v1()
             version = self._meta("schema_version")
             if version != str(SCHEMA_VERSION):
                 raise StoreUnavailable(f"index schema version {version} is not supported")
@@ -247,6 +257,18 @@ class DiskIndex:
             if verdict is None or verdict[0] != "ok":
                 raise IndexDamaged(f"snapshot index failed its integrity check: {verdict}")
             self.store_id = self._meta("store_id")
+
+    def _migrate_from_v1(self) -> None:
+        """Schema 1 named one file per row (file_name UNIQUE): copy its rows into schema 2's table.
+        Inside the opening transaction; the rows, and so the catalog generation, stay as they were."""
+        execute = self._conn.execute
+        execute(_ENTRIES_TABLE.format(name="entries_v2"))
+        execute(f"INSERT INTO entries_v2 ({_COLUMNS}) SELECT {_COLUMNS} FROM entries")
+        execute("DROP TABLE entries")  # its indexes and triggers go with it
+        execute("ALTER TABLE entries_v2 RENAME TO entries")
+        for statement in _SCHEMA:
+            execute(statement)
+        execute("UPDATE meta SET value = ? WHERE name = 'schema_version'", (str(SCHEMA_VERSION),))
 
     def _meta(self, name: str) -> str:
         row = self._conn.execute("SELECT value FROM meta WHERE name = ?", (name,)).fetchone()
@@ -340,63 +362,114 @@ class DiskIndex:
             return self._generation()
 
     def put(self, row: IndexRow, budget_bytes: int) -> Change | None:
-        """Commit `row`, evicting lowest priority then least recently used rows until it fits.
+        """Commit `row`, evicting lowest priority then least recently used files until it fits.
 
         None (nothing changed) when the file alone exceeds the budget, or when room for it would
-        take evicting a row of higher priority than `row.priority` (`tier.may_evict`).
+        take evicting a row of higher priority than `row.priority` (`tier.may_evict`). A row it
+        replaces takes the other rows of its file with it.
         """
-        if row.file_bytes > budget_bytes:
-            return None
-        return self._write("write", lambda: self._put(row, budget_bytes))
+        return self.put_file([row], budget_bytes)
 
-    def admits(self, key_id: str, priority: int, file_bytes: int, budget_bytes: int) -> bool:
+    def put_file(self, rows: Sequence[IndexRow], budget_bytes: int) -> Change | None:
+        """Commit the rows of one new file (one priority), all or none: see `put`."""
+        if sum(row.file_bytes for row in rows) > budget_bytes:
+            return None
+        return self._write("write", lambda: self._put(rows, budget_bytes))
+
+    def admits(self, key_ids: Sequence[str], priority: int, file_bytes: int, budget_bytes: int) -> bool:
         """Whether a put would find room now: a read-only check before writing the file."""
         with self._lock, self._errors("read"):
-            return self._excess(key_id, priority, file_bytes, budget_bytes) is not None
+            return self._excess(key_ids, priority, file_bytes, budget_bytes) is not None
 
-    def _excess(self, key_id: str, priority: int, file_bytes: int, budget_bytes: int) -> int | None:
-        """Bytes to evict for a row of `priority` and `file_bytes` to fit; None if that would take
-        evicting a higher priority."""
+    def _excess(
+        self, key_ids: Sequence[str], priority: int, file_bytes: int, budget_bytes: int
+    ) -> int | None:
+        """Bytes to evict for a file of `priority` and `file_bytes` holding `key_ids` to fit (files
+        holding only rows it replaces go anyway); None if that would take evicting a higher priority."""
+        marks = ", ".join("?" * len(key_ids))
         others, evictable = self._conn.execute(
-            "SELECT COALESCE(SUM(file_bytes), 0),"
-            " COALESCE(SUM(CASE WHEN priority <= ? THEN file_bytes ELSE 0 END), 0)"
-            " FROM entries WHERE key_id != ?",
-            (priority, key_id),
+            "SELECT COALESCE(SUM(bytes), 0), COALESCE(SUM(CASE WHEN top <= ? THEN bytes ELSE 0 END), 0)"
+            " FROM (SELECT SUM(file_bytes) AS bytes,"
+            f" MAX(CASE WHEN key_id IN ({marks}) THEN NULL ELSE priority END) AS top"
+            " FROM entries GROUP BY file_name) WHERE top IS NOT NULL",
+            (priority, *key_ids),
         ).fetchone()
         excess = int(others) + file_bytes - budget_bytes
         return None if excess > int(evictable) else excess
 
-    def _put(self, row: IndexRow, budget_bytes: int) -> Change | None:
-        execute = self._conn.execute
+    def _put(self, rows: Sequence[IndexRow], budget_bytes: int) -> Change | None:
         before = self._generation()
-        previous = execute(f"SELECT {_COLUMNS} FROM entries WHERE key_id = ?", (row.key_id,)).fetchone()
-        excess = self._excess(row.key_id, row.priority, row.file_bytes, budget_bytes)
+        key_ids = [row.key_id for row in rows]
+        excess = self._excess(key_ids, rows[0].priority, sum(row.file_bytes for row in rows), budget_bytes)
         if excess is None:
-            return None  # the rest is of higher priority: this row stays out
-        removed: list[IndexRow] = [] if previous is None else [_row(previous)]
-        removed.extend(self._evict(excess, sparing=row.key_id))
-        execute(_INSERT, row.params())
-        return Change(before, self._generation(), row, tuple(removed))
+            return None  # the rest is of higher priority: these rows stay out
+        removed, freed = self._delete_rows(self._rows_of(key_ids))
+        evicted, evicted_files = self._evict(excess, up_to_priority=rows[0].priority)
+        self._conn.executemany(_INSERT, [row.params() for row in rows])
+        return Change(before, self._generation(), tuple(rows), (*removed, *evicted), (*freed, *evicted_files))
 
-    def _evict(self, excess: int, sparing: str = "") -> list[IndexRow]:
-        """Delete rows (not `sparing`) in eviction order until they total `excess` bytes."""
+    def _rows_of(self, key_ids: Sequence[str]) -> list[IndexRow]:
+        found: list[IndexRow] = []
+        for start in range(0, len(key_ids), _KEYS_PER_QUERY):
+            chunk = list(key_ids[start : start + _KEYS_PER_QUERY])
+            marks = ", ".join("?" * len(chunk))
+            cursor = self._conn.execute(f"SELECT {_COLUMNS} FROM entries WHERE key_id IN ({marks})", chunk)
+            found.extend(_row(values) for values in cursor.fetchall())
+        return found
+
+    def _delete_rows(self, rows: Sequence[IndexRow]) -> tuple[list[IndexRow], list[str]]:
+        """Delete `rows`; each one's bytes go to a row of its file that remains. The rows deleted, and
+        the files they leave without rows."""
+        execute = self._conn.execute
+        freed: list[str] = []
+        for row in rows:
+            execute("DELETE FROM entries WHERE key_id = ?", (row.key_id,))
+            heir = execute(
+                "SELECT key_id FROM entries WHERE file_name = ? ORDER BY key_id LIMIT 1", (row.file_name,)
+            ).fetchone()
+            if heir is None:
+                freed.append(row.file_name)
+            else:
+                execute(
+                    "UPDATE entries SET file_bytes = file_bytes + ? WHERE key_id = ?",
+                    (row.file_bytes, heir[0]),
+                )
+        return list(rows), freed
+
+    def _delete_files(self, file_names: Sequence[str]) -> list[IndexRow]:
+        """Delete every row of `file_names`; the rows deleted."""
+        removed: list[IndexRow] = []
+        for name in file_names:
+            cursor = self._conn.execute(f"SELECT {_COLUMNS} FROM entries WHERE file_name = ?", (name,))
+            removed.extend(_row(values) for values in cursor.fetchall())
+        self._conn.executemany("DELETE FROM entries WHERE file_name = ?", [(name,) for name in file_names])
+        return removed
+
+    def _evict(self, excess: int, up_to_priority: int | None = None) -> tuple[list[IndexRow], list[str]]:
+        """Delete files (all their rows) in the eviction order of their rows until they total `excess`
+        bytes, sparing files that hold a row above `up_to_priority`; the rows and files deleted."""
         if excess <= 0:
-            return []
-        cursor = self._conn.execute(
-            f"SELECT {_COLUMNS} FROM entries WHERE key_id != ? ORDER BY {_BY_EVICTION}",
-            (sparing,),
-        )
-        evicted: list[IndexRow] = []
+            return [], []
+        cursor = self._conn.execute(f"SELECT file_name FROM entries ORDER BY {_BY_EVICTION}")
+        victims: list[str] = []
+        chosen: set[str] = set()
         while excess > 0:
-            values = cursor.fetchone()
-            if values is None:  # cannot happen: the rows sum to more than the excess
+            found = cursor.fetchone()
+            if found is None:  # cannot happen: the rows sum to more than the excess
                 break
-            victim = _row(values)
-            evicted.append(victim)
-            excess -= victim.file_bytes
+            name = str(found[0])
+            if name in chosen:
+                continue
+            chosen.add(name)
+            size, top = self._conn.execute(
+                "SELECT SUM(file_bytes), MAX(priority) FROM entries WHERE file_name = ?", (name,)
+            ).fetchone()
+            if up_to_priority is not None and int(top) > up_to_priority:
+                continue
+            victims.append(name)
+            excess -= int(size)
         cursor.close()
-        self._conn.executemany("DELETE FROM entries WHERE key_id = ?", [(v.key_id,) for v in evicted])
-        return evicted
+        return self._delete_files(victims), victims
 
     def recorded_budget(self) -> int | None:
         """The disk budget recorded for this directory by the last store given one, if any."""
@@ -415,8 +488,8 @@ class DiskIndex:
             if used <= budget_bytes:
                 return None
             before = self._generation()
-            evicted = self._evict(used - budget_bytes)
-            return Change(before, self._generation(), None, tuple(evicted))
+            evicted, freed = self._evict(used - budget_bytes)
+            return Change(before, self._generation(), (), tuple(evicted), tuple(freed))
 
         if self.recorded_budget() == budget_bytes and self.used_bytes() <= budget_bytes:
             return None  # the common case: no write transaction at every open
@@ -466,8 +539,32 @@ class DiskIndex:
             if file_name is not None and row.file_name != file_name:
                 return None
             before = self._generation()
-            self._conn.execute("DELETE FROM entries WHERE key_id = ?", (key_id,))
-            return Change(before, self._generation(), None, (row,))
+            removed, freed = self._delete_rows([row])
+            return Change(before, self._generation(), (), tuple(removed), tuple(freed))
+
+        return self._write("write", body)
+
+    def delete_file(self, file_name: str) -> Change | None:
+        """Remove every row naming `file_name` (a file that is gone)."""
+
+        def body() -> Change | None:
+            before = self._generation()
+            removed = self._delete_files([file_name])
+            if not removed:
+                return None
+            return Change(before, self._generation(), (), tuple(removed), (file_name,))
+
+        return self._write("write", body)
+
+    def set_priority(self, key_id: str, file_name: str, priority: int) -> bool:
+        """Give the row of `key_id` `priority` in place, if it still names `file_name`."""
+
+        def body() -> bool:
+            cursor = self._conn.execute(
+                "UPDATE entries SET priority = ? WHERE key_id = ? AND file_name = ?",
+                (priority, key_id, file_name),
+            )
+            return cursor.rowcount > 0
 
         return self._write("write", body)
 

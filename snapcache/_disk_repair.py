@@ -16,13 +16,14 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import BinaryIO, Literal
 
 from snapcache import _disk_files as files
 from snapcache._disk_format import FileHeader, read_header
 from snapcache._disk_index import DiskIndex, IndexDamaged, IndexRow
-from snapcache.errors import StoreUnavailable
-from snapcache.key import rolling_hash
+from snapcache._pack_format import member_tokens, read_pack_head
+from snapcache.errors import CorruptSnapshot, StoreUnavailable
+from snapcache.key import SnapshotKey, TokenArray, rolling_hash
 
 logger = logging.getLogger("snapcache")
 
@@ -138,7 +139,9 @@ def find_debris(
     orphans = sorted(
         n
         for n in names
-        if n.endswith(files.SNAPSHOT_SUFFIX) and n not in named and files.older_than(folder / n, cutoff)
+        if (n.endswith((files.SNAPSHOT_SUFFIX, files.PACK_SUFFIX)))
+        and n not in named
+        and files.older_than(folder / n, cutoff)
     )
     return temp, orphans
 
@@ -213,41 +216,67 @@ def quarantine(directory: Path, index_path: Path) -> Path:
     return target
 
 
+@dataclass(frozen=True, slots=True)
+class _Recovered:
+    """One snapshot a file's checked head (and tokens) vouch for."""
+
+    key: SnapshotKey
+    tokens: TokenArray
+    store_id: str
+    priority: int
+    created_at: float
+    state_bytes: int
+    file_bytes: int  # the file's size, or a pack member's share of it
+    authenticated: bool
+
+
 def rebuild_index(index: DiskIndex, directory: Path, mac_key: bytes | None) -> None:
-    """Re-insert a row for every snapshot file whose head and tokens check out.
+    """Re-insert a row for every snapshot whose file's head and tokens check out.
 
     Files intact but authenticated under another secret (or none) get their rows too: processes
     configured otherwise may share the directory, and reads check the MAC before serving. Only
-    files that verify here decide which store the index now belongs to.
+    files that verify here decide which store the index now belongs to. A key held by several files
+    goes to the newest; a pack that is not the newest for every one of its blocks is left out whole
+    (then an orphan), so that its rows' shares still add up to its size.
     """
-    found: dict[str, tuple[str, FileHeader, float]] = {}  # key id -> newest file
+    newest: dict[str, tuple[str, float]] = {}  # key id -> the newest file holding it
+    found: dict[str, tuple[list[_Recovered], float]] = {}  # file name -> its snapshots
     unusable = 0
-    for name, header, mtime in _scan_files(directory / files.FILES_DIR, mac_key):
-        if header is None or not name.startswith(header.key.id + "-"):  # moved to another key's name
+    for name, recovered, mtime in _scan_files(directory / files.FILES_DIR, mac_key):
+        if recovered is None:
             unusable += 1
             continue
-        newest = found.get(header.key.id)
-        if newest is None or mtime > newest[2]:
-            found[header.key.id] = (name, header, mtime)
+        found[name] = (recovered, mtime)
+        for snapshot in recovered:
+            held = newest.get(snapshot.key.id)
+            if held is None or mtime > held[1]:
+                newest[snapshot.key.id] = (name, mtime)
+    kept = {
+        name: entry
+        for name, entry in found.items()
+        if all(newest[snapshot.key.id][0] == name for snapshot in entry[0])
+    }
     if not (found or unusable):
         return  # a new directory
     # The files name the store that wrote them; planted files of another store stay orphans.
-    voters = [h for _, h, _ in found.values() if h.authenticated] or [h for _, h, _ in found.values()]
+    everything = [snapshot for recovered, _ in kept.values() for snapshot in recovered]
+    voters = [h for h in everything if h.authenticated] or everything
     votes = Counter(header.store_id for header in voters)
     store_id = max(votes, key=lambda sid: (votes[sid], sid)) if votes else index.store_id
     rows = [
         IndexRow.of(
-            header.key,
-            rolling_hash=rolling_hash(header.tokens),
-            priority=header.priority,
+            snapshot.key,
+            rolling_hash=rolling_hash(snapshot.tokens),
+            priority=snapshot.priority,
             file_name=name,
-            file_bytes=header.file_bytes,
-            state_bytes=header.state_bytes,
-            created_at=header.created_at,
+            file_bytes=snapshot.file_bytes,
+            state_bytes=snapshot.state_bytes,
+            created_at=snapshot.created_at,
             last_used_at=mtime,
         )
-        for name, header, mtime in found.values()
-        if header.store_id == store_id
+        for name, (recovered, mtime) in kept.items()
+        if recovered[0].store_id == store_id
+        for snapshot in recovered
     ]
     index.rebuild(rows, store_id)
     logger.warning(
@@ -255,22 +284,68 @@ def rebuild_index(index: DiskIndex, directory: Path, mac_key: bytes | None) -> N
         "left out (damaged, foreign or superseded)",
         directory,
         len(rows),
-        unusable + len(found) - len(rows),
+        unusable + len(found) - len({row.file_name for row in rows}),
     )
 
 
-def _scan_files(folder: Path, mac_key: bytes | None) -> Iterator[tuple[str, FileHeader | None, float]]:
-    """Each snapshot file's name, checked head (None if unusable) and modification time."""
+def _scan_files(folder: Path, mac_key: bytes | None) -> Iterator[tuple[str, list[_Recovered] | None, float]]:
+    """Each snapshot or pack file's name, what its checked head vouches for (None if unusable) and
+    its modification time."""
     for name in files.list_folder(folder):
-        if not files.is_snapshot_name(name):
+        if not files.is_stored_name(name):
             continue
         try:
             with open(folder / name, "rb") as file:
                 info = os.fstat(file.fileno())
-                header = read_header(file, info.st_size, mac_secret=mac_key)
+                if files.is_pack_name(name):
+                    recovered = _pack_members(file, info.st_size, mac_key)
+                else:
+                    recovered = [_snapshot_file(name, read_header(file, info.st_size, mac_secret=mac_key))]
         # CorruptSnapshot and InvalidArgument are ValueErrors; ArithmeticError backs up a
         # crafted header the checks did not foresee.
         except (ValueError, ArithmeticError, OSError):
             yield name, None, 0.0
             continue
-        yield name, header, info.st_mtime
+        yield name, recovered, info.st_mtime
+
+
+def _snapshot_file(name: str, header: FileHeader) -> _Recovered:
+    if not name.startswith(header.key.id + "-"):  # moved to another key's name
+        raise CorruptSnapshot("the file's name is not its key's")
+    return _Recovered(
+        header.key,
+        header.tokens,
+        header.store_id,
+        header.priority,
+        header.created_at,
+        header.state_bytes,
+        header.file_bytes,
+        header.authenticated,
+    )
+
+
+def _pack_members(file: BinaryIO, size: int, mac_key: bytes | None) -> list[_Recovered]:
+    """The blocks of a pack whose head checks out, each with tokens that hash to its key."""
+    head = read_pack_head(file, size, mac_secret=mac_key)
+    recovered = []
+    for member, share in zip(head.members, head.shares, strict=True):
+        file.seek(member.offset)
+        raw = file.read(4 * member.key.token_count)
+        if len(raw) != 4 * member.key.token_count:
+            raise CorruptSnapshot("pack is truncated inside a block's tokens")
+        tokens = member_tokens(raw)
+        if not member.key.matches(tokens):
+            raise CorruptSnapshot("a pack block's tokens do not hash to its key")
+        recovered.append(
+            _Recovered(
+                member.key,
+                tokens,
+                head.store_id,
+                head.priority,
+                head.created_at,
+                member.state_bytes,
+                share,
+                head.authenticated,
+            )
+        )
+    return recovered

@@ -35,23 +35,26 @@ class DiskWrites:
         self._catalogs = catalogs
         self._counters = counters
 
-    def write(self, snapshot: Snapshot) -> bool:
-        """disk.put with failures logged and counted; True if the disk kept it."""
+    def write(self, snapshots: list[Snapshot]) -> list[bool]:
+        """disk.put_many with failures logged and counted; whether the disk kept each."""
         try:
-            stored = self._disk.put(snapshot)
+            stored = self._disk.put_many(snapshots)
         except (StoreUnavailable, OSError) as exc:
-            log.warning("snapcache: could not write snapshot %s to disk: %s", snapshot.key.id[:16], exc)
+            # Those written before the failure stay on disk; each of the others is a failed write.
+            stored = [disk_call("contains", self._disk.__contains__, s.key, default=False) for s in snapshots]
+            log.warning("snapcache: could not write %d snapshot(s) to disk: %s", stored.count(False), exc)
             with self._lock:
-                self._counters.write_errors += 1
-            return False
-        if not stored:
-            log.warning(
-                "snapcache: snapshot %s (%d bytes, priority %d) not kept on disk: larger than the disk "
-                "budget, or no room without evicting a higher priority",
-                snapshot.key.id[:16],
-                snapshot.nbytes,
-                snapshot.priority,
-            )
+                self._counters.write_errors += stored.count(False)
+            return stored
+        for snapshot, kept in zip(snapshots, stored, strict=True):
+            if not kept:
+                log.warning(
+                    "snapcache: snapshot %s (%d bytes, priority %d) not kept on disk: larger than the "
+                    "disk budget, or no room without evicting a higher priority",
+                    snapshot.key.id[:16],
+                    snapshot.nbytes,
+                    snapshot.priority,
+                )
         return stored
 
     def undo(self, key: SnapshotKey) -> None:
@@ -60,7 +63,7 @@ class DiskWrites:
         self._catalogs.forget(key)
 
     def write_out(self, held: list[Snapshot]) -> None:
-        """Write each of `held` that the disk does not hold yet, in order (close()'s last step)."""
-        for snapshot in held:
-            if not disk_call("contains", self._disk.__contains__, snapshot.key, default=True):
-                self.write(snapshot)
+        """Write those of `held` that the disk does not hold yet, in order (close()'s last step)."""
+        missing = [s for s in held if not disk_call("contains", self._disk.__contains__, s.key, default=True)]
+        if missing:
+            self.write(missing)

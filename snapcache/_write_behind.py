@@ -18,6 +18,9 @@ from snapcache.snapshot import Snapshot
 
 log = logging.getLogger("snapcache")
 
+# The writer takes up to this many queued snapshots at a time (two packs of blocks).
+BATCH = 128
+
 
 @dataclass(slots=True)
 class PendingWrite:
@@ -30,10 +33,12 @@ class PendingWrite:
 class WriteBehind:
     """Snapshots on their way to disk, written in order by a background thread or by `drain`.
 
-    `write(snapshot)` stores one on disk and says whether the disk kept it (never raises for a disk
-    failure). `settle(job, stored, current)` runs with the lock held once a job is done; `current`
-    is False when a newer job for the same key replaced it meanwhile. `undo(key)` runs without the
-    lock when `discard` removed a key mid-write: the disk may hold what was just written.
+    `write(snapshots)` stores several on disk (the blocks of one save go into one file together) and
+    says whether the disk kept each (never raises for a disk failure): the writer hands it whatever
+    is queued, up to BATCH snapshots. `settle(job, stored, current)` runs with the lock held once a
+    job is done; `current` is False when a newer job for the same key replaced it meanwhile.
+    `undo(key)` runs without the lock when `discard` removed a key mid-write: the disk may hold what
+    was just written.
     `held_in_ram(job)` tells whether RAM holds the job's snapshot, for the back-pressure limit,
     which counts only the bytes nothing else holds.
     """
@@ -42,7 +47,7 @@ class WriteBehind:
         self,
         condition: threading.Condition,
         *,
-        write: Callable[[Snapshot], bool],
+        write: Callable[[list[Snapshot]], list[bool]],
         settle: Callable[[PendingWrite, bool, bool], None],
         undo: Callable[[SnapshotKey], None],
         held_in_ram: Callable[[PendingWrite], bool],
@@ -58,10 +63,10 @@ class WriteBehind:
         self._jobs: dict[SnapshotKey, PendingWrite] = {}
         self._bytes = 0  # all of them, those RAM holds too
         self._queue: queue.Queue[SnapshotKey | None] = queue.Queue()
-        # One thread at a time writes queued snapshots: _writing names the key it is writing.
+        # One thread at a time writes queued snapshots: _writing names the keys it is writing.
         self._write_lock = threading.Lock()
-        self._writing: SnapshotKey | None = None
-        self._discarded_while_writing = False
+        self._writing: set[SnapshotKey] = set()
+        self._discarded_while_writing: set[SnapshotKey] = set()
         self._thread: threading.Thread | None = None
         if background:
             self._thread = threading.Thread(target=self._loop, name="snapcache-writer", daemon=True)
@@ -109,8 +114,8 @@ class WriteBehind:
         if job is not None:
             self._bytes -= job.snapshot.nbytes
             self._condition.notify_all()
-        if self._writing == key:
-            self._discarded_while_writing = True
+        if key in self._writing:
+            self._discarded_while_writing.add(key)
         return job is not None
 
     def outside_ram_bytes(self) -> int:
@@ -146,46 +151,61 @@ class WriteBehind:
         """Write everything queued, on this thread."""
         with self._write_lock:
             while True:
-                try:
-                    key = self._queue.get_nowait()
-                except queue.Empty:
+                keys = self._take(block=False)
+                if not keys:
                     return
-                if key is not None:
-                    self._write_job(key)
-                self._queue.task_done()
+                try:
+                    self._write_jobs([key for key in keys if key is not None])
+                finally:
+                    for _ in keys:
+                        self._queue.task_done()
 
     def _loop(self) -> None:
         while True:
-            key = self._queue.get()
+            keys = self._take(block=True)
             try:
-                if key is None:
-                    return
                 with self._write_lock:
-                    self._write_job(key)
+                    self._write_jobs([key for key in keys if key is not None])
             except Exception:  # the writer must survive anything one snapshot does to it
                 log.exception("snapcache: background write failed")
             finally:
-                self._queue.task_done()
+                for _ in keys:
+                    self._queue.task_done()
+            if None in keys:
+                return
 
-    def _write_job(self, key: SnapshotKey) -> None:
-        with self._condition:
-            job = self._jobs.get(key)
-            if job is None:
-                return  # discarded, or written by an earlier job
-            self._writing = key
-            self._discarded_while_writing = False
-        stored = False
+    def _take(self, *, block: bool) -> list[SnapshotKey | None]:
+        """The next queued keys, up to BATCH and up to the stop mark (None) if any; [] when none wait
+        and not `block`."""
+        taken: list[SnapshotKey | None] = []
         try:
-            stored = self._write(job.snapshot)
+            taken.append(self._queue.get(block=block))
+            while taken[-1] is not None and len(taken) < BATCH:
+                taken.append(self._queue.get_nowait())
+        except queue.Empty:
+            pass
+        return taken
+
+    def _write_jobs(self, keys: list[SnapshotKey]) -> None:
+        with self._condition:
+            jobs = [(key, self._jobs[key]) for key in dict.fromkeys(keys) if key in self._jobs]
+            if not jobs:
+                return  # discarded, or written by earlier jobs
+            self._writing = {key for key, _ in jobs}
+            self._discarded_while_writing = set()
+        stored = [False] * len(jobs)
+        try:
+            stored = self._write([job.snapshot for _, job in jobs])
         finally:
             with self._condition:
-                self._writing = None
+                self._writing = set()
                 discarded = self._discarded_while_writing
-                current = self._jobs.get(key) is job
-                if current:
-                    del self._jobs[key]
-                    self._bytes -= job.snapshot.nbytes
-                    self._condition.notify_all()
-                self._settle(job, stored, current)
-        if discarded:
+                for (key, job), kept in zip(jobs, stored, strict=True):
+                    current = self._jobs.get(key) is job
+                    if current:
+                        del self._jobs[key]
+                        self._bytes -= job.snapshot.nbytes
+                    self._settle(job, kept, current)
+                self._condition.notify_all()
+        for key in discarded:
             self._undo(key)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import platformdirs
 
-from snapcache._disk_files import FILES_DIR, INDEX_NAME, SNAPSHOT_SUFFIX
+from snapcache._disk_files import FILES_DIR, INDEX_NAME, PACK_SUFFIX, SNAPSHOT_SUFFIX
 from snapcache.errors import InsecureDirectory, StoreUnavailable
 
 ENV_DIR = "SNAPCACHE_DIR"
@@ -92,7 +92,7 @@ class DirectoryReport:
     """What a cache directory holds, and what would stop a store from opening there.
 
     Found without creating or changing anything: `exists` is False for a directory not made yet,
-    `indexed` tells whether it has a snapshot index, `snapshot_files` counts the snapshot files
+    `indexed` tells whether it has a snapshot index, `snapshot_files` counts the snapshot and pack files
     (those an index will be rebuilt from when there is none).
     """
 
@@ -114,7 +114,7 @@ def inspect_store_dir(path: Path, allow_shared: bool = False) -> DirectoryReport
     problems = tuple(inspect_cache_dir(path, allow_shared))
     folder = path / FILES_DIR
     try:
-        count = sum(1 for name in os.listdir(folder) if name.endswith(SNAPSHOT_SUFFIX))
+        count = sum(1 for name in os.listdir(folder) if name.endswith((SNAPSHOT_SUFFIX, PACK_SUFFIX)))
     except OSError:  # absent, or unreadable: the problems say why when it matters
         count = 0
     return DirectoryReport(path, problems, path.is_dir(), (path / INDEX_NAME).is_file(), count)

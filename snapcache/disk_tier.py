@@ -8,6 +8,11 @@ an intact file authenticated under another secret (or none) is a miss that stays
 configured otherwise may share the directory. Opening the tier (under the directory's lock) rebuilds
 a damaged or missing index from the files and reclaims debris of interrupted writes (_disk_repair).
 The directory's layout is in _disk_files; the file format in _disk_format.
+
+`put_many` writes the blocks of one save (block keys, one priority, no logits) into pack files of up
+to PACK_MEMBERS blocks (_pack_format): one file, one fsync and one header for many blocks, so that a
+restore opens, reads and checks one header per pack rather than per block. A damaged block drops its
+own row; its pack goes with its last row, and eviction frees whole files (_disk_index).
 """
 
 from __future__ import annotations
@@ -16,17 +21,19 @@ import dataclasses
 import enum
 import logging
 import math
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from snapcache import _disk_files as files
 from snapcache import codec
 from snapcache._disk_auth import OtherAuthentication
 from snapcache._disk_files import FILES_DIR, INDEX_NAME, LOCK_NAME, QUARANTINE_DIR, TEMP_PREFIX
-from snapcache._disk_format import MacMismatch, decode, encode, mac_key, read_header
+from snapcache._disk_format import EncodedFile, MacMismatch, decode, encode, mac_key, read_header
 from snapcache._disk_index import CatalogRow, Change, DiskIndex, IndexRow
 from snapcache._disk_repair import (
     DEFAULT_GRACE_S,
@@ -36,6 +43,16 @@ from snapcache._disk_repair import (
     reclaim_debris,
     report_of,
     survey,
+)
+from snapcache._pack_format import (
+    PACK_MEMBERS,
+    PACK_STATE_BYTES,
+    EncodedPack,
+    PackHead,
+    decode_member,
+    encode_pack,
+    member_tokens,
+    read_pack_head,
 )
 from snapcache._threads import map_in_parallel
 from snapcache.cache_dir import prepare_cache_dir
@@ -53,6 +70,7 @@ __all__ = [
     "DEFAULT_GRACE_S",
     "FILES_DIR",
     "INDEX_NAME",
+    "PACK_MEMBERS",
     "QUARANTINE_DIR",
     "TEMP_PREFIX",
     "Catalog",
@@ -163,17 +181,22 @@ class DiskTier:
 
         It does not fit when its file exceeds the whole budget, or when room for it would take
         evicting a snapshot of higher priority (`tier.may_evict`). Raises StoreUnavailable when the
-        file cannot be written (a full disk, say); then no partial file and no row remain.
+        file cannot be written (a full disk, say); then no partial file and no row remain. A block
+        held in a pack is not written again: a higher priority is recorded on its row.
         """
         index = self._open_index()
+        snapshot = _checked(snapshot)
         key = snapshot.key
-        if not key.matches(snapshot.tokens):
-            raise KeyMismatch("the snapshot's tokens do not hash to its key")
-        priority = validate_priority(snapshot.priority)
-        if type(snapshot.priority) is not int:  # a numpy integer: the header and index want an int
-            snapshot = dataclasses.replace(snapshot, priority=priority)
-        if not math.isfinite(snapshot.created_at):
-            raise InvalidArgument(f"created_at must be a finite time, got {snapshot.created_at!r}")
+        if key.is_block:
+            current = index.get(key.id)
+            if (
+                current is not None
+                and files.is_pack_name(current.file_name)
+                and self._other_authentication.held(current)
+            ):
+                if snapshot.priority > current.priority:
+                    index.set_priority(key.id, current.file_name, snapshot.priority)
+                return True
         encoded = encode(
             snapshot,
             store_id=self._store_id,
@@ -182,13 +205,10 @@ class DiskTier:
             mac_secret=self._mac_key,
         )
         if encoded.size > self._budget or not index.admits(
-            key.id, snapshot.priority, encoded.size, self._budget
+            [key.id], snapshot.priority, encoded.size, self._budget
         ):
             return False  # decided again when the row commits: another process may write meanwhile
         file_name = files.new_file_name(key)
-        path = self._files / file_name
-        files.write_file(self._files, file_name, encoded)
-        now = time.time()
         row = IndexRow.of(
             key,
             rolling_hash=rolling_hash(snapshot.tokens),
@@ -197,20 +217,89 @@ class DiskTier:
             file_bytes=encoded.size,
             state_bytes=encoded.state_bytes,
             created_at=snapshot.created_at,
-            last_used_at=now,
+            last_used_at=time.time(),
         )
+        return self._commit_file(file_name, encoded, [row])
+
+    def put_many(self, snapshots: Sequence[Snapshot]) -> list[bool]:
+        """`put` each of `snapshots`; whether each was kept. Runs of blocks of one priority that the
+        tier does not hold yet go into pack files together, each pack kept or not as a whole. The
+        first snapshots count as the most recently used (like `touch`): a prompt's last blocks are
+        evicted before its first ones."""
+        index = self._open_index()
+        checked = [_checked(snapshot) for snapshot in snapshots]
+        held = index.get_many([s.key.id for s in checked if s.key.is_block])
+        limit = min(PACK_STATE_BYTES, self._budget // 8)  # eviction frees whole packs
+        now = time.time()
+        kept: list[bool] = []
+        run: list[Snapshot] = []
+        for snapshot in checked:
+            packable = snapshot.key.is_block and snapshot.logits is None and snapshot.key.id not in held
+            if run and not (
+                packable
+                and snapshot.priority == run[0].priority
+                and snapshot.key.model_fingerprint == run[0].key.model_fingerprint
+                and len(run) < PACK_MEMBERS
+                and sum(memoryview(s.state).nbytes for s in run) + memoryview(snapshot.state).nbytes <= limit
+            ):
+                kept += self._put_run(run, used_at=now - len(kept) * 1e-6)
+                run = []
+            if packable:
+                run.append(snapshot)
+            else:
+                kept.append(self.put(snapshot))
+        kept += self._put_run(run, used_at=now - len(kept) * 1e-6)
+        return kept
+
+    def _put_run(self, run: list[Snapshot], *, used_at: float) -> list[bool]:
+        """Write `run` as one pack (one snapshot: its own file); whether each was kept. The rows'
+        uses are recorded at `used_at`, the first as the most recent."""
+        if len(run) < 2:
+            return [self.put(snapshot) for snapshot in run]
+        encoded = encode_pack(
+            run, store_id=self._store_id, level=self._level, shuffle=self._shuffle, mac_secret=self._mac_key
+        )
+        priority = run[0].priority
+        if encoded.size > self._budget or not self._open_index().admits(
+            [s.key.id for s in run], priority, encoded.size, self._budget
+        ):
+            return [False] * len(run)
+        file_name = files.new_pack_name()
+        rows = [
+            IndexRow.of(
+                snapshot.key,
+                rolling_hash=rolling_hash(snapshot.tokens),
+                priority=priority,
+                file_name=file_name,
+                file_bytes=share,
+                state_bytes=state_bytes,
+                created_at=run[0].created_at,
+                last_used_at=used_at - i * 1e-6,
+            )
+            for i, (snapshot, share, state_bytes) in enumerate(
+                zip(run, encoded.shares, encoded.state_bytes, strict=True)
+            )
+        ]
+        return [self._commit_file(file_name, encoded, rows)] * len(run)
+
+    def _commit_file(self, file_name: str, encoded: EncodedFile | EncodedPack, rows: list[IndexRow]) -> bool:
+        """Write the file, then commit its rows (the commit point); False when they no longer fit."""
+        index = self._open_index()
+        path = self._files / file_name
+        files.write_file(self._files, file_name, encoded)
         try:
-            change = index.put(row, self._budget)
+            change = index.put_file(rows, self._budget)
         except BaseException:
             files.unlink(path)
             raise
         if change is None:  # too large, or no room without evicting a higher priority
             files.unlink(path)
             return False
-        for old in change.removed:
-            self._unlink_row_file(old)
-        self._other_authentication.replaced(key.id)
-        evicted = sum(1 for old in change.removed if old.key_id != key.id)
+        self._unlink_files(change.freed)
+        added = {row.key_id for row in rows}
+        for row in rows:
+            self._other_authentication.replaced(row.key_id)
+        evicted = sum(1 for old in change.removed if old.key_id not in added)
         if evicted:
             with self._lock:
                 self._evictions += evicted
@@ -268,13 +357,18 @@ class DiskTier:
             rows = index.get_many([key.id for key in keys])
         except StoreUnavailable as exc:
             return [_index_unavailable(exc)] * len(keys)
+        packs = _OpenPacks(self._files, self._mac_key)
 
         def read_one(i: int) -> Snapshot | Miss | None:
             key = keys[i]
             row = rows.get(key.id)
             into = None if keep[i] or row is None else files.decode_buffer(row.state_bytes)
             try:
-                found = self._read_row(index, key, row, state_into=into)
+                opened = None if row is None else packs.get(row.file_name)
+                if opened is not None and row is not None:
+                    found = self._read_member(index, key, row, opened, state_into=into)
+                else:
+                    found = self._read_row(index, key, row, state_into=into)
             except StoreUnavailable as exc:
                 return _index_unavailable(exc)
             if isinstance(found, Miss):
@@ -283,7 +377,12 @@ class DiskTier:
                 use(i, memoryview(found[0].state))
             return found[0] if keep[i] else None
 
-        return map_in_parallel(read_one, range(len(keys)))
+        try:
+            # Each pack's head is read and checked once, before its members are read in parallel.
+            packs.open({row.file_name for row in rows.values() if files.is_pack_name(row.file_name)})
+            return map_in_parallel(read_one, range(len(keys)))
+        finally:
+            packs.close()
 
     def _read_row(
         self,
@@ -297,6 +396,22 @@ class DiskTier:
         concurrent put replaced is read again from the new row. `state_into`: see `decode`."""
         for _attempt in range(3):
             if row is None:
+                return Miss.ABSENT
+            if files.is_pack_name(row.file_name):
+                packs = _OpenPacks(self._files, self._mac_key)
+                try:
+                    opened = packs.open({row.file_name}).get(row.file_name)
+                    if opened is not None:
+                        return self._read_member(index, key, row, opened, state_into=state_into)
+                finally:
+                    packs.close()
+                current = index.get(key.id)  # the pack vanished: replaced, evicted or removed
+                if current is not None and current.file_name != row.file_name:
+                    row = current
+                    continue
+                if current is not None:
+                    logger.warning("pack file %s vanished; dropping its rows", row.file_name)
+                    self._announce(index.delete_file(row.file_name))
                 return Miss.ABSENT
             if not files.is_snapshot_name(row.file_name):
                 self._discard(row, "the index names an invalid file", unlink=False)
@@ -325,6 +440,45 @@ class DiskTier:
                 self._discard(row, str(exc))
                 return Miss.DISCARDED
         return Miss.UNAVAILABLE  # replaced again and again while read: asking later may find it
+
+    def _read_member(
+        self,
+        index: DiskIndex,
+        key: SnapshotKey,
+        row: IndexRow,
+        opened: _OpenPack | OSError | CorruptSnapshot,
+        *,
+        state_into: memoryview | None = None,
+    ) -> tuple[Snapshot, IndexRow] | Miss:
+        """The block `row` names in its pack, whose head `opened` holds (or the error reading it)."""
+        if isinstance(opened, CorruptSnapshot):
+            self._discard(row, str(opened))
+            return Miss.DISCARDED
+        if isinstance(opened, OSError):
+            logger.warning("cannot read pack file %s: %s", row.file_name, opened)
+            return Miss.UNAVAILABLE
+        head, fd = opened
+        member = head.member(key)
+        try:
+            if member is None:
+                raise CorruptSnapshot("the pack does not hold the block its row names")
+            data = files.read_range(fd, member.offset, member.size)
+            snapshot = decode_member(head, member, data, state_into=state_into)
+            if len(snapshot.state) != row.state_bytes or head.store_id != self._store_id:
+                raise CorruptSnapshot("the pack's block differs from its row")
+        except MacMismatch as exc:
+            self._other_authentication.found(row, str(exc))
+            return Miss.UNAUTHENTICATED
+        except CorruptSnapshot as exc:
+            self._discard(row, str(exc))
+            return Miss.DISCARDED
+        except (ValueError, ArithmeticError) as exc:  # a crafted file must still read as a miss
+            self._discard(row, f"pack member cannot be decoded: {exc}")
+            return Miss.DISCARDED
+        except OSError as exc:
+            logger.warning("cannot read pack file %s: %s", row.file_name, exc)
+            return Miss.UNAVAILABLE
+        return snapshot, row
 
     def touch(self, keys: list[SnapshotKey]) -> None:
         """Record a use of each of `keys` in one transaction, the first as the most recent."""
@@ -359,7 +513,11 @@ class DiskTier:
             row = self._open_index().get(key.id)
         except StoreUnavailable:
             return None
-        if row is None or not files.is_snapshot_name(row.file_name):
+        if row is None:
+            return None
+        if files.is_pack_name(row.file_name):
+            return self._member_tokens(row, key)
+        if not files.is_snapshot_name(row.file_name):
             return None
         try:
             with (self._files / row.file_name).open("rb") as handle:
@@ -368,12 +526,26 @@ class DiskTier:
             return None
         return header.tokens if header.key == key and header.authenticated else None
 
+    def _member_tokens(self, row: IndexRow, key: SnapshotKey) -> TokenArray | None:
+        """The tokens of `key` in the pack `row` names, from its checked head; None when unusable."""
+        try:
+            with (self._files / row.file_name).open("rb", buffering=0) as handle:
+                head = read_pack_head(handle, os.fstat(handle.fileno()).st_size, mac_secret=self._mac_key)
+                member = head.member(key)
+                if member is None or not head.authenticated:
+                    return None
+                handle.seek(member.offset)
+                raw = handle.read(4 * key.token_count)
+            tokens = member_tokens(raw)
+        except (OSError, CorruptSnapshot):
+            return None
+        return tokens if key.matches(tokens) else None
+
     def remove(self, key: SnapshotKey) -> bool:
         change = self._open_index().delete(key.id)
         if change is None:
             return False
-        for row in change.removed:
-            self._unlink_row_file(row)
+        self._unlink_files(change.freed)
         self._announce(change)
         return True
 
@@ -452,8 +624,7 @@ class DiskTier:
             logger.warning("could not record the disk budget of %s: %s", self.directory, exc)
             return DEFAULT_BUDGET_BYTES if budget_bytes is None else budget_bytes
         if change is not None:
-            for row in change.removed:
-                self._unlink_row_file(row)
+            self._unlink_files(change.freed)
             self._evictions += len(change.removed)
             logger.info("disk tier evicted %d snapshot(s) to fit its budget", len(change.removed))
             self._announce(change)
@@ -490,6 +661,8 @@ class DiskTier:
         """One of ok, corrupt, or unauthenticated (intact, but under another secret or none)."""
         try:
             key = row.key()
+            if files.is_pack_name(row.file_name):
+                return self._member_verdict(row, key)
             if not files.is_snapshot_name(row.file_name):
                 return "corrupt"
             self._verify(row, files.read_file(self._files / row.file_name), key)
@@ -501,9 +674,34 @@ class DiskTier:
             return "corrupt"
         return "ok"
 
+    def _member_verdict(self, row: IndexRow, key: SnapshotKey) -> Verdict:
+        packs = _OpenPacks(self._files, self._mac_key)
+        try:
+            opened = packs.open({row.file_name}).get(row.file_name)
+            if opened is None:
+                return "ok"  # removed meanwhile: nothing to verify
+            if isinstance(opened, OSError):
+                return "corrupt"
+            if isinstance(opened, CorruptSnapshot):
+                return "corrupt"
+            head, fd = opened
+            member = head.member(key)
+            if member is None:
+                return "corrupt"
+            snapshot = decode_member(head, member, files.read_range(fd, member.offset, member.size))
+            if not key.matches(snapshot.tokens) or len(snapshot.state) != row.state_bytes:
+                return "corrupt"
+        except MacMismatch:
+            return "unauthenticated"
+        except (ValueError, ArithmeticError, OSError):
+            return "corrupt"
+        finally:
+            packs.close()
+        return "ok"
+
     def _discard(self, row: IndexRow, reason: str, *, unlink: bool = True) -> None:
         logger.warning(
-            "snapshot file %s (key %s) is unusable and was removed: %s",
+            "snapshot file %s (key %s) is unusable and its row was dropped: %s",
             row.file_name,
             row.key_id,
             reason,
@@ -512,22 +710,85 @@ class DiskTier:
             change = self._index.delete(row.key_id, row.file_name)
         except StoreUnavailable as exc:
             logger.warning("could not drop the index row of %s: %s", row.file_name, exc)
+            change = None
         else:
             self._announce(change)
-        if unlink:
+        if not unlink:
+            return
+        if files.is_pack_name(row.file_name):  # other blocks may still be read from it
+            self._unlink_files(change.freed if change is not None else ())
+        else:
             files.unlink(self._files / row.file_name)
 
     def _announce(self, change: Change | None) -> None:
         if change is not None and self._on_change is not None:
             self._on_change(change)
 
-    def _unlink_row_file(self, row: IndexRow) -> None:
-        if files.is_snapshot_name(row.file_name):
-            files.unlink(self._files / row.file_name)
+    def _unlink_files(self, names: Sequence[str]) -> None:
+        """Delete the files `names`, which no row names any more."""
+        for name in names:
+            if files.is_stored_name(name):
+                files.unlink(self._files / name)
+
+
+# A pack opened for reading: its checked head and its descriptor.
+_OpenPack = tuple[PackHead, int]
+
+
+class _OpenPacks:
+    """Pack files opened for one read, each head read and checked once; closed together."""
+
+    def __init__(self, folder: Path, mac_key: bytes | None) -> None:
+        self._folder = folder
+        self._mac_key = mac_key
+        self._opened: dict[str, _OpenPack | OSError | CorruptSnapshot] = {}
+        self._handles: list[BinaryIO] = []
+
+    def open(self, names: set[str]) -> dict[str, _OpenPack | OSError | CorruptSnapshot]:
+        """Open `names`: each maps to its head and descriptor, or to why it cannot be read; a file
+        gone is left out."""
+        for name in sorted(names):
+            try:
+                handle = open(self._folder / name, "rb", buffering=0)  # noqa: SIM115 (closed in close())
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                self._opened[name] = exc
+                continue
+            self._handles.append(handle)
+            try:
+                size = os.fstat(handle.fileno()).st_size
+                head = read_pack_head(handle, size, mac_secret=self._mac_key)
+            except OSError as exc:
+                self._opened[name] = exc
+            except (ValueError, ArithmeticError) as exc:  # CorruptSnapshot, or a crafted header
+                self._opened[name] = exc if isinstance(exc, CorruptSnapshot) else CorruptSnapshot(str(exc))
+            else:
+                self._opened[name] = (head, handle.fileno())
+        return self._opened
+
+    def get(self, name: str) -> _OpenPack | OSError | CorruptSnapshot | None:
+        return self._opened.get(name)
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.close()
+        self._handles.clear()
+
+
+def _checked(snapshot: Snapshot) -> Snapshot:
+    """`snapshot` with its key, priority and time checked for a put (its priority a plain int)."""
+    if not snapshot.key.matches(snapshot.tokens):
+        raise KeyMismatch("the snapshot's tokens do not hash to its key")
+    priority = validate_priority(snapshot.priority)
+    if type(snapshot.priority) is not int:  # a numpy integer: the header and index want an int
+        snapshot = dataclasses.replace(snapshot, priority=priority)
+    if not math.isfinite(snapshot.created_at):
+        raise InvalidArgument(f"created_at must be a finite time, got {snapshot.created_at!r}")
+    return snapshot
 
 
 def _index_unavailable(exc: StoreUnavailable) -> Miss:
     """A read the index could not answer: logged, and a miss that may not last."""
     logger.warning("disk tier index unavailable, treating the lookup as a miss: %s", exc)
     return Miss.UNAVAILABLE
-

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -197,6 +197,7 @@ class SnapshotKey:
     scope: str
     token_count: int
     prefix_hash: str
+    _id: str = field(init=False, repr=False, compare=False)  # see `id`: computed once
 
     def __post_init__(self) -> None:
         validate_fingerprint(self.model_fingerprint)
@@ -212,6 +213,9 @@ class SnapshotKey:
             raise InvalidArgument(f"token_count must be at least 1, got {self.token_count}")
         if not isinstance(self.prefix_hash, str) or not _HEX32.fullmatch(self.prefix_hash):
             raise InvalidArgument("prefix_hash must be 32 lowercase hex digits")
+        text = "\x00".join((self.model_fingerprint, self.scope, str(self.token_count), self.prefix_hash))
+        key_id = hashlib.blake2b(text.encode(), digest_size=32, person=b"snapcache.key1").hexdigest()
+        object.__setattr__(self, "_id", key_id)
 
     @classmethod
     def for_tokens(cls, model_fingerprint: str, scope: str, tokens: Tokens) -> SnapshotKey:
@@ -221,8 +225,7 @@ class SnapshotKey:
     @property
     def id(self) -> str:
         """A stable 64-hex-digit name for this key: file names and the CLI use it."""
-        text = "\x00".join((self.model_fingerprint, self.scope, str(self.token_count), self.prefix_hash))
-        return hashlib.blake2b(text.encode(), digest_size=32, person=b"snapcache.key1").hexdigest()
+        return self._id
 
     @property
     def is_block(self) -> bool:

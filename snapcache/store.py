@@ -15,7 +15,7 @@ import logging
 import os
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, TypeVar
@@ -24,6 +24,7 @@ import numpy.typing as npt
 
 from snapcache._disk_catalogs import DiskCatalogs
 from snapcache._disk_writes import DiskWrites
+from snapcache._pack_format import PACK_MEMBERS, PACK_STATE_BYTES
 from snapcache._store_inputs import (
     DEFAULT_DIRECTORY,
     Default,
@@ -238,6 +239,26 @@ class SnapshotStore:
             self._remote.put(snapshot)
         return snapshot if kept else None
 
+    def put_many(self, items: Sequence[tuple[SnapshotKey, Tokens, Buffer, int]]) -> list[Snapshot | None]:
+        """`put(key, tokens, state_bytes, priority)` of each of `items`, queued for the disk together:
+        the blocks of one save then go into one pack file (up to 64 blocks or 16 MiB each)."""
+        snapshots = []
+        for key, tokens, state_bytes, priority in items:
+            if not isinstance(key, SnapshotKey):
+                raise InvalidArgument(f"key must be a SnapshotKey, got {type(key).__name__}")
+            array = as_token_array(tokens)
+            if not key.matches(array):
+                raise KeyMismatch(f"the {len(array)} tokens given do not hash to the key")
+            snapshots.append(Snapshot(key, array, copy_state(state_bytes), None, validate_priority(priority)))
+        self._check_open()
+        kept: list[Snapshot | None] = []
+        for batch in _packs_of(snapshots):
+            for snapshot, held in zip(batch, self._put_local_many(batch), strict=True):
+                kept.append(snapshot if held else None)
+                if self._remote is not None:
+                    self._remote.put(snapshot)
+        return kept
+
     def get(self, key: SnapshotKey) -> Snapshot | None:
         """The snapshot stored under exactly `key` (RAM first, then disk), or None."""
         self._check_key(key)
@@ -445,26 +466,34 @@ class SnapshotStore:
 
     def _put_local(self, snapshot: Snapshot) -> bool:
         """Admit `snapshot` into RAM and queue its disk write; whether a local tier keeps it."""
-        ram, writes, key = self._ram, self._writes, snapshot.key
+        return self._put_local_many([snapshot])[0]
+
+    def _put_local_many(self, snapshots: list[Snapshot]) -> list[bool]:
+        """Admit `snapshots` into RAM and queue their disk writes at once; whether a local tier keeps
+        each."""
+        ram, writes = self._ram, self._writes
         with self._lock:
             if writes is not None:
-                writes.wait_for_room(snapshot.nbytes, lambda: self._closed)
+                writes.wait_for_room(sum(s.nbytes for s in snapshots), lambda: self._closed)
             if self._closed:  # closed while this put waited, or just before it took the lock
                 raise StoreUnavailable("the store is closed")
-            in_ram = self._memory.admit(snapshot)
+            in_ram = [self._memory.admit(snapshot) for snapshot in snapshots]
         if writes is None:
-            if not in_ram:
-                self._drop(snapshot, self._memory.refusal(snapshot))
+            for snapshot, kept in zip(snapshots, in_ram, strict=True):
+                if not kept:
+                    self._drop(snapshot, self._memory.refusal(snapshot))
             return in_ram
         if not writes.background:
             writes.drain()
             disk = self._disk
             assert disk is not None
             with self._lock:
-                in_memory = ram is not None and key in ram
-            if not in_memory and not disk_call("contains", disk.__contains__, key, default=False):
-                return False
-        return True
+                in_memory = [ram is not None and s.key in ram for s in snapshots]
+            return [
+                held or disk_call("contains", disk.__contains__, s.key, default=False)
+                for s, held in zip(snapshots, in_memory, strict=True)
+            ]
+        return [True] * len(snapshots)
 
     def _copy_in(self, snapshot: Snapshot) -> None:
         """A remote hit, kept in the local tiers (and not sent back to the remote one)."""
@@ -494,6 +523,21 @@ class SnapshotStore:
         if not isinstance(key, SnapshotKey):
             raise InvalidArgument(f"key must be a SnapshotKey, got {type(key).__name__}")
         self._check_open()
+
+
+def _packs_of(snapshots: list[Snapshot]) -> Iterator[list[Snapshot]]:
+    """`snapshots` in runs the disk tier packs into one file each: queued a run at a time, so that a
+    store without RAM holds at most one run waiting for the disk."""
+    run: list[Snapshot] = []
+    run_bytes = 0
+    for snapshot in snapshots:
+        if run and (len(run) == PACK_MEMBERS or run_bytes + snapshot.nbytes > PACK_STATE_BYTES):
+            yield run
+            run, run_bytes = [], 0
+        run.append(snapshot)
+        run_bytes += snapshot.nbytes
+    if run:
+        yield run
 
 
 def _open_remote(url: str, secret: bytes | None) -> RemoteTier:

@@ -223,21 +223,41 @@ def test_a_damaged_block_serves_a_shorter_prefix_never_wrong_bytes(make_llama, t
             (row for row in store.entries(blocks=True) if row.key.is_block), key=lambda row: row.created_at
         )
     assert len(blocks) >= 8
-    # Damage the fourth block's file: the record needs it, and a run of blocks ends before it.
+    # Damage the fourth block in its pack: the record needs it, and a run of blocks ends before it.
     victim = blocks[3].key
-    (path,) = [p for p in (directory).rglob(f"{victim.id}-*") if p.is_file()]
+    path, member = _pack_member(directory, victim)
     data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0xFF
+    data[member.offset + member.size // 2] ^= 0xFF
     path.write_bytes(data)
 
     with SnapshotStore(directory, ram_bytes=64 << 20, disk_bytes=1 << 30) as store:
         again = CachedLlama(make_llama(tiny_model_path, n_ctx=N_CTX), store)
         text = again.create_completion(RAW, **GREEDY)["choices"][0]["text"]
         assert again.last_restore.restored_tokens == 3 * BLOCK_TOKENS
-        # The damaged file was removed, and the completion's own read stored that block afresh.
+        # The damaged block's row was dropped (the pack's other blocks still serve), and the
+        # completion's own read stored that block afresh, in another file.
         assert store.get(victim) is not None
-        assert not any(p.read_bytes() == bytes(data) for p in directory.rglob(f"{victim.id}-*"))
+    assert _pack_member(directory, victim)[0] != path
     assert (text, context_of(again.llm)) == _cold(make_llama, tiny_model_path, RAW)
+
+
+def _pack_member(directory, key):
+    """The pack file holding block `key` in the store at `directory`, and where the block lies in it."""
+    from snapcache._disk_files import FILES_DIR, INDEX_NAME
+    from snapcache._disk_index import DiskIndex
+    from snapcache._pack_format import read_pack_head
+
+    index = DiskIndex(directory / INDEX_NAME)
+    try:
+        row = index.get(key.id)
+    finally:
+        index.close()
+    path = directory / FILES_DIR / row.file_name
+    if not path.name.endswith(".pack"):
+        return path, None
+    with path.open("rb") as file:
+        head = read_pack_head(file, path.stat().st_size, mac_secret=None)
+    return path, head.member(key)
 
 
 def test_a_window_assembled_padded_is_the_padded_assembly_byte_for_byte(make_llama, gemma_model_path):

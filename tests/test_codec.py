@@ -286,7 +286,6 @@ class _Sink:
         return b"".join(self._chunks)
 
 
-
 _EXIT_AT_ONCE = """
 import atexit
 import sys

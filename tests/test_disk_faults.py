@@ -113,10 +113,10 @@ def test_failed_index_commit_removes_the_file(tier: DiskTier, monkeypatch: pytes
     kept = make_snapshot(1)
     tier.put(kept)
 
-    def full(self: DiskIndex, row: object, budget: int) -> None:
+    def full(self: DiskIndex, rows: object, budget: int) -> None:
         raise StoreUnavailable("snapshot index: cannot write: database or disk is full")
 
-    monkeypatch.setattr(DiskIndex, "put", full)
+    monkeypatch.setattr(DiskIndex, "put_file", full)
     with pytest.raises(StoreUnavailable):
         tier.put(make_snapshot(2))
     monkeypatch.undo()

@@ -233,11 +233,11 @@ def test_on_change_reports_each_transaction_exactly(tmp_path: Path) -> None:
     assert tier.put(c)  # evicts a
     assert tier.remove(b.key)
     assert tier.get(a.key) is None
-    assert [(ch.added and ch.added.key(), [r.key() for r in ch.removed]) for ch in changes] == [
-        (a.key, []),
-        (b.key, []),
-        (c.key, [a.key]),
-        (None, [b.key]),
+    assert [([r.key() for r in ch.added], [r.key() for r in ch.removed]) for ch in changes] == [
+        ([a.key], []),
+        ([b.key], []),
+        ([c.key], [a.key]),
+        ([], [b.key]),
     ]
     for earlier, later in itertools.pairwise(changes):
         assert earlier.after == later.before  # nothing else wrote in between

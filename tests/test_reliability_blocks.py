@@ -10,6 +10,7 @@ block or record is a miss or a shorter prefix.
 from __future__ import annotations
 
 import errno
+import io
 import itertools
 import json
 import os
@@ -37,6 +38,7 @@ from tiny_model import write_tiny_model
 from snapcache import CachedLlama, Snapshot, SnapshotKey, SnapshotStore, model_fingerprint
 from snapcache._disk_files import FILES_DIR
 from snapcache._disk_format import FLAG_MAC, decode, encode, mac_key
+from snapcache._pack_format import decode_member, encode_pack, read_pack_head
 from snapcache.key import BLOCK_TOKENS, as_token_array, block_keys
 from snapcache.llama import capture_sequence
 from snapcache.llama.blocks import split_state
@@ -385,7 +387,7 @@ def header_of(path: Path) -> tuple[int, dict]:
 
 
 def key_files(directory: Path) -> dict[Path, bytes]:
-    return {p: p.read_bytes() for p in snapshot_files(directory) if p.suffix == ".snap"}
+    return {p: p.read_bytes() for p in snapshot_files(directory) if p.suffix in (".snap", ".pack")}
 
 
 def forge_block(
@@ -396,6 +398,9 @@ def forge_block(
     `forger`'s guess of the secret (None: unsigned); and record its new size in the index, as a
     forger who can write the directory can."""
     (target,) = files_of_key(directory, victim.id)
+    if target.suffix == ".pack":
+        forge_packed_block(target, victim, state, secret, forger)
+        return
     _flags, header = header_of(target)
     mac = None if secret is None else mac_key(secret)
     original = decode(target.read_bytes(), key=victim, store_id=header["store_id"], mac_secret=mac)
@@ -411,6 +416,34 @@ def forge_block(
     target.write_bytes(data)
     with sqlite3.connect(directory / "index.sqlite3") as conn:
         conn.execute("UPDATE entries SET file_bytes = ? WHERE file_name = ?", (len(data), target.name))
+
+
+def forge_packed_block(
+    target: Path, victim: SnapshotKey, state: bytes, secret: bytes | None, forger: bytes | None
+) -> None:
+    """`forge_block` for a block in a pack: the pack written again with `state` for `victim`, every
+    digest valid, signed with the `forger`'s guess (None: unsigned); its rows' shares in the index."""
+    data = target.read_bytes()
+    head = read_pack_head(io.BytesIO(data), len(data), mac_secret=None if secret is None else mac_key(secret))
+    members = []
+    for member in head.members:
+        block = decode_member(head, member, data[member.offset : member.offset + member.size])
+        if member.key == victim:
+            block = Snapshot(victim, block.tokens, state, None, block.priority, block.created_at)
+        members.append(block)
+    encoded = encode_pack(
+        members,
+        store_id=head.store_id,
+        level=1,
+        shuffle=True,
+        mac_secret=None if forger is None else mac_key(forger),
+    )
+    target.write_bytes(b"".join(bytes(memoryview(part).cast("B")) for part in encoded.parts))
+    with sqlite3.connect(target.parent.parent / "index.sqlite3") as conn:
+        conn.executemany(
+            "UPDATE entries SET file_bytes = ? WHERE key_id = ?",
+            [(share, block.key.id) for block, share in zip(members, encoded.shares, strict=True)],
+        )
 
 
 def test_blocks_and_records_carry_macs_and_other_readers_do_not_restore(
@@ -436,10 +469,15 @@ def test_blocks_and_records_carry_macs_and_other_readers_do_not_restore(
         assert served_bytes_are_cold(store, reference)[0] == whole_blocks(LATE[1]) // BLOCK_TOKENS
 
 
-def forge_block_3(directory: Path, reference: Reference, secret: bytes | None, forger: bytes | None) -> None:
-    """Block 3 of LATE gets block 7's rows: the layout fits, the numbers are another position's."""
+def forge_block_3(directory: Path, reference: Reference, secret: bytes | None, forger: bytes | None) -> int:
+    """Block 3 of LATE gets block 7's rows: the layout fits, the numbers are another position's.
+    Return the tokens a signed restore can still authenticate: the blocks before the forged file (a
+    forged pack fails its MAC as a whole)."""
     keys = block_keys(reference.fingerprint, SCOPE, as_token_array(reference.prompt(LATE)), 8)
+    (forged,) = files_of_key(directory, keys[3].id)
+    before = next(i for i, key in enumerate(keys) if files_of_key(directory, key.id) == [forged])
     forge_block(directory, keys[3], reference.blocks[keys[7]], secret, forger)
+    return before * BLOCK_TOKENS
 
 
 @pytest.mark.parametrize(
@@ -458,7 +496,7 @@ def test_a_forged_block_stops_a_signed_restore(
     directory = tmp_path / "forged"
     llm = make_llama(tiny_model_path, n_ctx=N_CTX)
     write_prompts(llm, directory, reference, [LATE], secret=secret)
-    forge_block_3(directory, reference, secret, forger)
+    authentic = forge_block_3(directory, reference, secret, forger)
     with SnapshotStore(directory, ram_bytes=0, disk_bytes=BUDGET, secret=secret) as store:
         cached = CachedLlama(llm, store, SCOPE, save=False)
         llm.reset()
@@ -467,7 +505,7 @@ def test_a_forged_block_stops_a_signed_restore(
         restored = cached.last_restore.restored_tokens
     print(f"\nrestored {restored} tokens of a prompt whose block 3 is forged")
     if secret is not None:
-        assert restored == 3 * BLOCK_TOKENS  # the blocks before the forged one
+        assert restored == authentic  # the blocks before the forged one's file
         assert context == reference.context(LATE)
     else:
         # Why the secret matters: without it the forgery is well formed enough to be restored.
@@ -484,10 +522,10 @@ def test_a_writer_with_the_secret_replaces_blocks_it_cannot_read(
         write_prompts(llm, directory, reference, [LATE], secret=b"the old secret")
     else:
         write_prompts(llm, directory, reference, [LATE], secret=SECRET)
-        forge_block_3(directory, reference, SECRET, None)
+        authentic = forge_block_3(directory, reference, SECRET, None)
     # A completion with the secret restores the blocks it can authenticate (none under a new secret,
-    # those before the forged one), reads the rest and saves it, as it would any miss.
-    expected = 0 if cause == "secret-changed" else 3 * BLOCK_TOKENS
+    # those before the forged one's file), reads the rest and saves it, as it would any miss.
+    expected = 0 if cause == "secret-changed" else authentic
     assert write_prompts(llm, directory, reference, [LATE], secret=SECRET) == {LATE: expected}
     with SnapshotStore(directory, ram_bytes=0, disk_bytes=BUDGET, secret=SECRET) as store:
         assert restore_all(llm, store, reference, [LATE])[LATE] >= whole_blocks(LATE[1])

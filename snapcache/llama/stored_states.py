@@ -93,13 +93,15 @@ class StoredStates:
             points = [p for p in points if p.n_tokens == n]  # window caches hold only their own point
         n_blocks = max([p.n_tokens for p in points] + [min(blocks_upto, n)]) // BLOCK_TOKENS
         keys = block_keys(self.fingerprint, scope, tokens, n_blocks)
+        missing = []
         for i, key in enumerate(keys):
             needed = [p.priority for p in points if p.n_tokens >= (i + 1) * BLOCK_TOKENS]
             priority = max(needed) if needed else min((p.priority for p in points), default=0)
             held = self._store.held_priority(key)
             if held is None or held < priority:
                 start = i * BLOCK_TOKENS
-                self._store.put(key, tokens[start : start + BLOCK_TOKENS], split.block(i), priority)
+                missing.append((key, tokens[start : start + BLOCK_TOKENS], split.block(i), priority))
+        self._store.put_many(missing)  # queued together: one pack file for many blocks
         for point in points:
             prefix = tokens[: point.n_tokens]
             key = SnapshotKey.for_tokens(self.fingerprint, scope, prefix)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sqlite3
 from pathlib import Path
 
 # The SQLite index and its journal files: bookkeeping, not snapshot bytes.
@@ -23,8 +25,15 @@ def snapshot_bytes(directory: Path) -> int:
 
 
 def files_of_key(directory: Path, key_id: str) -> list[Path]:
-    """The file(s) whose name carries `key_id` (outside any quarantine folder)."""
-    return [p for p in snapshot_files(directory) if key_id in p.name and "quarantine" not in p.parts]
+    """The file(s) whose name carries `key_id` (outside any quarantine folder), else the pack file
+    the index names for it (a save's blocks share one)."""
+    named = [p for p in snapshot_files(directory) if key_id in p.name and "quarantine" not in p.parts]
+    if named or not (directory / "index.sqlite3").exists():
+        return named
+    with contextlib.closing(sqlite3.connect(directory / "index.sqlite3")) as conn:
+        row = conn.execute("SELECT file_name FROM entries WHERE key_id = ?", (key_id,)).fetchone()
+    path = directory / "snapshots" / str(row[0]) if row is not None else None
+    return [path] if path is not None and path.is_file() else []
 
 
 def garbage_over(path: Path) -> None:

@@ -1,0 +1,294 @@
+"""The pack file: the blocks one save writes, behind one checked header (format version 3).
+
+Layout (all integers little-endian)::
+
+    prelude   magic (8) | format version 3 (u16) | flags (u16) | header length (u32)
+    header    UTF-8 JSON: what the members share (store, fingerprint, priority, time, codec) and,
+              per member, its scope, token count, prefix hash, state and payload sizes and digest
+    digest    SHA-256 of prelude + header
+    mac       HMAC-SHA256 of prelude + header under the secret (only with FLAG_MAC)
+    body      per member, in order: tokens (int32) | payload (blosc2 chunks, see codec)
+
+A restore of many blocks then opens, reads and checks one header for many of them: per block only its
+bytes are read and its digest checked. A member's digest (XXH3-128, or BLAKE3 with a secret, as in
+_disk_format) covers its tokens and payload, so the checked header reaches every byte of the file.
+Members carry no logits. In the index each block has its own row, whose bytes are its share of the
+pack (see _disk_index): the pack is deleted with its last row.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+import blake3
+import numpy as np
+import xxhash
+
+from snapcache import codec
+from snapcache._disk_format import (
+    _DIGEST_BYTES,
+    _PRELUDE,
+    FLAG_MAC,
+    MAGIC,
+    MAX_HEADER_BYTES,
+    MAX_STATE_BYTES,
+    MAX_TOKENS,
+    MacMismatch,
+    _bounded,
+    _digest_field,
+    _field,
+    _file_tokens,
+    _parse_header,
+    check_prelude,
+    checked_time_and_priority,
+)
+from snapcache.errors import CorruptSnapshot
+from snapcache.key import SnapshotKey, TokenArray
+from snapcache.snapshot import Buffer, Snapshot
+
+PACK_VERSION = 3
+# At most this many members: a header of 64 KiB names them all with room to spare.
+MAX_MEMBERS = 128
+# What a writer packs into one file at most: this many blocks, this much state (and, in a disk tier,
+# an eighth of its budget: eviction frees whole packs, so they stay small beside the budget).
+PACK_MEMBERS = 64
+PACK_STATE_BYTES = 16 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class PackMember:
+    """One member as the checked header describes it; `offset` and `size` place its tokens and
+    payload in the file."""
+
+    key: SnapshotKey
+    offset: int
+    size: int
+    state_bytes: int
+    digest: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class PackHead:
+    """The checked head of a pack file."""
+
+    store_id: str
+    priority: int
+    created_at: float
+    members: tuple[PackMember, ...]
+    file_bytes: int  # what the header says the whole file measures
+    has_mac: bool
+    authenticated: bool  # False: intact, but its MAC does not verify under the secret given (or none)
+    shares: tuple[int, ...]  # each member's share of the file's bytes: they sum to file_bytes
+    by_key: dict[SnapshotKey, PackMember]
+
+    def member(self, key: SnapshotKey) -> PackMember | None:
+        return self.by_key.get(key)
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedPack:
+    """A pack file ready to write: `parts` in order, `size` bytes in all; `shares[i]` is member i's
+    share of them (its tokens and payload, and a part of the head)."""
+
+    parts: tuple[Buffer, ...]
+    size: int
+    shares: tuple[int, ...]
+    state_bytes: tuple[int, ...]
+
+
+def encode_pack(
+    snapshots: list[Snapshot],
+    *,
+    store_id: str,
+    level: int,
+    shuffle: bool,
+    mac_secret: bytes | None,
+) -> EncodedPack:
+    """Compress `snapshots` (one fingerprint, one priority, no logits) into one pack file."""
+    if not 0 < len(snapshots) <= MAX_MEMBERS:
+        raise ValueError(f"a pack holds 1 to {MAX_MEMBERS} snapshots, not {len(snapshots)}")
+    first = snapshots[0]
+    fingerprint = first.key.model_fingerprint
+    members: list[dict[str, Any]] = []
+    body: list[Buffer] = []
+    bodies: list[int] = []
+    state_sizes: list[int] = []
+    for snapshot in snapshots:
+        key = snapshot.key
+        if key.model_fingerprint != fingerprint or snapshot.priority != first.priority:
+            raise ValueError("a pack holds snapshots of one fingerprint and one priority")
+        if snapshot.logits is not None:
+            raise ValueError("a pack holds no logits")
+        state = memoryview(snapshot.state).cast("B")
+        tokens = np.ascontiguousarray(snapshot.tokens, dtype="<i4").data.cast("B")
+        payload = codec.compress(state, level=level, shuffle=shuffle)
+        digest = xxhash.xxh3_128() if mac_secret is None else blake3.blake3()
+        digest.update(tokens)
+        digest.update(payload)
+        members.append(
+            {
+                "scope": key.scope,
+                "token_count": key.token_count,
+                "prefix_hash": key.prefix_hash,
+                "state_bytes": state.nbytes,
+                "payload_bytes": len(payload),
+                "digest": digest.hexdigest(),
+            }
+        )
+        body += [tokens, payload]
+        bodies.append(tokens.nbytes + len(payload))
+        state_sizes.append(state.nbytes)
+    header = {
+        "store_id": store_id,
+        "model_fingerprint": fingerprint,
+        "priority": first.priority,
+        "created_at": first.created_at,
+        "codec": {"name": codec.NAME, "level": level, "shuffle": 2 if shuffle else 0},
+        "digest": "xxh3_128" if mac_secret is None else "blake3",
+        "members": members,
+    }
+    header_bytes = json.dumps(header, separators=(",", ":"), allow_nan=False).encode()
+    if len(header_bytes) > MAX_HEADER_BYTES:
+        raise ValueError("a pack header would exceed its size limit: pack fewer snapshots")
+    flags = FLAG_MAC if mac_secret is not None else 0
+    head = _PRELUDE.pack(MAGIC, PACK_VERSION, flags, len(header_bytes)) + header_bytes
+    checks = hashlib.sha256(head).digest()
+    if mac_secret is not None:
+        checks += hmac.digest(mac_secret, head, "sha256")
+    head_bytes = len(head) + len(checks)
+    return EncodedPack(
+        parts=(head + checks, *body),
+        size=head_bytes + sum(bodies),
+        shares=member_shares(head_bytes, bodies),
+        state_bytes=tuple(state_sizes),
+    )
+
+
+def member_shares(head_bytes: int, bodies: list[int]) -> tuple[int, ...]:
+    """Each member's bytes plus an even part of the head (the first ones take the remainder)."""
+    part, extra = divmod(head_bytes, len(bodies))
+    return tuple(size + part + (1 if i < extra else 0) for i, size in enumerate(bodies))
+
+
+def read_pack_head(file: BinaryIO, file_bytes: int, *, mac_secret: bytes | None) -> PackHead:
+    """Read and check the head of an open pack file of `file_bytes` bytes (its payloads unread).
+
+    A MAC that does not verify is reported in `authenticated`, not raised; everything else raises
+    CorruptSnapshot.
+    """
+    prelude = file.read(_PRELUDE.size)
+    header_len = check_prelude(prelude, versions=(PACK_VERSION,))
+    rest = file.read(header_len + 2 * _DIGEST_BYTES)
+    return parse_pack_head(prelude + rest, file_bytes, mac_secret=mac_secret)
+
+
+def parse_pack_head(data: Buffer, file_bytes: int, *, mac_secret: bytes | None) -> PackHead:
+    """Check the head at the start of `data` (the head at least) of a pack of `file_bytes` bytes."""
+    view = memoryview(data).cast("B")
+    header_len = check_prelude(view[: _PRELUDE.size], versions=(PACK_VERSION,))
+    flags = _PRELUDE.unpack_from(view)[2]
+    has_mac = bool(flags & FLAG_MAC)
+    head_end = _PRELUDE.size + header_len
+    body_start = head_end + _DIGEST_BYTES * (2 if has_mac else 1)
+    if view.nbytes < body_start:
+        raise CorruptSnapshot("pack is truncated inside its header")
+    head = view[:head_end]
+    if not hmac.compare_digest(hashlib.sha256(head).digest(), view[head_end : head_end + _DIGEST_BYTES]):
+        raise CorruptSnapshot("pack header checksum mismatch")
+    authenticated = (mac_secret is not None) == has_mac and (
+        mac_secret is None
+        or hmac.compare_digest(hmac.digest(mac_secret, head, "sha256"), view[head_end + 32 : body_start])
+    )
+    header = _parse_header(view[_PRELUDE.size : head_end])
+    codec_info = _field(header, "codec", dict)
+    if _field(codec_info, "name", str) != codec.NAME or _field(codec_info, "shuffle", int) not in (0, 2):
+        raise CorruptSnapshot("unknown codec")
+    if _field(header, "digest", str) != ("blake3" if has_mac else "xxh3_128"):
+        raise CorruptSnapshot("pack names the wrong member digest")
+    priority, created_at = checked_time_and_priority(header)
+    store_id: str = _field(header, "store_id", str)
+    fingerprint: str = _field(header, "model_fingerprint", str)
+    listed = _field(header, "members", list)
+    if not 0 < len(listed) <= MAX_MEMBERS:
+        raise CorruptSnapshot(f"a pack lists 1 to {MAX_MEMBERS} members, not {len(listed)}")
+    members: list[PackMember] = []
+    offset = body_start
+    for fields in listed:
+        if not isinstance(fields, dict):
+            raise CorruptSnapshot("a pack member is not a JSON object")
+        token_count = _bounded(fields, "token_count", MAX_TOKENS)
+        try:
+            key = SnapshotKey(
+                fingerprint,
+                _field(fields, "scope", str),
+                token_count,
+                _field(fields, "prefix_hash", str),
+            )
+        except ValueError as exc:
+            raise CorruptSnapshot(f"a pack member's key is invalid: {exc}") from None
+        size = 4 * token_count + _bounded(fields, "payload_bytes", MAX_STATE_BYTES)
+        digest = _digest_field(fields, "digest", 32 if has_mac else 16)
+        state_bytes = _bounded(fields, "state_bytes", MAX_STATE_BYTES)
+        members.append(PackMember(key, offset, size, state_bytes, digest))
+        offset += size
+    by_key = {member.key: member for member in members}
+    if len(by_key) != len(members):
+        raise CorruptSnapshot("a pack lists one key twice")
+    if offset != file_bytes:
+        raise CorruptSnapshot(f"pack is {file_bytes} bytes, its header describes {offset}")
+    return PackHead(
+        store_id=store_id,
+        priority=priority,
+        created_at=created_at,
+        members=tuple(members),
+        file_bytes=offset,
+        has_mac=has_mac,
+        authenticated=authenticated,
+        shares=member_shares(body_start, [member.size for member in members]),
+        by_key=by_key,
+    )
+
+
+def decode_member(
+    head: PackHead,
+    member: PackMember,
+    data: Buffer,
+    *,
+    state_into: memoryview | None = None,
+) -> Snapshot:
+    """Verify `data`, the member's bytes read from its file, and return its snapshot (copies of what it
+    keeps; with `state_into` large enough, the state is decoded into it). Raises MacMismatch for a
+    head authenticated otherwise, CorruptSnapshot for damage."""
+    if not head.authenticated:
+        raise MacMismatch("pack is authenticated under another secret (or none), or none is configured")
+    view = memoryview(data).cast("B")
+    if view.nbytes != member.size:
+        raise CorruptSnapshot(f"pack member is {view.nbytes} bytes, its header describes {member.size}")
+    digest = blake3.blake3(view).digest() if head.has_mac else xxhash.xxh3_128_digest(view)
+    if not hmac.compare_digest(digest, member.digest):
+        raise CorruptSnapshot("pack member checksum mismatch")
+    tokens_end = 4 * member.key.token_count
+    tokens = member_tokens(view[:tokens_end])
+    payload = view[tokens_end:]
+    if state_into is not None and state_into.nbytes >= member.state_bytes:
+        state = state_into[: member.state_bytes]
+        codec.decompress_into(payload, state)
+        state = state.toreadonly()
+    else:
+        state = codec.decompress(payload, expected_size=member.state_bytes)
+    return Snapshot(
+        key=member.key,
+        tokens=tokens,
+        state=state,
+        priority=head.priority,
+        created_at=head.created_at,
+    )
+
+
+def member_tokens(raw: Buffer) -> TokenArray:
+    """A read-only copy of a member's token ids."""
+    return _file_tokens(raw)

@@ -151,14 +151,24 @@ def encode(
     header_bytes = json.dumps(header, separators=(",", ":"), allow_nan=False).encode()
     if len(header_bytes) > MAX_HEADER_BYTES:
         raise CorruptSnapshot("snapshot header would exceed its size limit")
+    parts: tuple[Buffer, ...] = (
+        checked_head(FORMAT_VERSION, header_bytes, mac_secret),
+        tokens,
+        logits,
+        payload,
+    )
+    size = sum(memoryview(p).nbytes for p in parts)
+    return EncodedFile(parts=parts, size=size, state_bytes=state.nbytes)
+
+
+def checked_head(version: int, header_bytes: bytes, mac_secret: bytes | None) -> bytes:
+    """A file's head: its prelude and header, their SHA-256 and, with a secret, their HMAC."""
     flags = FLAG_MAC if mac_secret is not None else 0
-    head = _PRELUDE.pack(MAGIC, FORMAT_VERSION, flags, len(header_bytes)) + header_bytes
+    head = _PRELUDE.pack(MAGIC, version, flags, len(header_bytes)) + header_bytes
     checks = hashlib.sha256(head).digest()
     if mac_secret is not None:
         checks += hmac.digest(mac_secret, head, "sha256")
-    parts: tuple[Buffer, ...] = (head + checks, tokens, logits, payload)
-    size = sum(memoryview(p).nbytes for p in parts)
-    return EncodedFile(parts=parts, size=size, state_bytes=state.nbytes)
+    return head + checks
 
 
 def decode(

@@ -33,7 +33,6 @@ from snapcache._disk_format import (
     _DIGEST_BYTES,
     _PRELUDE,
     FLAG_MAC,
-    MAGIC,
     MAX_HEADER_BYTES,
     MAX_STATE_BYTES,
     MAX_TOKENS,
@@ -44,6 +43,7 @@ from snapcache._disk_format import (
     _file_tokens,
     _parse_header,
     check_prelude,
+    checked_head,
     checked_time_and_priority,
 )
 from snapcache.errors import CorruptSnapshot
@@ -154,14 +154,10 @@ def encode_pack(
     header_bytes = json.dumps(header, separators=(",", ":"), allow_nan=False).encode()
     if len(header_bytes) > MAX_HEADER_BYTES:
         raise ValueError("a pack header would exceed its size limit: pack fewer snapshots")
-    flags = FLAG_MAC if mac_secret is not None else 0
-    head = _PRELUDE.pack(MAGIC, PACK_VERSION, flags, len(header_bytes)) + header_bytes
-    checks = hashlib.sha256(head).digest()
-    if mac_secret is not None:
-        checks += hmac.digest(mac_secret, head, "sha256")
-    head_bytes = len(head) + len(checks)
+    head = checked_head(PACK_VERSION, header_bytes, mac_secret)
+    head_bytes = len(head)
     return EncodedPack(
-        parts=(head + checks, *body),
+        parts=(head, *body),
         size=head_bytes + sum(bodies),
         shares=member_shares(head_bytes, bodies),
         state_bytes=tuple(state_sizes),

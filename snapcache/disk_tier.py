@@ -433,12 +433,8 @@ class DiskTier:
                 return Miss.UNAVAILABLE
             try:
                 return self._verify(row, data, key, state_into), row
-            except MacMismatch as exc:
-                self._other_authentication.found(row, str(exc))
-                return Miss.UNAUTHENTICATED
             except CorruptSnapshot as exc:
-                self._discard(row, str(exc))
-                return Miss.DISCARDED
+                return self._refused(row, exc)
         return Miss.UNAVAILABLE  # replaced again and again while read: asking later may find it
 
     def _read_member(
@@ -466,19 +462,23 @@ class DiskTier:
             snapshot = decode_member(head, member, data, state_into=state_into)
             if len(snapshot.state) != row.state_bytes or head.store_id != self._store_id:
                 raise CorruptSnapshot("the pack's block differs from its row")
-        except MacMismatch as exc:
-            self._other_authentication.found(row, str(exc))
-            return Miss.UNAUTHENTICATED
         except CorruptSnapshot as exc:
-            self._discard(row, str(exc))
-            return Miss.DISCARDED
+            return self._refused(row, exc)
         except (ValueError, ArithmeticError) as exc:  # a crafted file must still read as a miss
-            self._discard(row, f"pack member cannot be decoded: {exc}")
-            return Miss.DISCARDED
+            return self._refused(row, CorruptSnapshot(f"pack member cannot be decoded: {exc}"))
         except OSError as exc:
             logger.warning("cannot read pack file %s: %s", row.file_name, exc)
             return Miss.UNAVAILABLE
         return snapshot, row
+
+    def _refused(self, row: IndexRow, exc: CorruptSnapshot) -> Miss:
+        """The miss of a snapshot that failed verification: one authenticated otherwise is kept (and
+        remembered), a damaged one dropped."""
+        if isinstance(exc, MacMismatch):
+            self._other_authentication.found(row, str(exc))
+            return Miss.UNAUTHENTICATED
+        self._discard(row, str(exc))
+        return Miss.DISCARDED
 
     def touch(self, keys: list[SnapshotKey]) -> None:
         """Record a use of each of `keys` in one transaction, the first as the most recent."""

@@ -40,6 +40,17 @@ def files_size(tier: DiskTier) -> int:
     return sum((tier.directory / FILES_DIR / name).stat().st_size for name in stored_files(tier))
 
 
+def packed_and_damaged(tier: DiskTier, blocks: list[Snapshot], at: int) -> str:
+    """Put `blocks` into one pack and flip its byte `at`; the pack's name."""
+    tier.put_many(blocks)
+    (name,) = stored_files(tier)
+    path = tier.directory / FILES_DIR / name
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0xFF
+    path.write_bytes(data)
+    return name
+
+
 def test_a_pack_round_trips_every_block_and_checks_each_one() -> None:
     blocks = block_snapshots(5)
     data = pack_bytes(blocks)
@@ -104,12 +115,7 @@ def test_a_damaged_block_is_a_miss_and_the_rest_of_its_pack_still_serves(tmp_pat
     blocks = block_snapshots(6)
     tier = DiskTier(tmp_path, 1 << 30)
     try:
-        tier.put_many(blocks)
-        (name,) = stored_files(tier)
-        path = tmp_path / FILES_DIR / name
-        data = bytearray(path.read_bytes())
-        data[-100] ^= 0xFF  # inside the last block's payload
-        path.write_bytes(data)
+        name = packed_and_damaged(tier, blocks, -100)  # inside the last block's payload
         found = tier.read_many([block.key for block in blocks])
         assert found[5] is Miss.DISCARDED
         assert [bytes(s.state) for s in found[:5]] == [bytes(b.state) for b in blocks[:5]]  # type: ignore[union-attr]
@@ -129,12 +135,7 @@ def test_a_damaged_pack_header_makes_each_block_a_miss(tmp_path: Path) -> None:
     blocks = block_snapshots(4)
     tier = DiskTier(tmp_path, 1 << 30)
     try:
-        tier.put_many(blocks)
-        (name,) = stored_files(tier)
-        path = tmp_path / FILES_DIR / name
-        data = bytearray(path.read_bytes())
-        data[30] ^= 0xFF
-        path.write_bytes(data)
+        packed_and_damaged(tier, blocks, 30)
         assert tier.read_many([block.key for block in blocks]) == [Miss.DISCARDED] * 4
         assert len(tier) == 0
         assert stored_files(tier) == []

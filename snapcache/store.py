@@ -241,7 +241,10 @@ class SnapshotStore:
 
     def put_many(self, items: Sequence[tuple[SnapshotKey, Tokens, Buffer, int]]) -> list[Snapshot | None]:
         """`put(key, tokens, state_bytes, priority)` of each of `items`, queued for the disk together:
-        the blocks of one save then go into one pack file (up to 64 blocks or 16 MiB each)."""
+        the blocks of one save then go into one pack file (up to 64 blocks or 16 MiB each).
+
+        The packs are queued last first, so that the first items count as the most recently used
+        (as a restore records a prompt's blocks): a prompt's last blocks are evicted first."""
         snapshots = []
         for key, tokens, state_bytes, priority in items:
             if not isinstance(key, SnapshotKey):
@@ -251,13 +254,13 @@ class SnapshotStore:
                 raise KeyMismatch(f"the {len(array)} tokens given do not hash to the key")
             snapshots.append(Snapshot(key, array, copy_state(state_bytes), None, validate_priority(priority)))
         self._check_open()
-        kept: list[Snapshot | None] = []
-        for batch in _packs_of(snapshots):
+        kept: dict[SnapshotKey, Snapshot | None] = {}
+        for batch in reversed(list(_packs_of(snapshots))):
             for snapshot, held in zip(batch, self._put_local_many(batch), strict=True):
-                kept.append(snapshot if held else None)
+                kept[snapshot.key] = snapshot if held else None
                 if self._remote is not None:
                     self._remote.put(snapshot)
-        return kept
+        return [kept[snapshot.key] for snapshot in snapshots]
 
     def get(self, key: SnapshotKey) -> Snapshot | None:
         """The snapshot stored under exactly `key` (RAM first, then disk), or None."""

@@ -259,3 +259,13 @@ def test_put_many_queues_a_saves_blocks_for_one_pack(tmp_path: Path, ram_bytes: 
     with SnapshotStore(tmp_path, ram_bytes=0, disk_bytes=1 << 30) as store:
         got = store.get_blocks([block.key for block in blocks])
         assert [bytes(s.state) for s, _tier in got] == [bytes(b.state) for b in blocks]
+
+
+def test_a_saves_first_blocks_count_as_its_most_recently_used(tmp_path: Path) -> None:
+    blocks = block_snapshots(2 * PACK_MEMBERS + 5)
+    with SnapshotStore(tmp_path, ram_bytes=0, disk_bytes=1 << 30) as store:
+        store.put_many([(b.key, b.tokens, b.state, b.priority) for b in blocks])
+        store.flush()
+        used = {row.key: row.last_used_at for row in store.entries(blocks=True)}
+    order = [used[block.key] for block in blocks]
+    assert order == sorted(order, reverse=True)  # evicted from the prompt's end, pack by pack

@@ -59,6 +59,10 @@ PACK_MEMBERS = 64
 PACK_STATE_BYTES = 16 << 20
 
 
+class PackTooLarge(ValueError):
+    """The header of a pack of these snapshots would exceed MAX_HEADER_BYTES: pack fewer."""
+
+
 @dataclass(frozen=True, slots=True)
 class PackMember:
     """One member as the checked header describes it; `offset` and `size` place its tokens and
@@ -153,7 +157,7 @@ def encode_pack(
     }
     header_bytes = json.dumps(header, separators=(",", ":"), allow_nan=False).encode()
     if len(header_bytes) > MAX_HEADER_BYTES:
-        raise ValueError("a pack header would exceed its size limit: pack fewer snapshots")
+        raise PackTooLarge("a pack header would exceed its size limit: pack fewer snapshots")
     head = checked_head(PACK_VERSION, header_bytes, mac_secret)
     head_bytes = len(head)
     return EncodedPack(

@@ -42,8 +42,9 @@ class StoreMemory:
         """The queue of disk writes (it calls `settle_write` and `holds`, so it is made after this)."""
         self.writes = writes
 
-    def admit(self, snapshot: Snapshot) -> bool:
-        """A put: RAM takes `snapshot` if it fits by priority, the disk write is queued. True if in RAM."""
+    def admit(self, snapshot: Snapshot, *, queue_write: bool = True) -> bool:
+        """A put: RAM takes `snapshot` if it fits by priority, the disk write is queued (with
+        `queue_write=False`, left for `writes.queue_together`). True if in RAM."""
         ram, writes, key = self.ram, self.writes, snapshot.key
         in_ram = False
         self._on_disk.discard(key)  # whatever the disk holds under this key is older
@@ -58,7 +59,7 @@ class StoreMemory:
         else:
             self.index.remove(key)
         if writes is not None:
-            writes.add(snapshot, spill=False)
+            writes.add(snapshot, spill=False, queue_now=queue_write)
         self._spill_evicted()
         return in_ram
 

@@ -62,7 +62,8 @@ class WriteBehind:
         self._limit = limit_bytes
         self._jobs: dict[SnapshotKey, PendingWrite] = {}
         self._bytes = 0  # all of them, those RAM holds too
-        self._queue: queue.Queue[SnapshotKey | None] = queue.Queue()
+        # Keys queued together (a save's blocks) stay together: the writer never splits an item.
+        self._queue: queue.Queue[tuple[SnapshotKey, ...] | None] = queue.Queue()
         # One thread at a time writes queued snapshots: _writing names the keys it is writing.
         self._write_lock = threading.Lock()
         self._writing: set[SnapshotKey] = set()
@@ -90,15 +91,24 @@ class WriteBehind:
         """Every snapshot waiting. Lock held."""
         return (job.snapshot for job in self._jobs.values())
 
-    def add(self, snapshot: Snapshot, *, spill: bool) -> None:
-        """Queue `snapshot`, replacing any job waiting under its key. Lock held."""
+    def add(self, snapshot: Snapshot, *, spill: bool, queue_now: bool = True) -> None:
+        """Queue `snapshot`, replacing any job waiting under its key. Lock held.
+
+        `queue_now=False` leaves queuing its key to a later `queue_together`."""
         old = self._jobs.get(snapshot.key)
         if old is not None:
             self._bytes -= old.snapshot.nbytes
         self._jobs[snapshot.key] = PendingWrite(snapshot, spill)
         self._bytes += snapshot.nbytes
         # Always queue: a job for this key may be mid-write with the older snapshot.
-        self._queue.put(snapshot.key)
+        if queue_now:
+            self._queue.put((snapshot.key,))
+
+    def queue_together(self, keys: list[SnapshotKey]) -> None:
+        """Queue the jobs of `keys` (added with `queue_now=False`) as one item: the writer takes
+        them in one batch, so that the blocks of one save share a file. Lock held."""
+        if keys:
+            self._queue.put(tuple(keys))
 
     def mark_spill(self, key: SnapshotKey) -> bool:
         """RAM evicted `key` while its write waits: that write is now the spill. Lock held."""
@@ -151,37 +161,39 @@ class WriteBehind:
         """Write everything queued, on this thread."""
         with self._write_lock:
             while True:
-                keys = self._take(block=False)
-                if not keys:
+                items = self._take(block=False)
+                if not items:
                     return
                 try:
-                    self._write_jobs([key for key in keys if key is not None])
+                    self._write_jobs([key for item in items if item is not None for key in item])
                 finally:
-                    for _ in keys:
+                    for _ in items:
                         self._queue.task_done()
 
     def _loop(self) -> None:
         while True:
-            keys = self._take(block=True)
+            items = self._take(block=True)
             try:
                 with self._write_lock:
-                    self._write_jobs([key for key in keys if key is not None])
+                    self._write_jobs([key for item in items if item is not None for key in item])
             except Exception:  # the writer must survive anything one snapshot does to it
                 log.exception("snapcache: background write failed")
             finally:
-                for _ in keys:
+                for _ in items:
                     self._queue.task_done()
-            if None in keys:
+            if None in items:
                 return
 
-    def _take(self, *, block: bool) -> list[SnapshotKey | None]:
-        """The next queued keys, up to BATCH and up to the stop mark (None) if any; [] when none wait
-        and not `block`."""
-        taken: list[SnapshotKey | None] = []
+    def _take(self, *, block: bool) -> list[tuple[SnapshotKey, ...] | None]:
+        """The next queued items, up to BATCH keys (or one larger item) and up to the stop mark
+        (None) if any; [] when none wait and not `block`."""
+        taken: list[tuple[SnapshotKey, ...] | None] = []
+        count = 0
         try:
-            taken.append(self._queue.get(block=block))
-            while taken[-1] is not None and len(taken) < BATCH:
-                taken.append(self._queue.get_nowait())
+            while not taken or (taken[-1] is not None and count < BATCH):
+                item = self._queue.get(block=block and not taken)
+                taken.append(item)
+                count += 0 if item is None else len(item)
         except queue.Empty:
             pass
         return taken

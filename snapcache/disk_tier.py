@@ -49,6 +49,7 @@ from snapcache._pack_format import (
     PACK_STATE_BYTES,
     EncodedPack,
     PackHead,
+    PackTooLarge,
     decode_member,
     encode_pack,
     member_tokens,
@@ -223,13 +224,14 @@ class DiskTier:
 
     def put_many(self, snapshots: Sequence[Snapshot]) -> list[bool]:
         """`put` each of `snapshots`; whether each was kept. Runs of blocks of one priority that the
-        tier does not hold yet go into pack files together, each pack kept or not as a whole. The
-        first snapshots count as the most recently used (like `touch`): a prompt's last blocks are
-        evicted before its first ones."""
+        tier does not hold yet go into pack files together, each pack kept or not as a whole. A
+        packed block's last use is when it was made (`created_at`), not when it was written:
+        `SnapshotStore.put_many` dates a save's first blocks as the most recent, as a restore's
+        `touch` does, so that a prompt's last blocks are evicted before its first ones."""
         index = self._open_index()
         checked = [_checked(snapshot) for snapshot in snapshots]
         held = index.get_many([s.key.id for s in checked if s.key.is_block])
-        limit = min(PACK_STATE_BYTES, self._budget // 8)  # eviction frees whole packs
+        limit = min(PACK_STATE_BYTES, self._budget // 8)
         now = time.time()
         kept: list[bool] = []
         run: list[Snapshot] = []
@@ -239,26 +241,35 @@ class DiskTier:
                 packable
                 and snapshot.priority == run[0].priority
                 and snapshot.key.model_fingerprint == run[0].key.model_fingerprint
+                and snapshot.key not in {s.key for s in run}
                 and len(run) < PACK_MEMBERS
                 and sum(memoryview(s.state).nbytes for s in run) + memoryview(snapshot.state).nbytes <= limit
             ):
-                kept += self._put_run(run, used_at=now - len(kept) * 1e-6)
+                kept += self._put_run(run, [min(now, s.created_at) for s in run])
                 run = []
             if packable:
                 run.append(snapshot)
             else:
                 kept.append(self.put(snapshot))
-        kept += self._put_run(run, used_at=now - len(kept) * 1e-6)
+        kept += self._put_run(run, [min(now, s.created_at) for s in run])
         return kept
 
-    def _put_run(self, run: list[Snapshot], *, used_at: float) -> list[bool]:
-        """Write `run` as one pack (one snapshot: its own file); whether each was kept. The rows'
-        uses are recorded at `used_at`, the first as the most recent."""
+    def _put_run(self, run: list[Snapshot], used_at: list[float]) -> list[bool]:
+        """Write `run` as one pack (one snapshot: its own file), its rows' uses recorded at
+        `used_at`; whether each was kept. A run whose header would be too large is halved."""
         if len(run) < 2:
             return [self.put(snapshot) for snapshot in run]
-        encoded = encode_pack(
-            run, store_id=self._store_id, level=self._level, shuffle=self._shuffle, mac_secret=self._mac_key
-        )
+        try:
+            encoded = encode_pack(
+                run,
+                store_id=self._store_id,
+                level=self._level,
+                shuffle=self._shuffle,
+                mac_secret=self._mac_key,
+            )
+        except PackTooLarge:  # long scopes: fewer blocks per pack
+            half = len(run) // 2
+            return self._put_run(run[:half], used_at[:half]) + self._put_run(run[half:], used_at[half:])
         priority = run[0].priority
         if encoded.size > self._budget or not self._open_index().admits(
             [s.key.id for s in run], priority, encoded.size, self._budget
@@ -274,10 +285,10 @@ class DiskTier:
                 file_bytes=share,
                 state_bytes=state_bytes,
                 created_at=run[0].created_at,
-                last_used_at=used_at - i * 1e-6,
+                last_used_at=when,
             )
-            for i, (snapshot, share, state_bytes) in enumerate(
-                zip(run, encoded.shares, encoded.state_bytes, strict=True)
+            for snapshot, share, state_bytes, when in zip(
+                run, encoded.shares, encoded.state_bytes, used_at, strict=True
             )
         ]
         return [self._commit_file(file_name, encoded, rows)] * len(run)
@@ -458,10 +469,12 @@ class DiskTier:
         try:
             if member is None:
                 raise CorruptSnapshot("the pack does not hold the block its row names")
+            if member.state_bytes != row.state_bytes or head.store_id != self._store_id:
+                raise CorruptSnapshot("the pack's block differs from its row")
             data = files.read_range(fd, member.offset, member.size)
             snapshot = decode_member(head, member, data, state_into=state_into)
-            if len(snapshot.state) != row.state_bytes or head.store_id != self._store_id:
-                raise CorruptSnapshot("the pack's block differs from its row")
+            if not key.matches(snapshot.tokens):
+                raise CorruptSnapshot("the block's tokens do not hash to its key")
         except CorruptSnapshot as exc:
             return self._refused(row, exc)
         except (ValueError, ArithmeticError) as exc:  # a crafted file must still read as a miss
@@ -536,6 +549,8 @@ class DiskTier:
                     return None
                 handle.seek(member.offset)
                 raw = handle.read(4 * key.token_count)
+            if len(raw) != 4 * key.token_count:
+                return None  # the file shrank meanwhile: damage a read or check() deals with
             tokens = member_tokens(raw)
         except (OSError, CorruptSnapshot):
             return None

@@ -14,6 +14,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -243,24 +244,27 @@ class SnapshotStore:
         """`put(key, tokens, state_bytes, priority)` of each of `items`, queued for the disk together:
         the blocks of one save then go into one pack file (up to 64 blocks or 16 MiB each).
 
-        The packs are queued last first, so that the first items count as the most recently used
-        (as a restore records a prompt's blocks): a prompt's last blocks are evicted first."""
+        Each item is dated a microsecond before the one before it, so that the first count as the
+        most recently used (as a restore records a prompt's blocks): a prompt's last blocks are
+        evicted first."""
         snapshots = []
-        for key, tokens, state_bytes, priority in items:
+        now = time.time()
+        for i, (key, tokens, state_bytes, priority) in enumerate(items):
             if not isinstance(key, SnapshotKey):
                 raise InvalidArgument(f"key must be a SnapshotKey, got {type(key).__name__}")
             array = as_token_array(tokens)
             if not key.matches(array):
                 raise KeyMismatch(f"the {len(array)} tokens given do not hash to the key")
-            snapshots.append(Snapshot(key, array, copy_state(state_bytes), None, validate_priority(priority)))
+            state = copy_state(state_bytes)
+            snapshots.append(Snapshot(key, array, state, None, validate_priority(priority), now - i * 1e-6))
         self._check_open()
-        kept: dict[SnapshotKey, Snapshot | None] = {}
-        for batch in reversed(list(_packs_of(snapshots))):
+        kept: list[Snapshot | None] = []
+        for batch in _packs_of(snapshots):
             for snapshot, held in zip(batch, self._put_local_many(batch), strict=True):
-                kept[snapshot.key] = snapshot if held else None
+                kept.append(snapshot if held else None)
                 if self._remote is not None:
                     self._remote.put(snapshot)
-        return [kept[snapshot.key] for snapshot in snapshots]
+        return kept
 
     def get(self, key: SnapshotKey) -> Snapshot | None:
         """The snapshot stored under exactly `key` (RAM first, then disk), or None."""
@@ -480,7 +484,9 @@ class SnapshotStore:
                 writes.wait_for_room(sum(s.nbytes for s in snapshots), lambda: self._closed)
             if self._closed:  # closed while this put waited, or just before it took the lock
                 raise StoreUnavailable("the store is closed")
-            in_ram = [self._memory.admit(snapshot) for snapshot in snapshots]
+            in_ram = [self._memory.admit(snapshot, queue_write=False) for snapshot in snapshots]
+            if writes is not None:
+                writes.queue_together([snapshot.key for snapshot in snapshots])
         if writes is None:
             for snapshot, kept in zip(snapshots, in_ram, strict=True):
                 if not kept:

@@ -4,6 +4,7 @@ is a miss, never wrong bytes, and the pack goes with its last row."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import sqlite3
@@ -19,6 +20,7 @@ from snapcache._disk_format import MacMismatch, mac_key
 from snapcache._pack_format import decode_member, encode_pack, read_pack_head
 from snapcache.disk_tier import PACK_MEMBERS, DiskTier, Miss
 from snapcache.errors import CorruptSnapshot
+from snapcache.key import MAX_SCOPE_LENGTH, block_keys
 from snapcache.snapshot import Snapshot
 from snapcache.store import SnapshotStore
 
@@ -143,8 +145,13 @@ def test_a_damaged_pack_header_makes_each_block_a_miss(tmp_path: Path) -> None:
         tier.close()
 
 
+def as_saved(blocks: list[Snapshot], when: float) -> list[Snapshot]:
+    """`blocks` dated as SnapshotStore.put_many dates a save: the first as the most recent."""
+    return [dataclasses.replace(block, created_at=when - i * 1e-6) for i, block in enumerate(blocks)]
+
+
 def test_eviction_frees_whole_packs_from_a_prompts_end(tmp_path: Path) -> None:
-    saves = [block_snapshots(8, seed=seed) for seed in (1, 2, 3)]
+    saves = [as_saved(block_snapshots(8, seed=seed), 1_700_000_000.0 + seed) for seed in (1, 2, 3)]
     probe = DiskTier(tmp_path / "probe", 1 << 30)
     probe.put_many(saves[0])
     save_bytes = probe.used_bytes
@@ -261,11 +268,43 @@ def test_put_many_queues_a_saves_blocks_for_one_pack(tmp_path: Path, ram_bytes: 
         assert [bytes(s.state) for s, _tier in got] == [bytes(b.state) for b in blocks]
 
 
-def test_a_saves_first_blocks_count_as_its_most_recently_used(tmp_path: Path) -> None:
+@pytest.mark.parametrize("ram_bytes", [0, 64 << 20])
+def test_a_saves_first_blocks_count_as_its_most_recently_used(tmp_path: Path, ram_bytes: int) -> None:
     blocks = block_snapshots(2 * PACK_MEMBERS + 5)
-    with SnapshotStore(tmp_path, ram_bytes=0, disk_bytes=1 << 30) as store:
+    with SnapshotStore(tmp_path, ram_bytes=ram_bytes, disk_bytes=1 << 30) as store:
         store.put_many([(b.key, b.tokens, b.state, b.priority) for b in blocks])
-        store.flush()
+    with SnapshotStore(tmp_path, ram_bytes=0, disk_bytes=1 << 30) as store:  # the disk's rows alone
         used = {row.key: row.last_used_at for row in store.entries(blocks=True)}
     order = [used[block.key] for block in blocks]
     assert order == sorted(order, reverse=True)  # evicted from the prompt's end, pack by pack
+    assert len(set(order)) == len(order)
+    assert len(os.listdir(tmp_path / FILES_DIR)) == 3  # the runs stayed whole, whenever the writer woke
+
+
+def test_blocks_whose_header_would_be_too_large_go_into_smaller_packs(tmp_path: Path) -> None:
+    scope = "é" * MAX_SCOPE_LENGTH  # JSON writes each as an escape: 64 such keys overflow a header
+    tokens = np.random.default_rng(3).integers(0, 32_000, 64 * PACK_MEMBERS, dtype=np.int32)
+    keys = block_keys("fp-a", scope, tokens, PACK_MEMBERS)
+    blocks = [Snapshot(key, tokens[64 * i : 64 * (i + 1)], bytes([i]) * 3000) for i, key in enumerate(keys)]
+    tier = DiskTier(tmp_path, 1 << 30)
+    try:
+        assert tier.put_many(blocks) == [True] * len(blocks)
+        assert len(stored_files(tier)) > 1
+        assert tier.used_bytes == files_size(tier)
+        read = tier.read_many(keys)
+        assert [bytes(s.state) for s in read] == [bytes(b.state) for b in blocks]  # type: ignore[union-attr]
+    finally:
+        tier.close()
+
+
+def test_a_block_given_twice_is_stored_once_and_the_budget_still_counts_the_files(tmp_path: Path) -> None:
+    blocks = block_snapshots(5)
+    tier = DiskTier(tmp_path, 1 << 30)
+    try:
+        assert all(tier.put_many([*blocks, blocks[2], blocks[3]]))
+        assert len(tier) == 5
+        assert tier.used_bytes == files_size(tier)
+        assert all(isinstance(found, Snapshot) for found in tier.read_many([b.key for b in blocks]))
+        assert tier.check(verify=True).ok
+    finally:
+        tier.close()

@@ -214,12 +214,8 @@ def decode(
     if head.version == 1:  # zstd checks the frame checksum (XXH64 of the state) while decoding
         shuffle = _field(header, "codec", dict)["shuffle"] == 2
         state = codec.decompress_zstd_frame(payload, expected_size=head.state_bytes, shuffle=shuffle)
-    elif state_into is not None and state_into.nbytes >= head.state_bytes:
-        state = state_into[: head.state_bytes]
-        codec.decompress_into(payload, state)
-        state = state.toreadonly()
     else:
-        state = codec.decompress(payload, expected_size=head.state_bytes)
+        state = decoded_state(payload, head.state_bytes, state_into)
     return Snapshot(
         key=key,
         tokens=tokens,
@@ -228,6 +224,15 @@ def decode(
         priority=head.priority,
         created_at=head.created_at,
     )
+
+
+def decoded_state(payload: memoryview, state_bytes: int, state_into: memoryview | None) -> memoryview:
+    """A verified blosc2 payload decoded, read-only: into `state_into` when it is large enough."""
+    if state_into is not None and state_into.nbytes >= state_bytes:
+        state = state_into[:state_bytes]
+        codec.decompress_into(payload, state)
+        return state.toreadonly()
+    return codec.decompress(payload, expected_size=state_bytes)
 
 
 def _verify_payload(head: _Head, payload: memoryview) -> None:

@@ -45,6 +45,7 @@ from snapcache._disk_format import (
     check_prelude,
     checked_head,
     checked_time_and_priority,
+    decoded_state,
 )
 from snapcache.errors import CorruptSnapshot
 from snapcache.key import SnapshotKey, TokenArray
@@ -273,13 +274,7 @@ def decode_member(
         raise CorruptSnapshot("pack member checksum mismatch")
     tokens_end = 4 * member.key.token_count
     tokens = member_tokens(view[:tokens_end])
-    payload = view[tokens_end:]
-    if state_into is not None and state_into.nbytes >= member.state_bytes:
-        state = state_into[: member.state_bytes]
-        codec.decompress_into(payload, state)
-        state = state.toreadonly()
-    else:
-        state = codec.decompress(payload, expected_size=member.state_bytes)
+    state = decoded_state(view[tokens_end:], member.state_bytes, state_into)
     return Snapshot(
         key=member.key,
         tokens=tokens,

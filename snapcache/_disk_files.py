@@ -122,22 +122,14 @@ def read_file(path: Path, *, reuse: bool = False) -> memoryview:
     restore of many blocks then touches the same few pages instead of fresh ones for each.
     """
     with open(path, "rb", buffering=0) as file:
-        size = os.fstat(file.fileno()).st_size
-        reused = reuse and size <= REUSED_BUFFER_BYTES
-        data = _thread_buffer("read", size) if reused else np.empty(size, np.uint8).data
-        filled = 0
-        while filled < size:
-            count = file.readinto(data[filled:])
-            if not count:
-                break
-            filled += count
-    return data[:filled]
+        return read_range(file.fileno(), 0, os.fstat(file.fileno()).st_size, reuse=reuse)
 
 
-def read_range(fd: int, offset: int, size: int) -> memoryview:
+def read_range(fd: int, offset: int, size: int, *, reuse: bool = True) -> memoryview:
     """`size` bytes of the open file `fd` from `offset`, into this thread's reused read buffer when
-    they fit (see read_file); shorter when the file ends sooner."""
-    data = _thread_buffer("read", size) if size <= REUSED_BUFFER_BYTES else np.empty(size, np.uint8).data
+    they fit and `reuse` (see read_file); shorter when the file ends sooner."""
+    reused = reuse and size <= REUSED_BUFFER_BYTES
+    data = _thread_buffer("read", size) if reused else np.empty(size, np.uint8).data
     filled = 0
     while filled < size:
         if _PREADV is not None:  # positioned reads: threads share one descriptor

@@ -21,7 +21,7 @@ from typing import BinaryIO, Literal
 from snapcache import _disk_files as files
 from snapcache._disk_format import FileHeader, read_header
 from snapcache._disk_index import DiskIndex, IndexDamaged, IndexRow
-from snapcache._pack_format import member_tokens, read_pack_head
+from snapcache._pack_format import read_member_tokens, read_pack_head
 from snapcache.errors import CorruptSnapshot, StoreUnavailable
 from snapcache.key import SnapshotKey, TokenArray, rolling_hash
 
@@ -329,13 +329,7 @@ def _pack_members(file: BinaryIO, size: int, mac_key: bytes | None) -> list[_Rec
     head = read_pack_head(file, size, mac_secret=mac_key)
     recovered = []
     for member, share in zip(head.members, head.shares, strict=True):
-        file.seek(member.offset)
-        raw = file.read(4 * member.key.token_count)
-        if len(raw) != 4 * member.key.token_count:
-            raise CorruptSnapshot("pack is truncated inside a block's tokens")
-        tokens = member_tokens(raw)
-        if not member.key.matches(tokens):
-            raise CorruptSnapshot("a pack block's tokens do not hash to its key")
+        tokens = read_member_tokens(file, member)
         recovered.append(
             _Recovered(
                 member.key,

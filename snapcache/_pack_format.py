@@ -273,7 +273,9 @@ def decode_member(
     if not hmac.compare_digest(digest, member.digest):
         raise CorruptSnapshot("pack member checksum mismatch")
     tokens_end = 4 * member.key.token_count
-    tokens = member_tokens(view[:tokens_end])
+    tokens = _file_tokens(view[:tokens_end])
+    if not member.key.matches(tokens):
+        raise CorruptSnapshot("a pack block's tokens do not hash to its key")
     state = decoded_state(view[tokens_end:], member.state_bytes, state_into)
     return Snapshot(
         key=member.key,
@@ -284,6 +286,14 @@ def decode_member(
     )
 
 
-def member_tokens(raw: Buffer) -> TokenArray:
-    """A read-only copy of a member's token ids."""
-    return _file_tokens(raw)
+def read_member_tokens(file: BinaryIO, member: PackMember) -> TokenArray:
+    """The tokens of `member`, read from its open pack file and checked against its key (a
+    read-only copy); CorruptSnapshot when the file ends inside them or they do not hash to it."""
+    file.seek(member.offset)
+    raw = file.read(4 * member.key.token_count)
+    if len(raw) != 4 * member.key.token_count:
+        raise CorruptSnapshot("pack is truncated inside a block's tokens")
+    tokens = _file_tokens(raw)
+    if not member.key.matches(tokens):
+        raise CorruptSnapshot("a pack block's tokens do not hash to its key")
+    return tokens

@@ -165,7 +165,7 @@ class WriteBehind:
                 if not items:
                     return
                 try:
-                    self._write_jobs([key for item in items if item is not None for key in item])
+                    self._write_jobs(_keys_of(items))
                 finally:
                     for _ in items:
                         self._queue.task_done()
@@ -175,7 +175,7 @@ class WriteBehind:
             items = self._take(block=True)
             try:
                 with self._write_lock:
-                    self._write_jobs([key for item in items if item is not None for key in item])
+                    self._write_jobs(_keys_of(items))
             except Exception:  # the writer must survive anything one snapshot does to it
                 log.exception("snapcache: background write failed")
             finally:
@@ -221,3 +221,8 @@ class WriteBehind:
                 self._condition.notify_all()
         for key in discarded:
             self._undo(key)
+
+
+def _keys_of(items: list[tuple[SnapshotKey, ...] | None]) -> list[SnapshotKey]:
+    """The keys of queue items taken together, in order (the stop mark has none)."""
+    return [key for item in items if item is not None for key in item]

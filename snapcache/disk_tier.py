@@ -27,7 +27,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
 
 from snapcache import _disk_files as files
 from snapcache import codec
@@ -35,6 +34,7 @@ from snapcache._disk_auth import OtherAuthentication
 from snapcache._disk_files import FILES_DIR, INDEX_NAME, LOCK_NAME, QUARANTINE_DIR, TEMP_PREFIX
 from snapcache._disk_format import EncodedFile, MacMismatch, decode, encode, mac_key, read_header
 from snapcache._disk_index import CatalogRow, Change, DiskIndex, IndexRow
+from snapcache._disk_packs import OpenPack, OpenPacks, read_member
 from snapcache._disk_repair import (
     DEFAULT_GRACE_S,
     CheckReport,
@@ -48,11 +48,9 @@ from snapcache._pack_format import (
     PACK_MEMBERS,
     PACK_STATE_BYTES,
     EncodedPack,
-    PackHead,
     PackTooLarge,
-    decode_member,
     encode_pack,
-    member_tokens,
+    read_member_tokens,
     read_pack_head,
 )
 from snapcache._threads import map_in_parallel
@@ -235,20 +233,25 @@ class DiskTier:
         now = time.time()
         kept: list[bool] = []
         run: list[Snapshot] = []
+        run_keys: set[SnapshotKey] = set()
+        run_bytes = 0
         for snapshot in checked:
             packable = snapshot.key.is_block and snapshot.logits is None and snapshot.key.id not in held
+            state_bytes = memoryview(snapshot.state).nbytes
             if run and not (
                 packable
                 and snapshot.priority == run[0].priority
                 and snapshot.key.model_fingerprint == run[0].key.model_fingerprint
-                and snapshot.key not in {s.key for s in run}
+                and snapshot.key not in run_keys
                 and len(run) < PACK_MEMBERS
-                and sum(memoryview(s.state).nbytes for s in run) + memoryview(snapshot.state).nbytes <= limit
+                and run_bytes + state_bytes <= limit
             ):
                 kept += self._put_run(run, [min(now, s.created_at) for s in run])
-                run = []
+                run, run_keys, run_bytes = [], set(), 0
             if packable:
                 run.append(snapshot)
+                run_keys.add(snapshot.key)
+                run_bytes += state_bytes
             else:
                 kept.append(self.put(snapshot))
         kept += self._put_run(run, [min(now, s.created_at) for s in run])
@@ -368,7 +371,7 @@ class DiskTier:
             rows = index.get_many([key.id for key in keys])
         except StoreUnavailable as exc:
             return [_index_unavailable(exc)] * len(keys)
-        packs = _OpenPacks(self._files, self._mac_key)
+        packs = OpenPacks(self._files, self._mac_key)
 
         def read_one(i: int) -> Snapshot | Miss | None:
             key = keys[i]
@@ -377,7 +380,7 @@ class DiskTier:
             try:
                 opened = None if row is None else packs.get(row.file_name)
                 if opened is not None and row is not None:
-                    found = self._read_member(index, key, row, opened, state_into=into)
+                    found = self._read_member(key, row, opened, state_into=into)
                 else:
                     found = self._read_row(index, key, row, state_into=into)
             except StoreUnavailable as exc:
@@ -409,21 +412,19 @@ class DiskTier:
             if row is None:
                 return Miss.ABSENT
             if files.is_pack_name(row.file_name):
-                packs = _OpenPacks(self._files, self._mac_key)
+                packs = OpenPacks(self._files, self._mac_key)
                 try:
-                    opened = packs.open({row.file_name}).get(row.file_name)
+                    packs.open({row.file_name})
+                    opened = packs.get(row.file_name)
                     if opened is not None:
-                        return self._read_member(index, key, row, opened, state_into=state_into)
+                        return self._read_member(key, row, opened, state_into=state_into)
                 finally:
                     packs.close()
-                current = index.get(key.id)  # the pack vanished: replaced, evicted or removed
-                if current is not None and current.file_name != row.file_name:
-                    row = current
-                    continue
-                if current is not None:
-                    logger.warning("pack file %s vanished; dropping its rows", row.file_name)
-                    self._announce(index.delete_file(row.file_name))
-                return Miss.ABSENT
+                replaced = self._vanished(index, key, row)
+                if replaced is None:
+                    return Miss.ABSENT
+                row = replaced
+                continue
             if not files.is_snapshot_name(row.file_name):
                 self._discard(row, "the index names an invalid file", unlink=False)
                 return Miss.DISCARDED
@@ -431,14 +432,11 @@ class DiskTier:
                 # Reused: decoding copies out everything the snapshot keeps.
                 data = files.read_file(self._files / row.file_name, reuse=True)
             except FileNotFoundError:
-                current = index.get(key.id)
-                if current is not None and current.file_name != row.file_name:
-                    row = current  # a concurrent put replaced it
-                    continue
-                if current is not None:
-                    logger.warning("snapshot file %s vanished; dropping its row", row.file_name)
-                    self._announce(index.delete(row.key_id, row.file_name))
-                return Miss.ABSENT
+                replaced = self._vanished(index, key, row)
+                if replaced is None:
+                    return Miss.ABSENT
+                row = replaced
+                continue
             except OSError as exc:
                 logger.warning("cannot read snapshot file %s: %s", row.file_name, exc)
                 return Miss.UNAVAILABLE
@@ -448,37 +446,34 @@ class DiskTier:
                 return self._refused(row, exc)
         return Miss.UNAVAILABLE  # replaced again and again while read: asking later may find it
 
+    def _vanished(self, index: DiskIndex, key: SnapshotKey, row: IndexRow) -> IndexRow | None:
+        """`row`'s file is gone: the row a concurrent put replaced it with, to read instead, or None
+        (a miss) once the rows still naming the file are dropped."""
+        current = index.get(key.id)
+        if current is not None and current.file_name != row.file_name:
+            return current
+        if current is not None:
+            logger.warning("snapshot file %s vanished; dropping its rows", row.file_name)
+            self._announce(index.delete_file(row.file_name))
+        return None
+
     def _read_member(
         self,
-        index: DiskIndex,
         key: SnapshotKey,
         row: IndexRow,
-        opened: _OpenPack | OSError | CorruptSnapshot,
+        opened: OpenPack | OSError | CorruptSnapshot,
         *,
         state_into: memoryview | None = None,
     ) -> tuple[Snapshot, IndexRow] | Miss:
         """The block `row` names in its pack, whose head `opened` holds (or the error reading it)."""
-        if isinstance(opened, CorruptSnapshot):
-            self._discard(row, str(opened))
-            return Miss.DISCARDED
-        if isinstance(opened, OSError):
-            logger.warning("cannot read pack file %s: %s", row.file_name, opened)
-            return Miss.UNAVAILABLE
-        head, fd = opened
-        member = head.member(key)
         try:
-            if member is None:
-                raise CorruptSnapshot("the pack does not hold the block its row names")
-            if member.state_bytes != row.state_bytes or head.store_id != self._store_id:
-                raise CorruptSnapshot("the pack's block differs from its row")
-            data = files.read_range(fd, member.offset, member.size)
-            snapshot = decode_member(head, member, data, state_into=state_into)
-            if not key.matches(snapshot.tokens):
-                raise CorruptSnapshot("the block's tokens do not hash to its key")
+            if isinstance(opened, Exception):
+                raise opened
+            snapshot = read_member(
+                opened, key, state_bytes=row.state_bytes, store_id=self._store_id, state_into=state_into
+            )
         except CorruptSnapshot as exc:
             return self._refused(row, exc)
-        except (ValueError, ArithmeticError) as exc:  # a crafted file must still read as a miss
-            return self._refused(row, CorruptSnapshot(f"pack member cannot be decoded: {exc}"))
         except OSError as exc:
             logger.warning("cannot read pack file %s: %s", row.file_name, exc)
             return Miss.UNAVAILABLE
@@ -547,14 +542,9 @@ class DiskTier:
                 member = head.member(key)
                 if member is None or not head.authenticated:
                     return None
-                handle.seek(member.offset)
-                raw = handle.read(4 * key.token_count)
-            if len(raw) != 4 * key.token_count:
-                return None  # the file shrank meanwhile: damage a read or check() deals with
-            tokens = member_tokens(raw)
+                return read_member_tokens(handle, member)
         except (OSError, CorruptSnapshot):
             return None
-        return tokens if key.matches(tokens) else None
 
     def remove(self, key: SnapshotKey) -> bool:
         change = self._open_index().delete(key.id)
@@ -690,25 +680,18 @@ class DiskTier:
         return "ok"
 
     def _member_verdict(self, row: IndexRow, key: SnapshotKey) -> Verdict:
-        packs = _OpenPacks(self._files, self._mac_key)
+        packs = OpenPacks(self._files, self._mac_key)
         try:
-            opened = packs.open({row.file_name}).get(row.file_name)
+            packs.open({row.file_name})
+            opened = packs.get(row.file_name)
             if opened is None:
                 return "ok"  # removed meanwhile: nothing to verify
-            if isinstance(opened, OSError):
-                return "corrupt"
-            if isinstance(opened, CorruptSnapshot):
-                return "corrupt"
-            head, fd = opened
-            member = head.member(key)
-            if member is None:
-                return "corrupt"
-            snapshot = decode_member(head, member, files.read_range(fd, member.offset, member.size))
-            if not key.matches(snapshot.tokens) or len(snapshot.state) != row.state_bytes:
-                return "corrupt"
+            if isinstance(opened, Exception):
+                raise opened
+            read_member(opened, key, state_bytes=row.state_bytes, store_id=self._store_id)
         except MacMismatch:
             return "unauthenticated"
-        except (ValueError, ArithmeticError, OSError):
+        except (CorruptSnapshot, OSError):
             return "corrupt"
         finally:
             packs.close()
@@ -744,51 +727,6 @@ class DiskTier:
         for name in names:
             if files.is_stored_name(name):
                 files.unlink(self._files / name)
-
-
-# A pack opened for reading: its checked head and its descriptor.
-_OpenPack = tuple[PackHead, int]
-
-
-class _OpenPacks:
-    """Pack files opened for one read, each head read and checked once; closed together."""
-
-    def __init__(self, folder: Path, mac_key: bytes | None) -> None:
-        self._folder = folder
-        self._mac_key = mac_key
-        self._opened: dict[str, _OpenPack | OSError | CorruptSnapshot] = {}
-        self._handles: list[BinaryIO] = []
-
-    def open(self, names: set[str]) -> dict[str, _OpenPack | OSError | CorruptSnapshot]:
-        """Open `names`: each maps to its head and descriptor, or to why it cannot be read; a file
-        gone is left out."""
-        for name in sorted(names):
-            try:
-                handle = open(self._folder / name, "rb", buffering=0)  # noqa: SIM115 (closed in close())
-            except FileNotFoundError:
-                continue
-            except OSError as exc:
-                self._opened[name] = exc
-                continue
-            self._handles.append(handle)
-            try:
-                size = os.fstat(handle.fileno()).st_size
-                head = read_pack_head(handle, size, mac_secret=self._mac_key)
-            except OSError as exc:
-                self._opened[name] = exc
-            except (ValueError, ArithmeticError) as exc:  # CorruptSnapshot, or a crafted header
-                self._opened[name] = exc if isinstance(exc, CorruptSnapshot) else CorruptSnapshot(str(exc))
-            else:
-                self._opened[name] = (head, handle.fileno())
-        return self._opened
-
-    def get(self, name: str) -> _OpenPack | OSError | CorruptSnapshot | None:
-        return self._opened.get(name)
-
-    def close(self) -> None:
-        for handle in self._handles:
-            handle.close()
-        self._handles.clear()
 
 
 def _checked(snapshot: Snapshot) -> Snapshot:

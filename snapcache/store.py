@@ -227,13 +227,7 @@ class SnapshotStore:
         returned; should the disk refuse it too, it is dropped then with a logged warning.
         Raises KeyMismatch when `tokens` do not hash to `key`.
         """
-        if not isinstance(key, SnapshotKey):
-            raise InvalidArgument(f"key must be a SnapshotKey, got {type(key).__name__}")
-        priority = validate_priority(priority)
-        array = as_token_array(tokens)
-        if not key.matches(array):
-            raise KeyMismatch(f"the {len(array)} tokens given do not hash to the key")
-        snapshot = Snapshot(key, array, copy_state(state_bytes), copy_logits(logits), priority)
+        snapshot = _snapshot_to_put(key, tokens, state_bytes, priority, logits, time.time())
         self._check_open()
         kept = self._put_local(snapshot)
         if self._remote is not None:
@@ -247,16 +241,11 @@ class SnapshotStore:
         Each item is dated a microsecond before the one before it, so that the first count as the
         most recently used (as a restore records a prompt's blocks): a prompt's last blocks are
         evicted first."""
-        snapshots = []
         now = time.time()
-        for i, (key, tokens, state_bytes, priority) in enumerate(items):
-            if not isinstance(key, SnapshotKey):
-                raise InvalidArgument(f"key must be a SnapshotKey, got {type(key).__name__}")
-            array = as_token_array(tokens)
-            if not key.matches(array):
-                raise KeyMismatch(f"the {len(array)} tokens given do not hash to the key")
-            state = copy_state(state_bytes)
-            snapshots.append(Snapshot(key, array, state, None, validate_priority(priority), now - i * 1e-6))
+        snapshots = [
+            _snapshot_to_put(key, tokens, state_bytes, priority, None, now - i * 1e-6)
+            for i, (key, tokens, state_bytes, priority) in enumerate(items)
+        ]
         self._check_open()
         kept: list[Snapshot | None] = []
         for batch in _packs_of(snapshots):
@@ -532,6 +521,24 @@ class SnapshotStore:
         if not isinstance(key, SnapshotKey):
             raise InvalidArgument(f"key must be a SnapshotKey, got {type(key).__name__}")
         self._check_open()
+
+
+def _snapshot_to_put(
+    key: SnapshotKey,
+    tokens: Tokens,
+    state_bytes: Buffer,
+    priority: int,
+    logits: npt.ArrayLike | None,
+    created_at: float,
+) -> Snapshot:
+    """A put's arguments checked and copied into the snapshot to store."""
+    if not isinstance(key, SnapshotKey):
+        raise InvalidArgument(f"key must be a SnapshotKey, got {type(key).__name__}")
+    priority = validate_priority(priority)
+    array = as_token_array(tokens)
+    if not key.matches(array):
+        raise KeyMismatch(f"the {len(array)} tokens given do not hash to the key")
+    return Snapshot(key, array, copy_state(state_bytes), copy_logits(logits), priority, created_at)
 
 
 def _packs_of(snapshots: list[Snapshot]) -> Iterator[list[Snapshot]]:

@@ -7,7 +7,10 @@ file vanishing under them (a miss). A file that fails verification is deleted, l
 an intact file authenticated under another secret (or none) is a miss that stays, since processes
 configured otherwise may share the directory. Opening the tier (under the directory's lock) rebuilds
 a damaged or missing index from the files and reclaims debris of interrupted writes (_disk_repair).
-The directory's layout is in _disk_files; the file format in _disk_format.
+The directory's layout is in _disk_files; the file formats in _disk_format and _pack_format; reading
+a file back and checking it in _disk_reads; checking a put and cutting a save into packs in
+_disk_puts. This module holds what ties them to the index: its transactions, the budget, and what a
+failed read does to the rows.
 
 `put_many` writes the blocks of one save (block keys, one priority, no logits) into pack files of up
 to PACK_MEMBERS blocks (_pack_format): one file, one fsync and one header for many blocks, so that a
@@ -17,11 +20,8 @@ own row; its pack goes with its last row, and eviction frees whole files (_disk_
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import logging
-import math
-import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -32,13 +32,14 @@ from snapcache import _disk_files as files
 from snapcache import codec
 from snapcache._disk_auth import OtherAuthentication
 from snapcache._disk_files import FILES_DIR, INDEX_NAME, LOCK_NAME, QUARANTINE_DIR, TEMP_PREFIX
-from snapcache._disk_format import EncodedFile, MacMismatch, decode, encode, mac_key, read_header
+from snapcache._disk_format import EncodedFile, MacMismatch, encode, mac_key
 from snapcache._disk_index import CatalogRow, Change, DiskIndex, IndexRow
-from snapcache._disk_packs import OpenPack, OpenPacks, read_member
+from snapcache._disk_packs import OpenPack
+from snapcache._disk_puts import checked, pack_rows, pack_runs
+from snapcache._disk_reads import StoredFiles
 from snapcache._disk_repair import (
     DEFAULT_GRACE_S,
     CheckReport,
-    Verdict,
     open_or_rebuild,
     reclaim_debris,
     report_of,
@@ -50,13 +51,11 @@ from snapcache._pack_format import (
     EncodedPack,
     PackTooLarge,
     encode_pack,
-    read_member_tokens,
-    read_pack_head,
 )
 from snapcache._threads import map_in_parallel
 from snapcache.cache_dir import prepare_cache_dir
-from snapcache.errors import CorruptSnapshot, InvalidArgument, KeyMismatch, StoreUnavailable
-from snapcache.key import SnapshotKey, TokenArray, rolling_hash, validate_budget, validate_priority
+from snapcache.errors import CorruptSnapshot, InvalidArgument, StoreUnavailable
+from snapcache.key import SnapshotKey, TokenArray, rolling_hash, validate_budget
 from snapcache.snapshot import Snapshot
 from snapcache.tier import EntryInfo, TierName
 
@@ -147,6 +146,7 @@ class DiskTier:
             except StoreUnavailable as exc:  # the store still works; check() can try again
                 logger.warning("could not reclaim debris in %s: %s", self._files, exc)
         self._store_id = self._index.store_id
+        self._stored = StoredFiles(self._files, mac_key=self._mac_key, store_id=self._store_id)
         self._lock = threading.Lock()
         self._evictions = 0
         self._closed = False
@@ -184,7 +184,7 @@ class DiskTier:
         held in a pack is not written again: a higher priority is recorded on its row.
         """
         index = self._open_index()
-        snapshot = _checked(snapshot)
+        snapshot = checked(snapshot)
         key = snapshot.key
         if key.is_block:
             current = index.get(key.id)
@@ -227,34 +227,12 @@ class DiskTier:
         `SnapshotStore.put_many` dates a save's first blocks as the most recent, as a restore's
         `touch` does, so that a prompt's last blocks are evicted before its first ones."""
         index = self._open_index()
-        checked = [_checked(snapshot) for snapshot in snapshots]
-        held = index.get_many([s.key.id for s in checked if s.key.is_block])
-        limit = min(PACK_STATE_BYTES, self._budget // 8)
+        snapshots = [checked(snapshot) for snapshot in snapshots]
+        held = index.get_many([s.key.id for s in snapshots if s.key.is_block])
         now = time.time()
         kept: list[bool] = []
-        run: list[Snapshot] = []
-        run_keys: set[SnapshotKey] = set()
-        run_bytes = 0
-        for snapshot in checked:
-            packable = snapshot.key.is_block and snapshot.logits is None and snapshot.key.id not in held
-            state_bytes = memoryview(snapshot.state).nbytes
-            if run and not (
-                packable
-                and snapshot.priority == run[0].priority
-                and snapshot.key.model_fingerprint == run[0].key.model_fingerprint
-                and snapshot.key not in run_keys
-                and len(run) < PACK_MEMBERS
-                and run_bytes + state_bytes <= limit
-            ):
-                kept += self._put_run(run, [min(now, s.created_at) for s in run])
-                run, run_keys, run_bytes = [], set(), 0
-            if packable:
-                run.append(snapshot)
-                run_keys.add(snapshot.key)
-                run_bytes += state_bytes
-            else:
-                kept.append(self.put(snapshot))
-        kept += self._put_run(run, [min(now, s.created_at) for s in run])
+        for run in pack_runs(snapshots, held, min(PACK_STATE_BYTES, self._budget // 8)):
+            kept += self._put_run(run, [min(now, s.created_at) for s in run])
         return kept
 
     def _put_run(self, run: list[Snapshot], used_at: list[float]) -> list[bool]:
@@ -279,21 +257,7 @@ class DiskTier:
         ):
             return [False] * len(run)
         file_name = files.new_pack_name()
-        rows = [
-            IndexRow.of(
-                snapshot.key,
-                rolling_hash=rolling_hash(snapshot.tokens),
-                priority=priority,
-                file_name=file_name,
-                file_bytes=share,
-                state_bytes=state_bytes,
-                created_at=run[0].created_at,
-                last_used_at=when,
-            )
-            for snapshot, share, state_bytes, when in zip(
-                run, encoded.shares, encoded.state_bytes, used_at, strict=True
-            )
-        ]
+        rows = pack_rows(run, encoded, file_name, used_at)
         return [self._commit_file(file_name, encoded, rows)] * len(run)
 
     def _commit_file(self, file_name: str, encoded: EncodedFile | EncodedPack, rows: list[IndexRow]) -> bool:
@@ -371,7 +335,7 @@ class DiskTier:
             rows = index.get_many([key.id for key in keys])
         except StoreUnavailable as exc:
             return [_index_unavailable(exc)] * len(keys)
-        packs = OpenPacks(self._files, self._mac_key)
+        packs = self._stored.open_packs()
 
         def read_one(i: int) -> Snapshot | Miss | None:
             key = keys[i]
@@ -412,7 +376,7 @@ class DiskTier:
             if row is None:
                 return Miss.ABSENT
             if files.is_pack_name(row.file_name):
-                packs = OpenPacks(self._files, self._mac_key)
+                packs = self._stored.open_packs()
                 try:
                     packs.open({row.file_name})
                     opened = packs.get(row.file_name)
@@ -429,21 +393,18 @@ class DiskTier:
                 self._discard(row, "the index names an invalid file", unlink=False)
                 return Miss.DISCARDED
             try:
-                # Reused: decoding copies out everything the snapshot keeps.
-                data = files.read_file(self._files / row.file_name, reuse=True)
+                return self._stored.snapshot(row, key, state_into=state_into), row
             except FileNotFoundError:
                 replaced = self._vanished(index, key, row)
                 if replaced is None:
                     return Miss.ABSENT
                 row = replaced
                 continue
+            except CorruptSnapshot as exc:
+                return self._refused(row, exc)
             except OSError as exc:
                 logger.warning("cannot read snapshot file %s: %s", row.file_name, exc)
                 return Miss.UNAVAILABLE
-            try:
-                return self._verify(row, data, key, state_into), row
-            except CorruptSnapshot as exc:
-                return self._refused(row, exc)
         return Miss.UNAVAILABLE  # replaced again and again while read: asking later may find it
 
     def _vanished(self, index: DiskIndex, key: SnapshotKey, row: IndexRow) -> IndexRow | None:
@@ -467,17 +428,12 @@ class DiskTier:
     ) -> tuple[Snapshot, IndexRow] | Miss:
         """The block `row` names in its pack, whose head `opened` holds (or the error reading it)."""
         try:
-            if isinstance(opened, Exception):
-                raise opened
-            snapshot = read_member(
-                opened, key, state_bytes=row.state_bytes, store_id=self._store_id, state_into=state_into
-            )
+            return self._stored.member(row, key, opened, state_into=state_into), row
         except CorruptSnapshot as exc:
             return self._refused(row, exc)
         except OSError as exc:
             logger.warning("cannot read pack file %s: %s", row.file_name, exc)
             return Miss.UNAVAILABLE
-        return snapshot, row
 
     def _refused(self, row: IndexRow, exc: CorruptSnapshot) -> Miss:
         """The miss of a snapshot that failed verification: one authenticated otherwise is kept (and
@@ -521,30 +477,7 @@ class DiskTier:
             row = self._open_index().get(key.id)
         except StoreUnavailable:
             return None
-        if row is None:
-            return None
-        if files.is_pack_name(row.file_name):
-            return self._member_tokens(row, key)
-        if not files.is_snapshot_name(row.file_name):
-            return None
-        try:
-            with (self._files / row.file_name).open("rb") as handle:
-                header = read_header(handle, row.file_bytes, mac_secret=self._mac_key)
-        except (OSError, CorruptSnapshot):
-            return None
-        return header.tokens if header.key == key and header.authenticated else None
-
-    def _member_tokens(self, row: IndexRow, key: SnapshotKey) -> TokenArray | None:
-        """The tokens of `key` in the pack `row` names, from its checked head; None when unusable."""
-        try:
-            with (self._files / row.file_name).open("rb", buffering=0) as handle:
-                head = read_pack_head(handle, os.fstat(handle.fileno()).st_size, mac_secret=self._mac_key)
-                member = head.member(key)
-                if member is None or not head.authenticated:
-                    return None
-                return read_member_tokens(handle, member)
-        except (OSError, CorruptSnapshot):
-            return None
+        return None if row is None else self._stored.tokens(row, key)
 
     def remove(self, key: SnapshotKey) -> bool:
         change = self._open_index().delete(key.id)
@@ -602,7 +535,7 @@ class DiskTier:
         be writing them). `verify` also reads and verifies every file.
         """
         index = self._open_index()
-        found = survey(index, self._files, grace_seconds, self._verdict if verify else None)
+        found = survey(index, self._files, grace_seconds, self._stored.verdict if verify else None)
         if repair:
             for row in found.missing:
                 self._announce(index.delete(row.key_id, row.file_name))
@@ -640,63 +573,6 @@ class DiskTier:
             raise StoreUnavailable(f"the disk tier on {self.directory} is closed")
         return self._index
 
-    def _verify(
-        self, row: IndexRow, data: memoryview, key: SnapshotKey, state_into: memoryview | None = None
-    ) -> Snapshot:
-        if len(data) != row.file_bytes:
-            raise CorruptSnapshot(f"file is {len(data)} bytes, the index recorded {row.file_bytes}")
-        try:
-            snapshot = decode(
-                data,
-                key=key,
-                store_id=self._store_id,
-                mac_secret=self._mac_key,
-                max_state_bytes=row.state_bytes,
-                state_into=state_into,
-            )
-        except CorruptSnapshot:
-            raise
-        except (ValueError, ArithmeticError) as exc:  # a crafted file must still read as a miss
-            raise CorruptSnapshot(f"file cannot be decoded: {exc}") from None
-        if len(snapshot.state) != row.state_bytes:
-            raise CorruptSnapshot("state size differs from the index")
-        return snapshot
-
-    def _verdict(self, row: IndexRow) -> Verdict:
-        """One of ok, corrupt, or unauthenticated (intact, but under another secret or none)."""
-        try:
-            key = row.key()
-            if files.is_pack_name(row.file_name):
-                return self._member_verdict(row, key)
-            if not files.is_snapshot_name(row.file_name):
-                return "corrupt"
-            self._verify(row, files.read_file(self._files / row.file_name), key)
-        except FileNotFoundError:
-            return "ok"  # replaced or removed meanwhile: nothing to verify
-        except MacMismatch:
-            return "unauthenticated"
-        except (CorruptSnapshot, InvalidArgument, OSError):
-            return "corrupt"
-        return "ok"
-
-    def _member_verdict(self, row: IndexRow, key: SnapshotKey) -> Verdict:
-        packs = OpenPacks(self._files, self._mac_key)
-        try:
-            packs.open({row.file_name})
-            opened = packs.get(row.file_name)
-            if opened is None:
-                return "ok"  # removed meanwhile: nothing to verify
-            if isinstance(opened, Exception):
-                raise opened
-            read_member(opened, key, state_bytes=row.state_bytes, store_id=self._store_id)
-        except MacMismatch:
-            return "unauthenticated"
-        except (CorruptSnapshot, OSError):
-            return "corrupt"
-        finally:
-            packs.close()
-        return "ok"
-
     def _discard(self, row: IndexRow, reason: str, *, unlink: bool = True) -> None:
         logger.warning(
             "snapshot file %s (key %s) is unusable and its row was dropped: %s",
@@ -727,18 +603,6 @@ class DiskTier:
         for name in names:
             if files.is_stored_name(name):
                 files.unlink(self._files / name)
-
-
-def _checked(snapshot: Snapshot) -> Snapshot:
-    """`snapshot` with its key, priority and time checked for a put (its priority a plain int)."""
-    if not snapshot.key.matches(snapshot.tokens):
-        raise KeyMismatch("the snapshot's tokens do not hash to its key")
-    priority = validate_priority(snapshot.priority)
-    if type(snapshot.priority) is not int:  # a numpy integer: the header and index want an int
-        snapshot = dataclasses.replace(snapshot, priority=priority)
-    if not math.isfinite(snapshot.created_at):
-        raise InvalidArgument(f"created_at must be a finite time, got {snapshot.created_at!r}")
-    return snapshot
 
 
 def _index_unavailable(exc: StoreUnavailable) -> Miss:

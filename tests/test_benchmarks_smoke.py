@@ -258,3 +258,17 @@ def test_bench_disk_hit_quick(tmp_path: Path) -> None:
         # The blob came out byte for byte the same three ways (the benchmark asserts it) and was timed.
         assert values["blocks in packs"] == "7 in 1"  # one save's blocks: one pack file
         assert all(float(values[f"{label} ms"]) > 0 for label in ("packs", "file per block", "one file"))
+
+
+@pytest.mark.gemma
+def test_bench_window_padding_quick(tmp_path: Path) -> None:
+    out = tmp_path / "padding.json"
+    proc = _run("bench_window_padding.py", "--quick", "--repeat", "2", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    _assert_header(proc.stdout, "A restored window cache padded four ways", "prompt tokens")
+    [table] = _load_json(out, "bench_window_padding")["tables"]
+    rows = {row[1]: row for row in table["rows"]}
+    assert list(rows) == ["bare", "to 32 cells", "to 256 cells (snapcache)", "from position 0"]
+    assert rows["to 256 cells (snapcache)"][6] == "yes"  # logits identical to cold
+    assert rows["from position 0"][2] == "0"  # the window cache holds a cell for every position
+    assert float(rows["to 256 cells (snapcache)"][4]) <= float(rows["from position 0"][4])

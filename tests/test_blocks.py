@@ -278,3 +278,34 @@ def test_a_window_assembled_padded_is_the_padded_assembly_byte_for_byte(make_lla
     assert padded is not None
     assert bytes(assemble(blocks, record, pad_window=True)) == padded.tobytes()
     assert not pads_window(None)
+
+
+def test_a_window_is_padded_only_down_to_the_multiple_of_256_below_it(make_llama, gemma_model_path):
+    """Zero cells go in front of the window until its first cell sits at a slot congruent to its
+    position modulo 256 (here from 256 on, not from 0); a window padded so needs no more."""
+    import numpy as np
+
+    from snapcache.llama._state_layout import pad_window, parse_sections, window_start
+
+    gemma = make_llama(gemma_model_path, n_ctx=1024)
+    gemma.eval(gemma.tokenize((RAW * 6).encode())[:900])
+    whole = np.frombuffer(capture_sequence(gemma).state, dtype=np.uint8)
+    sections = parse_sections(whole)
+    window = sections[1]
+    first = window_start(window)
+    assert 256 < first < 512  # 388: the window of the last 512 positions
+    padded = pad_window(whole, sections)
+    assert padded is not None
+    padded_sections = parse_sections(padded)
+    assert padded[: window.start].tobytes() == whole[: window.start].tobytes()  # the first cache as it was
+    got = padded_sections[1]
+    assert got.positions.tolist() == list(range(256, 900))
+    pad = first - 256
+    m = len(window.positions)
+    for bare, layer in zip(window.layers, got.layers, strict=True):
+        rows = whole[bare.data : bare.data + bare.width * m * bare.row_bytes].reshape(bare.width, -1)
+        padded_rows = padded[layer.data : layer.data + layer.width * (pad + m) * layer.row_bytes]
+        padded_rows = padded_rows.reshape(layer.width, -1)
+        assert not padded_rows[:, : pad * layer.row_bytes].any()
+        assert np.array_equal(padded_rows[:, pad * layer.row_bytes :], rows)
+    assert pad_window(padded, padded_sections) is None

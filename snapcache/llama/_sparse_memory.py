@@ -1,17 +1,18 @@
-"""Large buffers for assembled blobs: zero-filled ones mostly left zero (a padded sliding-window
+"""Large buffers for assembled blobs: zero-filled ones partly left zero (a padded sliding-window
 blob), and ones written whole from several threads.
 
-A padded window blob (see `llama._state_layout.pad_window`) is several times the state it carries:
-164 MiB for 9,344 Gemma-3 tokens, of which the window's own rows are 7.5 MiB. They are written a
-little at the end of every transposed V row, so nearly every 2 MiB of the buffer gets a write.
+A padded window blob (see `llama._state_layout.pad_window`) holds up to 255 masked cells in front
+of the window, whose rows stay zero: in every transposed V row the window's cells follow a run of
+zeros. (Padding once reached back to position 0: 164 MiB for 9,344 Gemma-3 tokens, of which the
+window's own rows were 7.5 MiB.)
 
-numpy asks for transparent huge pages on allocations of 4 MiB and more. Here that is the slow
-choice: each first write into a 2 MiB range makes the kernel find (and, on a fragmented machine,
-compact memory for) a huge page and zero all of it, which made padding that state in a new process
-several times slower than with 4 KiB pages, and uneven (bench_restart.py measures the whole
-restore). So `sparse_zeros` maps its own memory and declines huge pages, and `populate_for_reading`
-maps the zero pages llama.cpp is about to read in one call (Linux 5.14+), rather than one page fault
-at a time. Elsewhere both fall back to what numpy does.
+numpy asks for transparent huge pages on allocations of 4 MiB and more. For a buffer written here
+and there that is the slow choice: each first write into a 2 MiB range makes the kernel find (and,
+on a fragmented machine, compact memory for) a huge page and zero all of it, which made padding
+from position 0 in a new process several times slower than with 4 KiB pages, and uneven
+(bench_restart.py measures the whole restore). So `sparse_zeros` maps its own memory and declines
+huge pages, and `populate_for_reading` maps the zero pages llama.cpp is about to read in one call
+(Linux 5.14+), rather than one page fault at a time. Elsewhere both fall back to what numpy does.
 
 A blob assembled from blocks is the opposite case: every byte is written, by the codec's threads
 at once. `populated_empty` maps all of it, on huge pages, in one call before they start.

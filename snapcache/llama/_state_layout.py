@@ -29,6 +29,8 @@ _EXTENDED_CELL_META_BYTES = 24
 _MAX_LAYERS = 4096
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
+# A padded window's cells sit at slots congruent to their positions modulo this (see pad_window).
+WINDOW_PAD_CELLS = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,19 +109,27 @@ def parse_sections(state: npt.NDArray[np.uint8]) -> list[CacheSection]:
 
 
 def pad_window(state: npt.NDArray[np.uint8], sections: list[CacheSection]) -> npt.NDArray[np.uint8] | None:
-    """The blob with the sliding-window section padded with masked cells from position 0, or None.
+    """The blob with the sliding-window section padded with masked cells (`padding_cells`), or None
+    when it needs none.
 
     A window cache restored bare puts its cells at the front of the cache, where a cold run has them
-    at their positions; the attention sums then add the same values in another order and greedy
-    output can drift from a cold run. Zero cells at the positions the window already masks put
-    every cell back where a cold prefill in a full-size window cache leaves it.
+    at slots equal to their positions. llama.cpp's attention kernels add up a row of cells in groups
+    by slot (SIMD lanes on a CPU, tiles of 256 cells in CUDA's flash attention, views padded to 256
+    cells): moved by a slot count that is not a multiple of the group, the same values are added in
+    another order and greedy output drifts from a cold run. Masked cells add exact zeros wherever
+    they sit, so a few zero cells in front of the window, at positions it already masks, are enough
+    to put every cell of the window at a slot congruent to its position modulo WINDOW_PAD_CELLS (256,
+    the largest such group; measured on CPUs only). On Gemma-3 (benchmarks/bench_window_padding.py,
+    tests/test_long_context.py) logits stay bit-identical to cold padded to 32 or 256 cells or from
+    position 0; bare they are off by 1.13 at 9,000 tokens (a reordered sum rounds differently or
+    not, depending on the values, so bare happens to match at other sizes).
 
-    The padded blob is several times the window (164 MiB for 9,344 Gemma-3 tokens): it is built in
-    one zeroed allocation, whose zero pages the system provides lazily (`_sparse_memory`), and only
-    the window's own rows are copied in (`blocks.assemble` writes it straight from blocks the same
-    way).
+    The padded section holds at most WINDOW_PAD_CELLS - 1 cells more than the window: 3.7 MiB at
+    most for Gemma-3-270M, where padding from position 0 cost 124 MiB at 9,000 tokens. It is built in one
+    zeroed allocation whose zero pages the system provides lazily (`_sparse_memory`), and only the
+    window's own rows are copied in (`blocks.assemble` writes it straight from blocks the same way).
     """
-    if len(sections) != 2 or window_start(sections[1]) <= 0:
+    if len(sections) != 2 or padding_cells(sections[1]) == 0:
         return None
     window = sections[1]
     out = sparse_zeros(window.start + padded_window_bytes(window))
@@ -134,9 +144,15 @@ def window_start(window: CacheSection) -> int:
     return int(window.positions[0]) if len(window.positions) else 0
 
 
+def padding_cells(window: CacheSection) -> int:
+    """How many masked cells go before `window`'s own when it is padded: enough to put each of its
+    cells at a slot congruent to its position modulo WINDOW_PAD_CELLS, as a cold prefill has it."""
+    return window_start(window) % WINDOW_PAD_CELLS
+
+
 def padded_window_bytes(window: CacheSection) -> int:
-    """The size of `window` (a section of a blob) padded with cells from position 0 on."""
-    n = window_start(window) + len(window.positions)
+    """The size of `window` (a section of a blob) once padded (see `padding_cells`)."""
+    n = padding_cells(window) + len(window.positions)
     return (
         8 + n * _CELL_META_BYTES + 8 + sum(12 + layer.width * n * layer.row_bytes for layer in window.layers)
     )
@@ -145,20 +161,20 @@ def padded_window_bytes(window: CacheSection) -> int:
 def write_padded_window(
     out: npt.NDArray[np.uint8], off: int, state: npt.NDArray[np.uint8], window: CacheSection
 ) -> int:
-    """Write `window` (a section of `state`) padded from position 0 into `out` at `off`, where `out`
+    """Write `window` (a section of `state`) padded (see `padding_cells`) into `out` at `off`, where `out`
     holds zeros; return where it ends. Only the cell list and the window's own rows are written."""
-    first = window_start(window)
+    pad = padding_cells(window)
     m = len(window.positions)
-    n = first + m
+    n = pad + m
     out[off : off + 4] = state[window.start : window.start + 4]
     _U32.pack_into(out.data, off + 4, n)
     off += 8
     meta = out[off : off + n * _CELL_META_BYTES].view("<i4").reshape(n, 3)
-    meta[:first, 0] = np.arange(first)
-    meta[:first, 1] = 1
-    meta[:first, 2] = window.seq_id
+    meta[:pad, 0] = np.arange(window_start(window) - pad, window_start(window))
+    meta[:pad, 1] = 1
+    meta[:pad, 2] = window.seq_id
     meta_start = window.start + 8
-    out[off + first * _CELL_META_BYTES : off + n * _CELL_META_BYTES] = state[
+    out[off + pad * _CELL_META_BYTES : off + n * _CELL_META_BYTES] = state[
         meta_start : meta_start + m * _CELL_META_BYTES
     ]
     off += n * _CELL_META_BYTES
@@ -169,7 +185,7 @@ def write_padded_window(
         off += 12
         size = layer.width * n * layer.row_bytes
         rows = state[layer.data : layer.data + layer.width * m * layer.row_bytes].reshape(layer.width, -1)
-        out[off : off + size].reshape(layer.width, -1)[:, first * layer.row_bytes :] = rows
+        out[off : off + size].reshape(layer.width, -1)[:, pad * layer.row_bytes :] = rows
         off += size
     return off
 

@@ -33,9 +33,9 @@ from snapcache.llama._state_layout import (
     CacheSection,
     LayerRows,
     padded_window_bytes,
+    padding_cells,
     parse_layers,
     parse_sections,
-    window_start,
     write_padded_window,
 )
 
@@ -171,7 +171,7 @@ def read_record(state: memoryview | bytes | bytearray) -> Record:
 
 def pads_window(record: Record | None) -> bool:
     """Whether `assemble(..., pad_window=True)` pads this record's sliding-window cache."""
-    return record is not None and len(record.sections) == 2 and window_start(record.sections[1]) > 0
+    return record is not None and len(record.sections) == 2 and padding_cells(record.sections[1]) > 0
 
 
 def assemble(
@@ -180,7 +180,7 @@ def assemble(
     """The blob of the blocks' tokens followed by the record's tail and later caches (or, without a
     record, of the blocks alone). ValueError when the pieces do not fit together.
 
-    `pad_window`: a sliding-window cache goes in padded from position 0, as `_state_layout.pad_window`
+    `pad_window`: a sliding-window cache goes in padded, as `_state_layout.pad_window`
     would pad the assembled blob, but without building the blob twice (see `pads_window`)."""
     if not blocks:
         raise ValueError("no blocks to assemble")

@@ -25,6 +25,7 @@ from snapcache.llama._state_layout import (
     HEADER_BYTES,
     cells_are_positions,
     pad_window,
+    padding_cells,
     parse_sections,
     read_header,
 )
@@ -44,8 +45,8 @@ _log = logging.getLogger("snapcache")
 
 _FLAGS = llama_cpp.LLAMA_STATE_SEQ_FLAGS_NONE
 # Sequences restored with a padded window (see `pad_window`), by Llama and seq id: the token count
-# restored. Their window cache holds zeros below the restored window, so they cannot be cut back
-# further than one token short of it, although every position from 0 has a cell.
+# restored. Their window cache holds zero cells below the restored window, so they cannot be cut
+# back further than one token short of it, although those positions have cells.
 _padded_restores: weakref.WeakKeyDictionary[llama_cpp.Llama, dict[int, int]] = weakref.WeakKeyDictionary()
 
 
@@ -146,7 +147,7 @@ def restore_sequence(
 
 
 def pads_windows(llm: llama_cpp.Llama) -> bool:
-    """Whether a state restored into this Llama has its sliding-window cache padded from position 0:
+    """Whether a state restored into this Llama has its sliding-window cache padded (`pad_window`):
     a sliding-window model with a full-size window cache (`swa_full`, llama-cpp-python's default)."""
     return int(llama_cpp.llama_model_n_swa(llm.model)) > 0 and bool(llm.context_params.swa_full)
 
@@ -262,7 +263,7 @@ def _checked_blob(
     if any(len(s.positions) and int(s.positions[-1]) != n - 1 for s in sections[1:]):
         return "its window cache does not end at the last token", state, False
     if window_padded:
-        if not pads_windows(llm) or len(sections) != 2 or len(sections[1].positions) != n:
+        if not pads_windows(llm) or len(sections) != 2 or padding_cells(sections[1]) != 0:
             return "its window cache was padded for another kind of context", state, False
         return None, state, True
     if pads_windows(llm):

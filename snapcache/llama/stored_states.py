@@ -49,7 +49,7 @@ class RestorePoint:
 class Found:
     """A prefix ready to restore: the assembled snapshot, the tier that served it, and the record
     it came from (None for blocks alone or a whole snapshot) and that record's kind;
-    `window_padded` when its sliding-window cache was assembled padded from position 0."""
+    `window_padded` when its sliding-window cache was assembled padded (see `state.pad_window`)."""
 
     snapshot: Snapshot
     source: Source
@@ -154,7 +154,7 @@ class StoredStates:
 
         `blocks_alone`: whether a run of blocks without a record may serve (a model with one cache).
         Blocks never cover the prompt's last token, which a completion must read itself.
-        `pad_windows`: assemble a sliding-window cache padded from position 0 (see `blocks.assemble`).
+        `pad_windows`: assemble a sliding-window cache padded (see `blocks.assemble`).
         """
         best: Found | None = None
         query = tokens

@@ -37,10 +37,20 @@ class StoredFiles:
         """Packs to open for one read (see `OpenPacks`); the caller closes them."""
         return OpenPacks(self.folder, self._mac_key)
 
-    def snapshot(self, row: IndexRow, key: SnapshotKey, *, state_into: memoryview | None = None) -> Snapshot:
-        """The snapshot in the snapshot file `row` names, verified. Raises FileNotFoundError when
-        the file is gone, OSError when it cannot be read, CorruptSnapshot when it fails.
-        `state_into`: see `_disk_format.decode`."""
+    def read(self, row: IndexRow, key: SnapshotKey, *, state_into: memoryview | None = None) -> Snapshot:
+        """The snapshot in the file `row` names (a snapshot file, or a pack opened for this read
+        alone), verified. Raises FileNotFoundError when the file is gone, OSError when it cannot be
+        read, CorruptSnapshot when it fails. `state_into`: see `_disk_format.decode`."""
+        if files.is_pack_name(row.file_name):
+            packs = self.open_packs()
+            try:
+                packs.open({row.file_name})
+                opened = packs.get(row.file_name)
+                if opened is None:
+                    raise FileNotFoundError(row.file_name)
+                return self.member(row, key, opened, state_into=state_into)
+            finally:
+                packs.close()
         # Reused: decoding copies out everything the snapshot keeps.
         data = files.read_file(self.folder / row.file_name, reuse=True)
         return self._verified(row, data, key, state_into)
@@ -82,34 +92,15 @@ class StoredFiles:
         """One of ok, corrupt, or unauthenticated (intact, but under another secret or none); ok
         for a file removed or replaced meanwhile (nothing left to verify)."""
         try:
-            key = row.key()
-            if files.is_pack_name(row.file_name):
-                return self._member_verdict(row, key)
-            if not files.is_snapshot_name(row.file_name):
+            if not files.is_stored_name(row.file_name):
                 return "corrupt"
-            self._verified(row, files.read_file(self.folder / row.file_name), key, None)
+            self.read(row, row.key())
         except FileNotFoundError:
             return "ok"
         except MacMismatch:
             return "unauthenticated"
         except (CorruptSnapshot, InvalidArgument, OSError):
             return "corrupt"
-        return "ok"
-
-    def _member_verdict(self, row: IndexRow, key: SnapshotKey) -> Verdict:
-        packs = self.open_packs()
-        try:
-            packs.open({row.file_name})
-            opened = packs.get(row.file_name)
-            if opened is None:
-                return "ok"
-            self.member(row, key, opened)
-        except MacMismatch:
-            return "unauthenticated"
-        except (CorruptSnapshot, OSError):
-            return "corrupt"
-        finally:
-            packs.close()
         return "ok"
 
     def _verified(

@@ -183,8 +183,11 @@ class DiskTier:
         file cannot be written (a full disk, say); then no partial file and no row remain. A block
         held in a pack is not written again: a higher priority is recorded on its row.
         """
+        return self._put_checked(checked(snapshot))
+
+    def _put_checked(self, snapshot: Snapshot) -> bool:
+        """`put` of a snapshot `checked` already."""
         index = self._open_index()
-        snapshot = checked(snapshot)
         key = snapshot.key
         if key.is_block:
             current = index.get(key.id)
@@ -203,10 +206,8 @@ class DiskTier:
             shuffle=self._shuffle,
             mac_secret=self._mac_key,
         )
-        if encoded.size > self._budget or not index.admits(
-            [key.id], snapshot.priority, encoded.size, self._budget
-        ):
-            return False  # decided again when the row commits: another process may write meanwhile
+        if not self._admits([key.id], snapshot.priority, encoded.size):
+            return False
         file_name = files.new_file_name(key)
         row = IndexRow.of(
             key,
@@ -239,7 +240,7 @@ class DiskTier:
         """Write `run` as one pack (one snapshot: its own file), its rows' uses recorded at
         `used_at`; whether each was kept. A run whose header would be too large is halved."""
         if len(run) < 2:
-            return [self.put(snapshot) for snapshot in run]
+            return [self._put_checked(snapshot) for snapshot in run]
         try:
             encoded = encode_pack(
                 run,
@@ -251,14 +252,18 @@ class DiskTier:
         except PackTooLarge:  # long scopes: fewer blocks per pack
             half = len(run) // 2
             return self._put_run(run[:half], used_at[:half]) + self._put_run(run[half:], used_at[half:])
-        priority = run[0].priority
-        if encoded.size > self._budget or not self._open_index().admits(
-            [s.key.id for s in run], priority, encoded.size, self._budget
-        ):
+        if not self._admits([s.key.id for s in run], run[0].priority, encoded.size):
             return [False] * len(run)
         file_name = files.new_pack_name()
         rows = pack_rows(run, encoded, file_name, used_at)
         return [self._commit_file(file_name, encoded, rows)] * len(run)
+
+    def _admits(self, key_ids: list[str], priority: int, file_bytes: int) -> bool:
+        """Whether a file of `file_bytes` for `key_ids` at `priority` fits the budget, evicting only
+        lower priorities; decided again when its rows commit (another process may write meanwhile)."""
+        return file_bytes <= self._budget and self._open_index().admits(
+            key_ids, priority, file_bytes, self._budget
+        )
 
     def _commit_file(self, file_name: str, encoded: EncodedFile | EncodedPack, rows: list[IndexRow]) -> bool:
         """Write the file, then commit its rows (the commit point); False when they no longer fit."""
@@ -375,35 +380,19 @@ class DiskTier:
         for _attempt in range(3):
             if row is None:
                 return Miss.ABSENT
-            if files.is_pack_name(row.file_name):
-                packs = self._stored.open_packs()
-                try:
-                    packs.open({row.file_name})
-                    opened = packs.get(row.file_name)
-                    if opened is not None:
-                        return self._read_member(key, row, opened, state_into=state_into)
-                finally:
-                    packs.close()
-                replaced = self._vanished(index, key, row)
-                if replaced is None:
-                    return Miss.ABSENT
-                row = replaced
-                continue
-            if not files.is_snapshot_name(row.file_name):
+            if not files.is_stored_name(row.file_name):
                 self._discard(row, "the index names an invalid file", unlink=False)
                 return Miss.DISCARDED
             try:
-                return self._stored.snapshot(row, key, state_into=state_into), row
+                return self._stored.read(row, key, state_into=state_into), row
             except FileNotFoundError:
-                replaced = self._vanished(index, key, row)
-                if replaced is None:
+                row = self._vanished(index, key, row)
+                if row is None:
                     return Miss.ABSENT
-                row = replaced
-                continue
             except CorruptSnapshot as exc:
                 return self._refused(row, exc)
             except OSError as exc:
-                logger.warning("cannot read snapshot file %s: %s", row.file_name, exc)
+                logger.warning("cannot read file %s: %s", row.file_name, exc)
                 return Miss.UNAVAILABLE
         return Miss.UNAVAILABLE  # replaced again and again while read: asking later may find it
 

@@ -183,11 +183,8 @@ class DiskTier:
         file cannot be written (a full disk, say); then no partial file and no row remain. A block
         held in a pack is not written again: a higher priority is recorded on its row.
         """
-        return self._put_checked(checked(snapshot))
-
-    def _put_checked(self, snapshot: Snapshot) -> bool:
-        """`put` of a snapshot `checked` already."""
         index = self._open_index()
+        snapshot = checked(snapshot)
         key = snapshot.key
         if key.is_block:
             current = index.get(key.id)
@@ -240,7 +237,7 @@ class DiskTier:
         """Write `run` as one pack (one snapshot: its own file), its rows' uses recorded at
         `used_at`; whether each was kept. A run whose header would be too large is halved."""
         if len(run) < 2:
-            return [self._put_checked(snapshot) for snapshot in run]
+            return [self.put(snapshot) for snapshot in run]
         try:
             encoded = encode_pack(
                 run,

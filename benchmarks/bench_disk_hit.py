@@ -526,7 +526,7 @@ def main() -> None:
     one_file.notes.append(
         "packs: SnapshotStore.copy_blocks in a store opened afresh, untimed, on the blocks as a save"
         " stores them: pack files of up to 64 blocks (an index query, per pack one open and one header"
-        " checked, per block its bytes read and XXH3-checked, the uses recorded)"
+        " checked, per block its bytes read and XXH3-checked, the uses handed to their recorder thread)"
     )
     one_file.notes.append(
         "file per block: the same on the same blocks written by DiskTier.put one by one, the layout"

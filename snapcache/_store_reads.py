@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from snapcache._deferred_uses import DeferredUses
 from snapcache._disk_catalogs import DiskCatalogs
 from snapcache._store_memory import StoreMemory
 from snapcache._store_report import Counters
@@ -60,6 +61,7 @@ class TierReads:
         *,
         remote: RemoteTier | None = None,
         copy_in: Callable[[Snapshot], None] | None = None,
+        uses: DeferredUses | None = None,
     ) -> None:
         self._lock = lock
         self._memory = memory
@@ -68,6 +70,7 @@ class TierReads:
         self._counters = counters
         self._remote = remote
         self._copy_in = copy_in
+        self._uses = uses  # of disk entries, recorded off the read's path
         # Blocks a restore read from disk without promoting them, oldest first: see copy_blocks.
         self._lent_from_disk: dict[str, bool] = {}
 
@@ -288,6 +291,12 @@ class TierReads:
                 for key in reversed(keys):
                     ram.get(key)  # in RAM too, the first becomes the most recently used
         if self._disk is not None and keys:
+            self._record_disk_uses(keys)
+
+    def _record_disk_uses(self, keys: list[SnapshotKey]) -> None:
+        if self._uses is not None:
+            self._uses.add(keys)
+        elif self._disk is not None:
             disk_call("record uses", self._disk.touch, keys, default=None)
 
     def _memory_tier(self) -> TierName:
@@ -314,8 +323,12 @@ class TierReads:
         disk = self._disk
         if disk is None:
             return None
-        found: Snapshot | Miss | None = disk_call("get", disk.read, key, default=None)
+        found: Snapshot | Miss | None = disk_call(
+            "get", functools.partial(disk.read, touch=False), key, default=None
+        )
         snapshot = found if isinstance(found, Snapshot) else None
+        if snapshot is not None:
+            self._record_disk_uses([key])
         if found is not None and not isinstance(found, Snapshot) and found.lasting:
             # Gone, damaged or another secret's: the catalog stops offering it. A transient failure
             # (None, or Miss.UNAVAILABLE) leaves it there for the next lookup to try again.

@@ -63,6 +63,9 @@ logger = logging.getLogger("snapcache")
 
 # The budget of a directory that records none, for a store given none.
 DEFAULT_BUDGET_BYTES = 8 << 30
+# A patient `touch` tries this long, this often, while another process holds the index's write lock.
+_PATIENT_TOUCH_S = 2.0
+_PATIENT_TOUCH_RETRY_S = 0.05
 
 __all__ = [
     "DEFAULT_GRACE_S",
@@ -430,8 +433,10 @@ class DiskTier:
         self._discard(row, str(exc))
         return Miss.DISCARDED
 
-    def touch(self, keys: list[SnapshotKey]) -> None:
-        """Record a use of each of `keys` in one transaction, the first as the most recent."""
+    def touch(self, keys: list[SnapshotKey], *, patient: bool = False) -> None:
+        """Record a use of each of `keys` in one transaction, the first as the most recent. A writer
+        in another process makes it give up after a short wait (50 ms); `patient` tries again for up
+        to 2 s, for a caller that nothing waits for (see `_deferred_uses`)."""
         index = self._open_index()
         now = time.time()
         rows = index.get_many([key.id for key in keys])
@@ -442,10 +447,17 @@ class DiskTier:
                 uses.append((row.key_id, row.file_name, now - i * 1e-6))
         if not uses:
             return
-        try:
-            index.touch_many(uses)
-        except StoreUnavailable as exc:
-            logger.debug("could not record the use of %d blocks: %s", len(uses), exc)
+        # Patient: try again while another process writes, letting go of the index between tries.
+        deadline = time.monotonic() + (_PATIENT_TOUCH_S if patient else 0.0)
+        while True:
+            try:
+                index.touch_many(uses)
+                return
+            except StoreUnavailable as exc:
+                if time.monotonic() >= deadline:
+                    logger.debug("could not record the use of %d blocks: %s", len(uses), exc)
+                    return
+            time.sleep(_PATIENT_TOUCH_RETRY_S)
 
     def held_priority(self, key: SnapshotKey) -> int | None:
         """The priority recorded for `key`, or None when the index has no row for it or, with a

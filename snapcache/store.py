@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import logging
 import os
 import threading
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import numpy.typing as npt
 
+from snapcache._deferred_uses import DeferredUses
 from snapcache._disk_catalogs import DiskCatalogs
 from snapcache._disk_writes import DiskWrites
 from snapcache._pack_format import PACK_MEMBERS, PACK_STATE_BYTES
@@ -87,8 +89,9 @@ class SnapshotStore:
     budget (evicting down to it at once); `None` uses the budget recorded there, else 8 GiB, so that
     a tool opening the directory does not shrink what an application keeps in it. `secret`
     (default: `SNAPCACHE_SECRET`) signs the files so that ones written without it are refused.
-    Writes to disk happen on a background thread unless `background_writes=False`; `flush()` waits
-    for them and `close()` leaves every RAM entry on disk (save those the disk refuses). Opening
+    Writes to disk, and the uses of disk entries a read records, happen on background threads unless
+    `background_writes=False`; `flush()` waits for them and `close()` leaves every RAM entry on disk
+    (save those the disk refuses). Opening
     reclaims temporary and orphan files that crashed writers left, once they are older than 10
     minutes. Thread-safe.
 
@@ -171,6 +174,11 @@ class SnapshotStore:
                 background=background_writes,
             )
             self._memory.attach_writes(self._writes)
+        self._uses: DeferredUses | None = None
+        if self._disk is not None:
+            self._uses = DeferredUses(
+                functools.partial(self._disk.touch, patient=background_writes), background=background_writes
+            )
         self._reads = TierReads(
             self._lock,
             self._memory,
@@ -179,6 +187,7 @@ class SnapshotStore:
             self._counters,
             remote=self._remote,
             copy_in=self._copy_in,
+            uses=self._uses,
         )
         _open_stores.add(self)
 
@@ -376,10 +385,12 @@ class SnapshotStore:
             return store_stats(self._counters, self._ram, figures, pending)
 
     def flush(self) -> None:
-        """Wait until every write queued so far has reached the disk and the remote tier (or failed
-        with a warning)."""
+        """Wait until every write queued so far has reached the disk and the remote tier, and every
+        use recorded so far the disk index (or failed with a warning)."""
         if self._writes is not None:
             self._writes.flush()
+        if self._uses is not None:
+            self._uses.flush()
         if self._remote is not None:
             self._remote.flush()
 
@@ -420,6 +431,8 @@ class SnapshotStore:
         disk, ram, writes = self._disk, self._ram, self._writes
         if writes is not None:
             writes.stop()
+        if self._uses is not None:
+            self._uses.stop()
         if disk is not None:
             if ram is not None:
                 assert self._disk_writes is not None

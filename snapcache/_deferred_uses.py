@@ -89,34 +89,31 @@ class DeferredUses:
 
     def _loop(self) -> None:
         while True:
-            items = [self._queue.get()]
-            while True:  # what else piled up meanwhile, in one transaction
-                try:
-                    items.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            try:
-                for batch in _batches([item for item in items if item is not None]):
-                    self._record_now(batch)
-            finally:
-                for _ in items:
-                    self._queue.task_done()
+            items = [self._queue.get(), *self._take_waiting()]  # what piled up: one transaction
+            self._record_items(items)
             if None in items:
                 return
 
     def _record_queued(self) -> None:
         """Record, on this thread, whatever the queue still holds."""
-        uses: list[list[SnapshotKey]] = []
+        self._record_items(self._take_waiting())
+
+    def _take_waiting(self) -> list[list[SnapshotKey] | None]:
+        items: list[list[SnapshotKey] | None] = []
         while True:
             try:
-                item = self._queue.get_nowait()
+                items.append(self._queue.get_nowait())
             except queue.Empty:
-                break
-            self._queue.task_done()
-            if item is not None:
-                uses.append(item)
-        for batch in _batches(uses):
-            self._record_now(batch)
+                return items
+
+    def _record_items(self, items: list[list[SnapshotKey] | None]) -> None:
+        """Record the uses taken from the queue (the stop mark, None, has none) and mark them done."""
+        try:
+            for batch in _batches([item for item in items if item is not None]):
+                self._record_now(batch)
+        finally:
+            for _ in items:
+                self._queue.task_done()
 
     def _record_now(self, keys: list[SnapshotKey]) -> None:
         try:

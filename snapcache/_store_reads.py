@@ -70,7 +70,7 @@ class TierReads:
         self._counters = counters
         self._remote = remote
         self._copy_in = copy_in
-        self._uses = uses  # of disk entries, recorded off the read's path
+        self._uses = uses  # of disk entries (None without a disk tier), recorded off the read's path
         # Blocks a restore read from disk without promoting them, oldest first: see copy_blocks.
         self._lent_from_disk: dict[str, bool] = {}
 
@@ -290,14 +290,8 @@ class TierReads:
             with self._lock:
                 for key in reversed(keys):
                     ram.get(key)  # in RAM too, the first becomes the most recently used
-        if self._disk is not None and keys:
-            self._record_disk_uses(keys)
-
-    def _record_disk_uses(self, keys: list[SnapshotKey]) -> None:
         if self._uses is not None:
             self._uses.add(keys)
-        elif self._disk is not None:
-            disk_call("record uses", self._disk.touch, keys, default=None)
 
     def _memory_tier(self) -> TierName:
         """A snapshot still waiting for its disk write counts for the disk when there is no RAM tier."""
@@ -327,8 +321,8 @@ class TierReads:
             "get", functools.partial(disk.read, touch=False), key, default=None
         )
         snapshot = found if isinstance(found, Snapshot) else None
-        if snapshot is not None:
-            self._record_disk_uses([key])
+        if snapshot is not None and self._uses is not None:
+            self._uses.add([key])
         if found is not None and not isinstance(found, Snapshot) and found.lasting:
             # Gone, damaged or another secret's: the catalog stops offering it. A transient failure
             # (None, or Miss.UNAVAILABLE) leaves it there for the next lookup to try again.

@@ -7,7 +7,8 @@ threads), one chat turn (greedy, max_tokens=8) is timed to its first streamed to
 
 - cold: a plain Llama reads the system prompt and the question;
 - hot: a Llama that holds the system prompt in its context already (read there by `warm`) answers
-  the question: the floor a cache can reach;
+  the question: the floor a cache can reach; --runs such turns, each from the context as `warm`
+  left it (saved once, loaded untimed before each turn), alternating with the restarted processes;
 - restored: the system prompt was warmed into a disk store, and the store and Llama closed; a NEW
   process loads the model, opens the store and answers the question through CachedLlama; --runs
   such processes per size, the median shown with the range (a new process's first touches of
@@ -109,7 +110,7 @@ def _restored_turn(args: argparse.Namespace) -> None:
 
 # What a profiled restart reports: (label, module file suffix, function name), cumulative seconds.
 PHASES = [
-    ("restore, all of it (before llama.cpp reads the rest)", "snapcache/llama/hook.py", "_prepare"),
+    ("restore, all of it (before llama.cpp reads the rest)", "snapcache/llama/completion.py", "prepare"),
     ("  record lookup", "snapcache/store.py", "lookup_with_tier"),
     ("  blocks read, verified, decompressed, placed", "snapcache/store.py", "copy_blocks"),
     ("  blob finished (window's zero pages mapped)", "snapcache/llama/blocks.py", "finish"),
@@ -178,19 +179,25 @@ def measure(
             warmed = CachedLlama(llm, store).warm(system)
             store.close()
 
-            # The Llama holds what `warm` read: the system prompt, as every chat with it starts.
-            hot_s, hot_text = _chat(llm, system)
-
+            # The Llama holds what `warm` read: the system prompt, as every chat with it starts. Each
+            # hot turn starts from that state again (llama.cpp's whole context, loaded untimed), and
+            # alternates with a restarted process, so that both are medians taken side by side.
+            hot_state = llm.save_state()
+            hot_turns: list[tuple[float, str]] = []
             # Several restarted processes: a new process's first memory and first restore vary a lot.
             # Each opens its own copy of the warmed store: what one saves must not serve the next.
             results = []
             for i in range(runs):
+                llm.load_state(hot_state)
+                hot_turns.append(_chat(llm, system))
                 copy = workdir / f"store-{size}-run-{i}"
                 shutil.copytree(directory, copy)
                 results.append(
                     _spawn(model_path, n_ctx, copy, system_path, workdir / f"restored-{size}-{i}.json")
                 )
                 shutil.rmtree(copy)
+            del hot_state
+            hot_times = sorted(seconds for seconds, _text in hot_turns)
             restarts = sorted(results, key=lambda result: float(result["ttft_s"]))
             restored = restarts[len(restarts) // 2]
             profiled = None
@@ -203,12 +210,13 @@ def measure(
                     "system_tokens": warmed.token_count,
                     "prompt_tokens": restored["prompt_tokens"],
                     "cold_s": cold_s,
-                    "hot_s": hot_s,
+                    "hot_s": hot_times[len(hot_times) // 2],
+                    "hot_range_s": [hot_times[0], hot_times[-1]],
                     "restored_s": restored["ttft_s"],
                     "restored_range_s": [restarts[0]["ttft_s"], restarts[-1]["ttft_s"]],
                     "warm_s": warmed.seconds,
                     "cold_text": cold_text,
-                    "hot_text": hot_text,
+                    "hot_texts": sorted({text for _seconds, text in hot_turns}),
                     "restored": restored,
                     "profiled": profiled,
                 }
@@ -248,8 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     table = Table(
         f"Time to first token after a restart ({model.name}, {_common.LLAMA_THREADS} threads, "
         f"max_tokens={MAX_TOKENS}, greedy)",
-        ["system tokens", "prompt tokens", "cold", "hot", "restored", "restored range", "of which restore",
-         "restored/hot", "cold/restored", "restored == cold"],
+        ["system tokens", "prompt tokens", "cold", "hot", "hot range", "restored", "restored range",
+         "of which restore", "restored/hot", "cold/restored", "restored == cold"],
     )  # fmt: skip
     for row in rows:
         restored = row["restored"]
@@ -258,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{row['prompt_tokens']:,}",
             fmt_seconds(row["cold_s"]),
             fmt_seconds(row["hot_s"]),
+            " - ".join(fmt_seconds(seconds) for seconds in row["hot_range_s"]),
             fmt_seconds(row["restored_s"]),
             " - ".join(fmt_seconds(seconds) for seconds in row["restored_range_s"]),
             fmt_seconds(restored["restore_s"]),
@@ -269,8 +278,9 @@ def main(argv: list[str] | None = None) -> int:
         "system tokens: what every chat with that system prompt shares, as warmed (the restored prefix)"
     )
     table.notes.append(
-        "hot: the Llama holds that prefix in its context; restored: a new process, store opened from disk "
-        f"(the median of {max(1, args.runs)} processes, and their range)"
+        "hot: the Llama holds that prefix in its context (its context loaded again before each turn); "
+        "restored: a new process, store opened from disk; each the median of "
+        f"{max(1, args.runs)} turns, hot and restored alternating, and their range"
     )
     table.notes.append(
         "of which restore: the median process's time finding the prefix, reading and assembling it and "
@@ -294,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
             fmt_seconds(restored["open_s"]),
             restored["source"] or "-",
             f"{restored['restored_tokens']:,}",
-            "yes" if row["hot_text"] == row["cold_text"] else "no",
+            "yes" if row["hot_texts"] == [row["cold_text"]] else "no",
         )
     detail.notes.append(
         "first call: an untimed one-token completion before the store opens (llama.cpp's first "

@@ -173,6 +173,10 @@ def test_bench_restart_quick(tmp_path: Path) -> None:
         assert 0 < restored["restore_s"] < restored["ttft_s"]
         fastest, slowest = row["restored_range_s"]
         assert fastest <= row["restored_s"] <= slowest
+        # Every hot turn started from the warmed context again, and answered as the cold read did.
+        fastest, slowest = row["hot_range_s"]
+        assert fastest <= row["hot_s"] <= slowest
+        assert row["hot_texts"] == [row["cold_text"]]
         phases = row["profiled"]["profile"]
         assert 0 < phases["  record lookup"] <= phases["restore, all of it (before llama.cpp reads the rest)"]
 

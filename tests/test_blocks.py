@@ -50,19 +50,11 @@ def test_a_capture_cut_into_blocks_and_records_assembles_back_byte_for_byte(make
     assert bytes(assemble(blocks[:5], record)) == bytes(capture_sequence(short).state)
 
 
-def test_blocks_placed_in_any_order_from_two_threads_assemble_the_same_blob(make_llama, tiny_model_path):
+def _place_from_two_threads(assembly: Assembly, blocks: list[bytes]) -> None:
+    """Place `blocks` last first, alternately from two threads."""
     import threading
 
-    llm = make_llama(tiny_model_path, n_ctx=N_CTX)
-    llm.eval(llm.tokenize(RAW.encode())[:700])
-    split = split_state(capture_sequence(llm).state)
-    assert split is not None
-    blocks = [split.block(i) for i in range(700 // BLOCK_TOKENS)]
-    record = read_record(split.record(700, KIND_PROMPT_END))
-    assembly = Assembly(len(blocks), record)
     order = list(range(len(blocks)))[::-1]
-    with pytest.raises(ValueError, match="not all"):
-        assembly.finish()
     threads = [
         threading.Thread(target=lambda run: [assembly.place(i, blocks[i]) for i in run], args=(order[k::2],))
         for k in range(2)
@@ -71,6 +63,19 @@ def test_blocks_placed_in_any_order_from_two_threads_assemble_the_same_blob(make
         thread.start()
     for thread in threads:
         thread.join()
+
+
+def test_blocks_placed_in_any_order_from_two_threads_assemble_the_same_blob(make_llama, tiny_model_path):
+    llm = make_llama(tiny_model_path, n_ctx=N_CTX)
+    llm.eval(llm.tokenize(RAW.encode())[:700])
+    split = split_state(capture_sequence(llm).state)
+    assert split is not None
+    blocks = [split.block(i) for i in range(700 // BLOCK_TOKENS)]
+    record = read_record(split.record(700, KIND_PROMPT_END))
+    assembly = Assembly(len(blocks), record)
+    with pytest.raises(ValueError, match="not all"):
+        assembly.finish()
+    _place_from_two_threads(assembly, blocks)
     assert bytes(assembly.finish()) == bytes(assemble(blocks, record)) == bytes(capture_sequence(llm).state)
     with pytest.raises(ValueError, match="not one of"):
         assembly.place(len(blocks), blocks[0])
@@ -277,6 +282,11 @@ def test_a_window_assembled_padded_is_the_padded_assembly_byte_for_byte(make_lla
     padded = pad_window(whole, parse_sections(whole))
     assert padded is not None
     assert bytes(assemble(blocks, record, pad_window=True)) == padded.tobytes()
+    # From two threads, the window is copied in by the one that placed the first block while the other
+    # places blocks: the same bytes.
+    assembly = Assembly(len(blocks), record, pad_window=True)
+    _place_from_two_threads(assembly, blocks)
+    assert bytes(assembly.finish()) == padded.tobytes()
     assert not pads_window(None)
 
 

@@ -195,7 +195,8 @@ class Assembly:
 
     `place` copies one block into its rows and returns: the caller may reuse the block's buffer then.
     Several threads may place different blocks at once. The first block placed sets the layout,
-    which every other block, and the record's tail, must share.
+    which every other block, and the record's tail, must share; its thread then copies the record's
+    later caches in (its sliding window: most of a record) while the others go on placing blocks.
     """
 
     def __init__(self, n_blocks: int, record: Record | None, *, pad_window: bool = False) -> None:
@@ -217,10 +218,15 @@ class Assembly:
         array = np.frombuffer(block, dtype=np.uint8)
         layout = self._layout
         if layout is None:
+            made = False
             with self._layout_lock:
                 if self._layout is None:
                     self._layout = _Layout.of(array, self.n_blocks, self._record, self._padded)
+                    made = True
                 layout = self._layout
+            if made:
+                # Outside the lock: other threads place their blocks meanwhile, in other bytes.
+                layout.write_later_caches()
         if array.nbytes != layout.block_bytes or any(
             array.data[start:end] != expected for start, end, expected in layout.fields
         ):
@@ -241,13 +247,25 @@ class Assembly:
 
 @dataclass(frozen=True, slots=True)
 class _Layout:
-    """An assembly's blob, written but for its blocks' rows, and where those rows go."""
+    """An assembly's blob, written but for its blocks' rows and the record's later caches, and where
+    those rows go."""
 
     blob: Bytes
     block_bytes: int
     fields: tuple[tuple[int, int, bytes], ...]  # a block's layout fields, as every block has them
     rows: tuple[tuple[int, int, tuple[int, int]], ...]  # per layer, a block's rows and their shape
     targets: tuple[Bytes, ...]  # per layer, its rows in the blob as (width, block, one block's row)
+    later_at: int  # where the caches after the first one go in the blob
+    later: Bytes  # what goes there: the record's caches after its first one, as captured
+    window: CacheSection | None  # the record's sliding-window section, when it goes in padded
+
+    def write_later_caches(self) -> None:
+        """Copy the record's caches after the first one in (padded, when asked): the biggest copy of
+        a record, left out of `of` so that it can go on beside the blocks."""
+        if self.window is not None:
+            write_padded_window(self.blob, self.later_at, self.later, self.window)
+        else:
+            self.blob[self.later_at :] = self.later
 
     @classmethod
     def of(cls, first: Bytes, n_blocks: int, record: Record | None, padded: bool) -> _Layout:
@@ -321,11 +339,6 @@ class _Layout:
             assert np.may_share_memory(blocks_rows, view)  # a view, never a copy
             targets.append(blocks_rows)
             off += layer.width * n * layer.row_bytes
-        if padded:
-            assert record is not None
-            write_padded_window(view, off, blob, record.sections[1])
-        else:
-            view[off:] = rest
         rows = tuple(
             (
                 layer.data,
@@ -334,7 +347,10 @@ class _Layout:
             )
             for layer in layers
         )
-        return cls(view, size, fields, rows, tuple(targets))
+        if padded:
+            assert record is not None
+            return cls(view, size, fields, rows, tuple(targets), off, blob, record.sections[1])
+        return cls(view, size, fields, rows, tuple(targets), off, rest, None)
 
 
 def _cells(state: Bytes, layer: LayerRows, n: int, start: int, end: int) -> Bytes:

@@ -10,11 +10,10 @@ The hook steps in at two places of the Llama, as instance attributes that `insta
   system messages can become a checkpoint.
 
 When llama-cpp-python hands the final prompt tokens to `Llama.generate`, the hook loads the longest
-stored prefix of exactly those tokens into the context (`prefix_loader`) and lets `generate` evaluate
-only the rest. On a model with one cache, the state after the completion (for a stream: when it is
-exhausted or closed) is captured once and cut into the prompt's 64-token blocks and its restore
-points (`checkpoints`, `stored_states`); sliding-window and recurrent models read on to each restore
-point first and save it there. It tells its listener what it did (`reports`).
+stored prefix of exactly those tokens into the context and lets `generate` evaluate only the rest;
+after the completion (for a stream: when it is exhausted or closed) it saves what the prompt should
+leave behind (`completion`). Before each completion the Llama is checked again (`readiness`). It
+tells its listener what it did (`reports`).
 
 Not thread-safe, like the Llama it hooks: one completion at a time.
 """
@@ -24,28 +23,17 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, cast
 
 import llama_cpp
 from llama_cpp import llama_chat_format
 
-from snapcache.errors import InvalidArgument, SnapcacheError
+from snapcache.errors import InvalidArgument
 from snapcache.fingerprint_notes import FingerprintNotes
-from snapcache.key import (
-    BLOCK_TOKENS,
-    DEFAULT_SCOPE,
-    SnapshotKey,
-    TokenArray,
-    as_token_array,
-    validate_priority,
-    validate_scope,
-)
-from snapcache.llama import alignment
-from snapcache.llama.blocks import KIND_PREFIX, KIND_PROMPT_END
+from snapcache.key import DEFAULT_SCOPE, TokenArray, as_token_array, validate_priority, validate_scope
 from snapcache.llama.chat_prefix import (
     ChatPrefixFinder,
     SharedPrefix,
@@ -54,21 +42,13 @@ from snapcache.llama.chat_prefix import (
     system_head,
     text_prompt_tokens,
 )
-from snapcache.llama.checkpoints import (
-    CHECKPOINT_ALIGN,
-    MIN_PREFIX_TOKENS,
-    align_down,
-    checkpoint_plan,
-    final_point,
-    ladder_points,
-)
-from snapcache.llama.fingerprint import fingerprint_of, fingerprint_parts, model_fingerprint
+from snapcache.llama.checkpoints import MIN_PREFIX_TOKENS, align_down
+from snapcache.llama.completion import Completion, CompletionCache
+from snapcache.llama.fingerprint import model_fingerprint
 from snapcache.llama.miss import MissExplanation, explain_prompt
 from snapcache.llama.prefix_loader import PrefixLoader, Progress
-from snapcache.llama.reports import CompletionListener, CompletionReport, RestoreInfo, WarmResult
-from snapcache.llama.state import can_truncate
-from snapcache.llama.stored_states import RestorePoint
-from snapcache.llama.support import unsupported_reason
+from snapcache.llama.readiness import Readiness
+from snapcache.llama.reports import CompletionListener, RestoreInfo, WarmResult
 from snapcache.store import SnapshotStore
 
 __all__ = ["CacheHook", "ScopeSource", "attached_hook"]
@@ -82,31 +62,6 @@ DEFAULT_PREFIX_REUSE = 0.9
 # Where an installed hook keeps itself on the Llama, so that `attached(llm)` can find it.
 _HOOK_ATTRIBUTE = "_snapcache_hook"
 _MISSING = object()
-_NO_ALIGNMENT = (
-    "no prompt split point keeps this model's results exact on this llama.cpp build, "
-    "so a restored state would not continue as a cold read; snapshots are neither restored nor saved"
-)
-# Scopes whose last prompt `explain` can still look at.
-_REMEMBERED_SCOPES = 64
-
-
-@dataclass(slots=True)
-class _Call:
-    """One completion in flight: its scope, the checkpoints it asked for and what it has done so far."""
-
-    scope: str
-    chat_prefix: SharedPrefix | None
-    ladder: bool
-    prepared: bool = False
-    saved_upto: int = 0  # the longest prefix of the context known to be stored or restored
-    checkpoints: int = 0
-    cacheable: bool = True  # False: llama.cpp would not continue a restored state exactly
-    prompt: TokenArray | None = None
-    deferred: list[RestorePoint] = field(default_factory=list)  # cut from the capture after it
-    restore: RestoreInfo | None = None
-    generated: int = 0
-    last_token: int | None = None
-    read_seconds: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,16 +119,21 @@ class CacheHook:
         self._llm = llm
         self._store = store
         self._scope = scope
-        self._save = bool(save)
-        self._min_tokens = min_tokens
-        self._priority = validate_priority(priority)
-        self._listener = listener
         self._exact = bool(exact)
         self._loader = PrefixLoader(llm, store, model_fingerprint(llm, exact=self._exact))
         self._notes = FingerprintNotes(store.directory)
-        self._last_prompts: OrderedDict[str, tuple[TokenArray, int, float]] = OrderedDict()
-        n_ctx = int(llm.n_ctx())
-        self._ladder = [] if prefix_reuse is None else ladder_points(CHECKPOINT_ALIGN, prefix_reuse, n_ctx)
+        self._readiness = Readiness(llm, self._loader, self._notes, exact=self._exact)
+        self._completions = CompletionCache(
+            llm,
+            self._loader,
+            self._readiness,
+            save=bool(save),
+            min_tokens=min_tokens,
+            prefix_reuse=prefix_reuse,
+            priority=validate_priority(priority),
+            listener=listener,
+            exact=self._exact,
+        )
         self._prefixes = ChatPrefixFinder(llm, self._render_chat)
         self._rendering = False
         self._chat_turn: _ChatTurn | None = None
@@ -183,13 +143,6 @@ class CacheHook:
         self._chat_entry = self._handle_chat
         self.last_restore: RestoreInfo | None = None
         self._told: set[str] = set()
-        # Until measured for the fingerprint; an inexact hook splits anywhere.
-        self._alignment = alignment.COARSEST_ALIGNMENT if self._exact else 1
-        self._windows = int(llama_cpp.llama_model_n_swa(llm.model)) > 0
-        # Sparse points of a raw prompt on a sliding-window model: each stores a whole window.
-        n_swa = int(llama_cpp.llama_model_n_swa(llm.model))
-        self._window_step = max(CHECKPOINT_ALIGN, -(-n_swa // CHECKPOINT_ALIGN) * CHECKPOINT_ALIGN)
-        self._last_prompt_end: OrderedDict[str, SnapshotKey] = OrderedDict()
 
     # -- properties ---------------------------------------------------------------------------------
 
@@ -215,7 +168,7 @@ class CacheHook:
     def alignment(self) -> int:
         """The multiple of tokens its checkpoints sit on: the model's measured split alignment once
         a completion or `warm` has saved (see `snapcache.llama.alignment`), 64 before."""
-        return self._alignment
+        return self._readiness.alignment
 
     @property
     def exact(self) -> bool:
@@ -297,10 +250,10 @@ class CacheHook:
             # Echoed log-probabilities need the logits of every prompt token; a state has none.
             self.last_restore = None
             return original(*args, **kwargs)
-        call = _Call(
+        call = Completion(
             scope=self._current_scope(),
             chat_prefix=turn.prefix if turn is not None else None,
-            ladder=turn is None and bool(self._ladder),
+            ladder=turn is None and self._completions.has_ladder,
             cacheable=self._check_cacheable(),
         )
         return self._run(call, lambda: original(*args, **kwargs), stream=bool(kwargs.get("stream")))
@@ -334,38 +287,11 @@ class CacheHook:
 
     def _check_cacheable(self) -> bool:
         """Whether this completion may restore and save (the reason is logged once when not)."""
-        reason = self._uncacheable_reason(saving=self._save)
+        reason = self._readiness.reason_not(saving=self._completions.saves)
         if reason is not None:
             self._tell_once(reason)
             return False
         return True
-
-    def _uncacheable_reason(self, *, saving: bool) -> str | None:
-        """Why this Llama cannot be cached now, or None. The fingerprint is taken again first, since
-        adapters and control vectors can change between completions; a Llama that saves needs the
-        prompt split alignment of its fingerprint, measured once (see `alignment`). An inexact hook
-        needs neither the alignment nor a model whose restores are exact."""
-        if self._exact:
-            reason = unsupported_reason(self._llm)
-            if reason is not None:
-                return reason
-        parts = fingerprint_parts(self._llm, exact=self._exact)
-        fingerprint = fingerprint_of(parts)
-        self._loader.fingerprint = fingerprint
-        if not self._exact:
-            self._notes.remember(fingerprint, parts, 1)
-        elif saving:
-            known, measured = alignment.remembered(fingerprint)
-            if not known:
-                known, measured = self._notes.alignment(fingerprint)
-            if not known:
-                measured = alignment.measure_alignment(self._llm)
-            alignment.remember(fingerprint, measured)
-            self._notes.remember(fingerprint, parts, measured)
-            if measured is None:
-                return _NO_ALIGNMENT
-            self._alignment = measured
-        return None
 
     def _tell_once(self, message: str) -> None:
         if message not in self._told:
@@ -374,18 +300,18 @@ class CacheHook:
 
     # -- one completion -----------------------------------------------------------------------------
 
-    def _run(self, call: _Call, complete: Callable[[], Any], *, stream: bool) -> Any:
+    def _run(self, call: Completion, complete: Callable[[], Any], *, stream: bool) -> Any:
         self.last_restore = None
         if stream:
             return self._stream(call, complete)
         with self._intercept_generate(call):
             result = complete()
-        self._finish(call)
+        self._completions.finish(call)
         if isinstance(result, dict) and call.restore is not None:
             _add_cached_tokens(result, call.restore.cached_tokens)
         return result
 
-    def _stream(self, call: _Call, complete: Callable[[], Any]) -> Iterator[Any]:
+    def _stream(self, call: Completion, complete: Callable[[], Any]) -> Iterator[Any]:
         # llama-cpp-python builds its stream lazily: the prompt reaches generate() on the first next().
         chunks: Iterator[Any] | None = None
         try:
@@ -400,17 +326,18 @@ class CacheHook:
             close = getattr(chunks, "close", None)
             if close is not None:
                 close()
-            self._finish(call)
+            self._completions.finish(call)
 
     @contextmanager
-    def _intercept_generate(self, call: _Call) -> Iterator[None]:
+    def _intercept_generate(self, call: Completion) -> Iterator[None]:
         original = self._llm.generate
 
         def generate(tokens: Sequence[int], *args: Any, **kwargs: Any) -> Iterator[int]:
-            started = time.perf_counter()  # the checkpoints read in _prepare are part of the read
+            started = time.perf_counter()  # the checkpoints read in prepare are part of the read
             if not call.prepared:
                 call.prepared = True
-                self._prepare(tokens, call)
+                self._completions.prepare(tokens, call)
+                self.last_restore = call.restore
             inner = original(tokens, *args, **kwargs)
             try:
                 for token in inner:
@@ -425,124 +352,23 @@ class CacheHook:
         with patched(self._llm, "generate", generate):
             yield
 
-    def _prepare(self, prompt: Sequence[int], call: _Call) -> None:
-        """Load the longest cached prefix of `prompt` into the context, then read on to checkpoints."""
-        llm = self._llm
-        tokens = as_token_array(prompt)
-        n = len(tokens)
-        if n == 0 or n >= int(llm.n_ctx()):
-            return  # llama-cpp-python raises or handles these itself
-        started = time.perf_counter()
-        reused, source = (
-            self._loader.load(tokens, call.scope, self._alignment) if call.cacheable else (0, None)
-        )
-        restore_seconds = time.perf_counter() - started
-        self._last_prompts[call.scope] = (tokens, reused, time.time())
-        self._last_prompts.move_to_end(call.scope)
-        if len(self._last_prompts) > _REMEMBERED_SCOPES:
-            self._last_prompts.popitem(last=False)
-        call.saved_upto = reused
-        call.prompt = tokens
-        if self._save and call.cacheable:
-            chat_prefix = call.chat_prefix
-            if chat_prefix is not None and chat_prefix.reached(tokens, reused, self._alignment):
-                chat_prefix = None  # restored up to the end of the system part already
-            # One cache of full attention: every point is cut from one capture after the completion.
-            # Sliding windows and recurrent states hold only their last point: read on to each.
-            one_capture = can_truncate(llm)
-            ladder = self._ladder if call.ladder and not one_capture else []
-            plan = checkpoint_plan(
-                tokens,
-                ladder=[p for p in ladder if p % self._window_step == 0],
-                chat_prefix=None if chat_prefix is None else chat_prefix.tokens(),
-                priority=self._priority,
-                after=reused,
-                alignment=self._alignment,
-                exact=self._exact,
-            )
-            end = final_point(n, self._alignment, exact=self._exact)
-            for point, priority in plan:
-                if not one_capture and point - call.saved_upto < self._min_tokens:
-                    continue  # a whole window (or state) for a few tokens more
-                kind = KIND_PROMPT_END if point == end else KIND_PREFIX
-                restore_point = RestorePoint(point, priority, kind)
-                if one_capture:
-                    call.deferred.append(restore_point)
-                else:
-                    llm.eval(tokens[int(llm.n_tokens) : point].tolist())
-                    call.checkpoints += self._loader.save(call.scope, [restore_point])
-                    self._superseding(call, restore_point, tokens)
-                call.saved_upto = point
-        if call.cacheable:
-            self._loader.mark_read(n)  # generate reads the rest of the prompt next
-        evaluated = n - min(reused, n - 1)
-        call.restore = RestoreInfo(n, reused, evaluated, source, call.checkpoints, restore_seconds)
-        self.last_restore = call.restore
-        _log.debug("prompt of %d tokens: %d reused (%s), %d to evaluate", n, reused, source, evaluated)
-        if self._listener is not None:
-            self._listener.restored(call.scope, call.restore)
-
-    def _finish(self, call: _Call) -> None:
-        """Save the context after a completion, keyed by the tokens it holds (never the last sampled one)."""
-        if not call.prepared:
-            return
-        if call.cacheable and self._save:
-            if call.deferred or (call.prompt is not None and can_truncate(self._llm)):
-                read = 0 if call.prompt is None else len(call.prompt)
-                if call.deferred or read - call.saved_upto >= BLOCK_TOKENS:
-                    call.checkpoints += self._loader.save(call.scope, call.deferred, blocks_upto=read)
-                for point in call.deferred:
-                    self._superseding(call, point, call.prompt)
-            elif not self._windows and int(self._llm.n_tokens) - call.saved_upto >= self._min_tokens:
-                # A recurrent state holds only its last point: keep the whole context.
-                n_held = int(self._llm.n_tokens)
-                self._loader.save(call.scope, [RestorePoint(n_held, self._priority, KIND_PROMPT_END)])
-        if self._listener is not None and call.restore is not None:
-            generated = call.generated
-            if call.last_token is not None and llama_cpp.llama_vocab_is_eog(
-                self._llm._model.vocab, call.last_token
-            ):
-                generated -= 1  # llama-cpp-python does not count the end-of-generation token
-            self._listener.finished(CompletionReport(call.scope, call.restore, generated, call.read_seconds))
-
-    def _superseding(self, call: _Call, point: RestorePoint, tokens: TokenArray | None) -> None:
-        """A prompt end was stored: the end of the conversation's turn before it goes (see
-        `StoredStates.supersede`)."""
-        if point.kind != KIND_PROMPT_END or tokens is None:
-            return
-        states = self._loader.states
-        for old in {self._last_prompt_end.get(call.scope), self._loader.restored_prompt_end} - {None}:
-            assert old is not None
-            try:
-                states.supersede(old, tokens[: point.n_tokens], point.priority)
-            except (SnapcacheError, OSError) as exc:
-                _log.debug("could not remove the previous turn's state: %s", exc)
-        self._last_prompt_end[call.scope] = SnapshotKey.for_tokens(
-            self.fingerprint, call.scope, tokens[: point.n_tokens]
-        )
-        self._last_prompt_end.move_to_end(call.scope)
-        if len(self._last_prompt_end) > _REMEMBERED_SCOPES:
-            self._last_prompt_end.popitem(last=False)
-
     # -- why it missed -----------------------------------------------------------------------------
 
     def explain(self, scope: str | None = None) -> MissExplanation | None:
         """Why the last completion in `scope` (default: the hook's) restored what it did; None if none ran."""
         scope = self._current_scope() if scope is None else validate_scope(scope)
-        last = self._last_prompts.get(scope)
+        last = self._completions.last_prompt(scope)
         if last is None:
             return None
-        tokens, restored, prepared_at = last
-        fingerprint = self._loader.fingerprint
         return explain_prompt(
             self._llm,
             self._store,
             self._notes,
-            fingerprint,
+            self._loader.fingerprint,
             scope,
-            tokens,
-            restored,
-            stored_before=prepared_at,
+            last.tokens,
+            last.restored,
+            stored_before=last.prepared_at,
         )
 
     def explain_prompt(
@@ -620,12 +446,12 @@ class CacheHook:
                 f"the prompt has {total} tokens, but this Llama's context holds {n_ctx} "
                 f"(and needs room for one more): create the Llama with n_ctx > {total}"
             )
-        return self._loader.store_prefix(tokens, scope, priority, self._alignment, progress, started)
+        return self._loader.store_prefix(tokens, scope, priority, self.alignment, progress, started)
 
     def _ready_to_save(self) -> None:
         """InvalidArgument when this Llama cannot be cached; else its fingerprint and alignment are
         current."""
-        reason = self._uncacheable_reason(saving=True)
+        reason = self._readiness.reason_not(saving=True)
         if reason is not None:
             raise InvalidArgument(f"this Llama cannot be cached: {reason}")
 
@@ -641,7 +467,7 @@ class CacheHook:
                 f"the system prompt is too short to warm: chats with it share {len(shared)} tokens, "
                 f"and prefixes of fewer than {MIN_PREFIX_TOKENS} tokens are not worth caching"
             )
-        return as_token_array(shared[: align_down(len(shared), self._alignment)])
+        return as_token_array(shared[: align_down(len(shared), self.alignment)])
 
     def _warm_tokens(self, prompt: str | Sequence[int] | TokenArray) -> TokenArray:
         if isinstance(prompt, str):
@@ -666,7 +492,7 @@ class CacheHook:
     ) -> SharedPrefix | None:
         """What every chat that starts with these messages' system part shares (its tokens are worked
         out, and cut to the alignment, when the checkpoints are planned)."""
-        if not self._save:
+        if not self._completions.saves:
             return None
         head = system_head(messages)
         if head == 0 or head == len(messages):

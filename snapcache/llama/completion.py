@@ -1,0 +1,242 @@
+"""One completion of a hooked Llama: its prefix restored before it reads the prompt, its states saved.
+
+`CompletionCache.prepare` runs when llama-cpp-python hands the final prompt tokens to `generate`: the
+longest stored prefix goes into the context (`prefix_loader`), and the restore points the prompt
+should leave behind are planned (`checkpoints`). On a model with one cache they are all cut from one
+capture after the completion (`finish`); sliding-window and recurrent models read on to each point
+first and save it there. A stored prompt end replaces the conversation's previous one.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import llama_cpp
+
+from snapcache.errors import SnapcacheError
+from snapcache.key import BLOCK_TOKENS, SnapshotKey, TokenArray, as_token_array
+from snapcache.llama.blocks import KIND_PREFIX, KIND_PROMPT_END
+from snapcache.llama.chat_prefix import SharedPrefix
+from snapcache.llama.checkpoints import CHECKPOINT_ALIGN, checkpoint_plan, final_point, ladder_points
+from snapcache.llama.prefix_loader import PrefixLoader
+from snapcache.llama.readiness import Readiness
+from snapcache.llama.reports import CompletionListener, CompletionReport, RestoreInfo
+from snapcache.llama.state import can_truncate
+from snapcache.llama.stored_states import RestorePoint
+
+__all__ = ["Completion", "CompletionCache", "LastPrompt"]
+
+_log = logging.getLogger("snapcache")
+
+_T = TypeVar("_T")
+
+# Scopes whose last prompt `explain` can still look at, and whose last prompt end can be replaced.
+_REMEMBERED_SCOPES = 64
+
+
+@dataclass(slots=True)
+class Completion:
+    """One completion in flight: its scope, the checkpoints it asked for and what it has done so far."""
+
+    scope: str
+    chat_prefix: SharedPrefix | None
+    ladder: bool
+    prepared: bool = False
+    saved_upto: int = 0  # the longest prefix of the context known to be stored or restored
+    checkpoints: int = 0
+    cacheable: bool = True  # False: llama.cpp would not continue a restored state exactly
+    prompt: TokenArray | None = None
+    deferred: list[RestorePoint] = field(default_factory=list)  # cut from the capture after it
+    restore: RestoreInfo | None = None
+    generated: int = 0
+    last_token: int | None = None
+    read_seconds: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LastPrompt:
+    """A scope's last prompt: its tokens, how many were restored, and when (`time.time()`)."""
+
+    tokens: TokenArray
+    restored: int
+    prepared_at: float
+
+
+class CompletionCache:
+    """Restores before, and saves after, the completions of one Llama (see the module docstring).
+
+    `save=False` only restores. No state is saved that would spare fewer than `min_tokens` tokens
+    over one already stored. `prefix_reuse` (None: off) sets the ladder of window points along a raw
+    prompt on sliding-window models. `priority` goes with every state saved (ladder points: one
+    lower). `listener` hears of every completion.
+    """
+
+    def __init__(
+        self,
+        llm: llama_cpp.Llama,
+        loader: PrefixLoader,
+        readiness: Readiness,
+        *,
+        save: bool,
+        min_tokens: int,
+        prefix_reuse: float | None,
+        priority: int,
+        listener: CompletionListener | None,
+        exact: bool,
+    ) -> None:
+        self._llm = llm
+        self._loader = loader
+        self._readiness = readiness
+        self._save = save
+        self._min_tokens = min_tokens
+        self._priority = priority
+        self._listener = listener
+        self._exact = exact
+        n_ctx = int(llm.n_ctx())
+        self._ladder = [] if prefix_reuse is None else ladder_points(CHECKPOINT_ALIGN, prefix_reuse, n_ctx)
+        n_swa = int(llama_cpp.llama_model_n_swa(llm.model))
+        self._windows = n_swa > 0
+        # Sparse points of a raw prompt on a sliding-window model: each stores a whole window.
+        self._window_step = max(CHECKPOINT_ALIGN, -(-n_swa // CHECKPOINT_ALIGN) * CHECKPOINT_ALIGN)
+        self._last_prompts: OrderedDict[str, LastPrompt] = OrderedDict()
+        self._last_prompt_end: OrderedDict[str, SnapshotKey] = OrderedDict()
+
+    @property
+    def saves(self) -> bool:
+        """Whether completions save states (False: they only restore)."""
+        return self._save
+
+    @property
+    def has_ladder(self) -> bool:
+        """Whether raw prompts leave window points along them (see `prefix_reuse`)."""
+        return bool(self._ladder)
+
+    def last_prompt(self, scope: str) -> LastPrompt | None:
+        """The last prompt prepared in `scope`, if it is still remembered."""
+        return self._last_prompts.get(scope)
+
+    def prepare(self, prompt: Sequence[int], completion: Completion) -> None:
+        """Load the longest cached prefix of `prompt` into the context, then read on to checkpoints."""
+        llm = self._llm
+        tokens = as_token_array(prompt)
+        n = len(tokens)
+        if n == 0 or n >= int(llm.n_ctx()):
+            return  # llama-cpp-python raises or handles these itself
+        alignment = self._readiness.alignment
+        started = time.perf_counter()
+        reused, source = (
+            self._loader.load(tokens, completion.scope, alignment) if completion.cacheable else (0, None)
+        )
+        restore_seconds = time.perf_counter() - started
+        _remember(self._last_prompts, completion.scope, LastPrompt(tokens, reused, time.time()))
+        completion.saved_upto = reused
+        completion.prompt = tokens
+        if self._save and completion.cacheable:
+            self._read_to_checkpoints(completion, tokens, reused, alignment)
+        if completion.cacheable:
+            self._loader.mark_read(n)  # generate reads the rest of the prompt next
+        evaluated = n - min(reused, n - 1)
+        completion.restore = RestoreInfo(
+            n, reused, evaluated, source, completion.checkpoints, restore_seconds
+        )
+        _log.debug("prompt of %d tokens: %d reused (%s), %d to evaluate", n, reused, source, evaluated)
+        if self._listener is not None:
+            self._listener.restored(completion.scope, completion.restore)
+
+    def _read_to_checkpoints(
+        self, completion: Completion, tokens: TokenArray, reused: int, alignment: int
+    ) -> None:
+        """Plan the restore points of `tokens`; on a model that cannot cut one capture into them, read
+        on to each and save it there (the rest are saved by `finish`)."""
+        llm = self._llm
+        n = len(tokens)
+        chat_prefix = completion.chat_prefix
+        if chat_prefix is not None and chat_prefix.reached(tokens, reused, alignment):
+            chat_prefix = None  # restored up to the end of the system part already
+        # One cache of full attention: every point is cut from one capture after the completion.
+        # Sliding windows and recurrent states hold only their last point: read on to each.
+        one_capture = can_truncate(llm)
+        ladder = self._ladder if completion.ladder and not one_capture else []
+        plan = checkpoint_plan(
+            tokens,
+            ladder=[p for p in ladder if p % self._window_step == 0],
+            chat_prefix=None if chat_prefix is None else chat_prefix.tokens(),
+            priority=self._priority,
+            after=reused,
+            alignment=alignment,
+            exact=self._exact,
+        )
+        end = final_point(n, alignment, exact=self._exact)
+        for point, priority in plan:
+            if not one_capture and point - completion.saved_upto < self._min_tokens:
+                continue  # a whole window (or state) for a few tokens more
+            kind = KIND_PROMPT_END if point == end else KIND_PREFIX
+            restore_point = RestorePoint(point, priority, kind)
+            if one_capture:
+                completion.deferred.append(restore_point)
+            else:
+                llm.eval(tokens[int(llm.n_tokens) : point].tolist())
+                completion.checkpoints += self._loader.save(completion.scope, [restore_point])
+                self._superseding(completion, restore_point, tokens)
+            completion.saved_upto = point
+
+    def finish(self, completion: Completion) -> None:
+        """Save the context after a completion, keyed by the tokens it holds (never the last sampled one)."""
+        if not completion.prepared:
+            return
+        if completion.cacheable and self._save:
+            self._save_after(completion)
+        if self._listener is not None and completion.restore is not None:
+            generated = completion.generated
+            if completion.last_token is not None and llama_cpp.llama_vocab_is_eog(
+                self._llm._model.vocab, completion.last_token
+            ):
+                generated -= 1  # llama-cpp-python does not count the end-of-generation token
+            report = CompletionReport(
+                completion.scope, completion.restore, generated, completion.read_seconds
+            )
+            self._listener.finished(report)
+
+    def _save_after(self, completion: Completion) -> None:
+        prompt = completion.prompt
+        if completion.deferred or (prompt is not None and can_truncate(self._llm)):
+            read = 0 if prompt is None else len(prompt)
+            if completion.deferred or read - completion.saved_upto >= BLOCK_TOKENS:
+                completion.checkpoints += self._loader.save(
+                    completion.scope, completion.deferred, blocks_upto=read
+                )
+            for point in completion.deferred:
+                self._superseding(completion, point, prompt)
+        elif not self._windows and int(self._llm.n_tokens) - completion.saved_upto >= self._min_tokens:
+            # A recurrent state holds only its last point: keep the whole context.
+            n_held = int(self._llm.n_tokens)
+            self._loader.save(completion.scope, [RestorePoint(n_held, self._priority, KIND_PROMPT_END)])
+
+    def _superseding(self, completion: Completion, point: RestorePoint, tokens: TokenArray | None) -> None:
+        """A prompt end was stored: the end of the conversation's turn before it goes (see
+        `StoredStates.supersede`)."""
+        if point.kind != KIND_PROMPT_END or tokens is None:
+            return
+        states = self._loader.states
+        scope = completion.scope
+        for old in {self._last_prompt_end.get(scope), self._loader.restored_prompt_end} - {None}:
+            assert old is not None
+            try:
+                states.supersede(old, tokens[: point.n_tokens], point.priority)
+            except (SnapcacheError, OSError) as exc:
+                _log.debug("could not remove the previous turn's state: %s", exc)
+        key = SnapshotKey.for_tokens(self._loader.fingerprint, scope, tokens[: point.n_tokens])
+        _remember(self._last_prompt_end, scope, key)
+
+
+def _remember(remembered: OrderedDict[str, _T], scope: str, value: _T) -> None:
+    """Keep `value` as `scope`'s latest, forgetting the scope least recently seen past the limit."""
+    remembered[scope] = value
+    remembered.move_to_end(scope)
+    if len(remembered) > _REMEMBERED_SCOPES:
+        remembered.popitem(last=False)

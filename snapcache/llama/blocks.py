@@ -256,8 +256,10 @@ class _Layout:
     rows: tuple[tuple[int, int, tuple[int, int]], ...]  # per layer, a block's rows and their shape
     targets: tuple[Bytes, ...]  # per layer, its rows in the blob as (width, block, one block's row)
     later_at: int  # where the caches after the first one go in the blob
-    later: Bytes  # what goes there: the record's caches after its first one, as captured
-    window: CacheSection | None  # the record's sliding-window section, when it goes in padded
+    # What goes there: the record's caches after its first one, copied as captured; or, when
+    # `window` is set, the record's whole blob, whose `window` section goes in padded.
+    later: Bytes
+    window: CacheSection | None
 
     def write_later_caches(self) -> None:
         """Copy the record's caches after the first one in (padded, when asked): the biggest copy of

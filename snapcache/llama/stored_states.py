@@ -49,7 +49,7 @@ class RestorePoint:
 class Found:
     """A prefix ready to restore: the assembled snapshot, the tier that served it, and the record
     it came from (None for blocks alone or a whole snapshot) and that record's kind;
-    `window_padded` when its sliding-window cache was assembled padded (see `state.pad_window`)."""
+    `window_padded` when its sliding-window cache was assembled padded (see `_state_layout.pad_window`)."""
 
     snapshot: Snapshot
     source: Source

@@ -6,9 +6,14 @@ Each use moves an entry up in the disk tier's least-recently-used order. Recordi
 disk hit, and a writer in another process made a read wait for it (up to the index's short busy
 timeout, after which the use was dropped). Here the read hands the keys over and returns; the thread
 records what has piled up in one transaction, the keys of the latest use first, and tries again
-for up to 2 s while another process writes (letting go of the index between tries). A use is on
-disk a few milliseconds later: `flush` waits for it, and an eviction meanwhile sees the order as it
-was (the cost of a stale order is one entry evicted a little early, never a wrong byte).
+for up to 2 s while another process writes (letting go of the index between tries).
+
+The thread waits until uses stop coming for SETTLE_S (at most MAX_HOLD_S) before it writes. A
+restore reads a record, then its blocks: the transaction for the record's use ran just as the
+blocks' index query wanted the same connection (one connection, one lock: they wait for each
+other), and a restore cost two transactions instead of one. A use is on disk within SETTLE_S of
+the last read: `flush` waits for it (and cuts the wait short), and an eviction meanwhile sees the
+order as it was (the cost of a stale order is one entry evicted a little early, never a wrong byte).
 
 Without a background thread (`background=False`, a store that writes in the foreground) uses are
 recorded at once, as a read would.
@@ -16,10 +21,12 @@ recorded at once, as a read would.
 
 from __future__ import annotations
 
+import enum
 import logging
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable
 
 from snapcache.errors import StoreUnavailable
@@ -31,6 +38,17 @@ log = logging.getLogger("snapcache")
 
 # Keys one transaction records at most; more wait for the next.
 _BATCH_KEYS = 4096
+# The thread writes once no use has come for this long, or once the first waits this long.
+SETTLE_S = 0.05
+MAX_HOLD_S = 1.0
+
+
+class _Signal(enum.Enum):
+    FLUSH = "write what is queued now"
+    STOP = "write what is queued and end"
+
+
+_Item = list[SnapshotKey] | _Signal
 
 
 class DeferredUses:
@@ -39,7 +57,7 @@ class DeferredUses:
     def __init__(self, record: Callable[[list[SnapshotKey]], None], *, background: bool) -> None:
         self._record = record
         self._background = background
-        self._queue: queue.Queue[list[SnapshotKey] | None] = queue.Queue()
+        self._queue: queue.Queue[_Item] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._thread_pid = 0
         self._start_lock = threading.Lock()
@@ -61,6 +79,7 @@ class DeferredUses:
         if self._thread_pid != os.getpid():
             return  # none queued in this process (a forked child leaves its parent's to the parent)
         if self._thread is not None and self._thread.is_alive():
+            self._queue.put(_Signal.FLUSH)
             self._queue.join()
         else:
             self._record_queued()
@@ -73,7 +92,7 @@ class DeferredUses:
         if self._thread_pid != os.getpid():
             return
         if thread is not None and thread.is_alive():
-            self._queue.put(None)
+            self._queue.put(_Signal.STOP)
             thread.join()
         self._record_queued()
 
@@ -89,27 +108,41 @@ class DeferredUses:
 
     def _loop(self) -> None:
         while True:
-            items = [self._queue.get(), *self._take_waiting()]  # what piled up: one transaction
+            items = self._settled([self._queue.get()])  # what piled up: one transaction
             self._record_items(items)
-            if None in items:
+            if _Signal.STOP in items:
                 return
+
+    def _settled(self, items: list[_Item]) -> list[_Item]:
+        """`items` and what comes after them until no use has come for SETTLE_S, MAX_HOLD_S have
+        passed, or `flush` or `stop` asks."""
+        deadline = time.monotonic() + MAX_HOLD_S
+        while not any(isinstance(item, _Signal) for item in items):
+            wait = min(SETTLE_S, deadline - time.monotonic())
+            if wait <= 0:
+                break
+            try:
+                items.append(self._queue.get(timeout=wait))
+            except queue.Empty:
+                break
+        return items + self._take_waiting()
 
     def _record_queued(self) -> None:
         """Record, on this thread, whatever the queue still holds."""
         self._record_items(self._take_waiting())
 
-    def _take_waiting(self) -> list[list[SnapshotKey] | None]:
-        items: list[list[SnapshotKey] | None] = []
+    def _take_waiting(self) -> list[_Item]:
+        items: list[_Item] = []
         while True:
             try:
                 items.append(self._queue.get_nowait())
             except queue.Empty:
                 return items
 
-    def _record_items(self, items: list[list[SnapshotKey] | None]) -> None:
-        """Record the uses taken from the queue (the stop mark, None, has none) and mark them done."""
+    def _record_items(self, items: list[_Item]) -> None:
+        """Record the uses taken from the queue (a signal has none) and mark them done."""
         try:
-            for batch in _batches([item for item in items if item is not None]):
+            for batch in _batches([item for item in items if not isinstance(item, _Signal)]):
                 self._record_now(batch)
         finally:
             for _ in items:

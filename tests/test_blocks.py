@@ -265,11 +265,16 @@ def _pack_member(directory, key):
     return path, head.member(key)
 
 
-def test_a_window_assembled_padded_is_the_padded_assembly_byte_for_byte(make_llama, gemma_model_path):
+def test_a_window_assembled_padded_is_the_padded_assembly_byte_for_byte(
+    make_llama, gemma_model_path, monkeypatch
+):
+    import threading
+    from collections.abc import Callable
+
     import numpy as np
 
     from snapcache.llama._state_layout import pad_window, parse_sections
-    from snapcache.llama.blocks import pads_window
+    from snapcache.llama.blocks import _Layout, pads_window
 
     gemma = make_llama(gemma_model_path, n_ctx=1024)
     gemma.eval(gemma.tokenize((RAW * 4).encode())[:700])  # past the 512-token window: it starts at 188
@@ -282,11 +287,28 @@ def test_a_window_assembled_padded_is_the_padded_assembly_byte_for_byte(make_lla
     padded = pad_window(whole, parse_sections(whole))
     assert padded is not None
     assert bytes(assemble(blocks, record, pad_window=True)) == padded.tobytes()
-    # From two threads, the window is copied in by the one that placed the first block while the other
-    # places blocks: the same bytes.
-    assembly = Assembly(len(blocks), record, pad_window=True)
-    _place_from_two_threads(assembly, blocks)
-    assert bytes(assembly.finish()) == padded.tobytes()
+    # From two threads, each block placed brings its share of the window's writes, whichever thread
+    # places it: the same bytes, padded or not, and both threads make some of those writes (each
+    # places 5 of the 10 blocks, whose shares add up to about half of the writes).
+    writers: dict[bool, set[int]] = {True: set(), False: set()}
+    later_writes = _Layout.later_writes
+
+    def watched(layout: _Layout) -> list[Callable[[], None]]:
+        def wrap(write: Callable[[], None]) -> Callable[[], None]:
+            def watched_write() -> None:
+                writers[layout.window is not None].add(threading.get_ident())
+                write()
+
+            return watched_write
+
+        return [wrap(write) for write in later_writes(layout)]
+
+    monkeypatch.setattr(_Layout, "later_writes", watched)
+    for pad in (True, False):
+        assembly = Assembly(len(blocks), record, pad_window=pad)
+        _place_from_two_threads(assembly, blocks)
+        assert bytes(assembly.finish()) == (padded.tobytes() if pad else whole.tobytes())
+        assert len(writers[pad]) == 2
     assert not pads_window(None)
 
 

@@ -9,7 +9,9 @@ layout flag, layer count, per layer the K type, K row size and K rows, and per l
 
 from __future__ import annotations
 
+import functools
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -160,10 +162,33 @@ def padded_window_bytes(window: CacheSection) -> int:
 
 def write_padded_window(
     out: npt.NDArray[np.uint8], off: int, state: npt.NDArray[np.uint8], window: CacheSection
-) -> int:
+) -> None:
     """Write `window` (a section of `state`) padded (see `padding_cells`) into `out` at `off`, where `out`
-    holds zeros; return where it ends. Only the cell list and the window's own rows are written."""
+    holds zeros. Only the cell list and the window's own rows are written."""
+    for write in padded_window_writes(out, off, state, window):
+        write()
+
+
+def padded_window_writes(
+    out: npt.NDArray[np.uint8], off: int, state: npt.NDArray[np.uint8], window: CacheSection
+) -> list[Callable[[], None]]:
+    """The writes that `write_padded_window` makes, each to bytes of its own: the cell list, then
+    each layer's rows (a few hundred KiB on Gemma 3), so that several threads can share them."""
     pad = padding_cells(window)
+    m = len(window.positions)
+    n = pad + m
+    writes: list[Callable[[], None]] = [functools.partial(_write_padded_cells, out, off, state, window, pad)]
+    off += 8 + n * _CELL_META_BYTES + 8
+    for layer in window.layers:
+        writes.append(functools.partial(_write_padded_rows, out, off, state, layer, m, pad))
+        off += 12 + layer.width * n * layer.row_bytes
+    return writes
+
+
+def _write_padded_cells(
+    out: npt.NDArray[np.uint8], off: int, state: npt.NDArray[np.uint8], window: CacheSection, pad: int
+) -> None:
+    """The padded window's counts, cell list and V layout fields."""
     m = len(window.positions)
     n = pad + m
     out[off : off + 4] = state[window.start : window.start + 4]
@@ -179,15 +204,17 @@ def write_padded_window(
     ]
     off += n * _CELL_META_BYTES
     out[off : off + 8] = state[window.data_header[0] : window.data_header[1]]
-    off += 8
-    for layer in window.layers:
-        out[off : off + 12] = state[layer.header[0] : layer.header[1]]
-        off += 12
-        size = layer.width * n * layer.row_bytes
-        rows = state[layer.data : layer.data + layer.width * m * layer.row_bytes].reshape(layer.width, -1)
-        out[off : off + size].reshape(layer.width, -1)[:, pad * layer.row_bytes :] = rows
-        off += size
-    return off
+
+
+def _write_padded_rows(
+    out: npt.NDArray[np.uint8], off: int, state: npt.NDArray[np.uint8], layer: LayerRows, m: int, pad: int
+) -> None:
+    """One layer's type and size fields, and its `m` cells' rows after `pad` zero cells in each row."""
+    out[off : off + 12] = state[layer.header[0] : layer.header[1]]
+    off += 12
+    size = layer.width * (pad + m) * layer.row_bytes
+    rows = state[layer.data : layer.data + layer.width * m * layer.row_bytes].reshape(layer.width, -1)
+    out[off : off + size].reshape(layer.width, -1)[:, pad * layer.row_bytes :] = rows
 
 
 def _parse_section(state: npt.NDArray[np.uint8], start: int) -> CacheSection:

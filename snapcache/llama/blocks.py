@@ -17,9 +17,10 @@ blob before llama.cpp reads it (see `state.restore_sequence`).
 
 from __future__ import annotations
 
+import functools
 import struct
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,10 +34,10 @@ from snapcache.llama._state_layout import (
     CacheSection,
     LayerRows,
     padded_window_bytes,
+    padded_window_writes,
     padding_cells,
     parse_layers,
     parse_sections,
-    write_padded_window,
 )
 
 __all__ = [
@@ -60,6 +61,8 @@ _RECORD_HEADER = struct.Struct("<8sIII")
 KIND_PREFIX = 0
 KIND_PROMPT_END = 1
 _CELL = np.dtype([("pos", "<i4"), ("one", "<i4"), ("seq", "<i4")])
+# The record's later caches are copied into an assembled blob in pieces of this size, at most.
+_LATER_PIECE_BYTES = 256 << 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,8 +198,10 @@ class Assembly:
 
     `place` copies one block into its rows and returns: the caller may reuse the block's buffer then.
     Several threads may place different blocks at once. The first block placed sets the layout,
-    which every other block, and the record's tail, must share; its thread then copies the record's
-    later caches in (its sliding window: most of a record) while the others go on placing blocks.
+    which every other block, and the record's tail, must share. The record's later caches (its
+    sliding window: most of a record) are copied in pieces, a share with each block placed, so that
+    the threads placing blocks share that copy too (until 2026-11-23 the first block's thread made
+    all of it, and at 1K tokens the other thread ran out of blocks long before it was done).
     """
 
     def __init__(self, n_blocks: int, record: Record | None, *, pad_window: bool = False) -> None:
@@ -210,36 +215,50 @@ class Assembly:
         self._placed = np.zeros(n_blocks, dtype=bool)
         self._layout_lock = threading.Lock()
         self._layout: _Layout | None = None
+        self._later_writes: list[Callable[[], None]] = []  # set with the layout
+        self._later_per_block = 0
+        self._later_taken = 0
 
     def place(self, index: int, block: memoryview | bytes | bytearray) -> None:
-        """Copy block `index` into the blob; ValueError when it does not share the blob's layout."""
+        """Copy block `index` into the blob, and a share of the record's later caches; ValueError
+        when the block does not share the blob's layout."""
         if not 0 <= index < self.n_blocks:
             raise ValueError(f"block {index} is not one of the {self.n_blocks} to assemble")
         array = np.frombuffer(block, dtype=np.uint8)
         layout = self._layout
         if layout is None:
-            made = False
             with self._layout_lock:
                 if self._layout is None:
-                    self._layout = _Layout.of(array, self.n_blocks, self._record, self._padded)
-                    made = True
+                    layout = _Layout.of(array, self.n_blocks, self._record, self._padded)
+                    self._later_writes = layout.later_writes()
+                    self._later_per_block = -(-len(self._later_writes) // self.n_blocks)
+                    self._layout = layout
                 layout = self._layout
-            if made:
-                # Outside the lock: other threads place their blocks meanwhile, in other bytes.
-                layout.write_later_caches()
         if array.nbytes != layout.block_bytes or any(
             array.data[start:end] != expected for start, end, expected in layout.fields
         ):
             raise ValueError("the blocks do not share one layout")
         for (start, end, shape), target in zip(layout.rows, layout.targets, strict=True):
             target[:, index] = array[start:end].reshape(shape)
-        self._placed[index] = True
+        self._write_later(self._later_per_block)
+        self._placed[index] = True  # with its share of the later caches
+
+    def _write_later(self, count: int) -> None:
+        """Make up to `count` of the writes of the record's later caches that no thread has taken.
+        Every block placed makes its share, so that the threads placing blocks share them too."""
+        with self._layout_lock:
+            start = self._later_taken
+            self._later_taken = min(start + count, len(self._later_writes))
+            taken = self._later_writes[start : self._later_taken]
+        for write in taken:
+            write()
 
     def finish(self) -> memoryview:
         """The blob, once every block is placed; ValueError before."""
         layout = self._layout
         if layout is None or not self._placed.all():
             raise ValueError(f"not all of the {self.n_blocks} blocks were placed")
+        self._write_later(len(self._later_writes))  # none are left: every block took its share
         if self._padded:
             populate_for_reading(layout.blob)
         return layout.blob.data
@@ -261,13 +280,17 @@ class _Layout:
     later: Bytes
     window: CacheSection | None
 
-    def write_later_caches(self) -> None:
-        """Copy the record's caches after the first one in (padded, when asked): the biggest copy of
-        a record, left out of `of` so that it can go on beside the blocks."""
+    def later_writes(self) -> list[Callable[[], None]]:
+        """The writes that copy the record's caches after the first one in (padded, when asked), in
+        pieces of a few hundred KiB that any thread may make: most of a record, shared out among
+        the threads placing blocks."""
         if self.window is not None:
-            write_padded_window(self.blob, self.later_at, self.later, self.window)
-        else:
-            self.blob[self.later_at :] = self.later
+            return padded_window_writes(self.blob, self.later_at, self.later, self.window)
+        step = _LATER_PIECE_BYTES
+        return [
+            functools.partial(_copy, self.blob, self.later_at + start, self.later[start : start + step])
+            for start in range(0, self.later.nbytes, step)
+        ]
 
     @classmethod
     def of(cls, first: Bytes, n_blocks: int, record: Record | None, padded: bool) -> _Layout:
@@ -353,6 +376,10 @@ class _Layout:
             assert record is not None
             return cls(view, size, fields, rows, tuple(targets), off, blob, record.sections[1])
         return cls(view, size, fields, rows, tuple(targets), off, rest, None)
+
+
+def _copy(out: Bytes, at: int, piece: Bytes) -> None:
+    out[at : at + piece.nbytes] = piece
 
 
 def _cells(state: Bytes, layer: LayerRows, n: int, start: int, end: int) -> Bytes:

@@ -117,7 +117,7 @@ class DeferredUses:
         """`items` and what comes after them until no use has come for SETTLE_S, MAX_HOLD_S have
         passed, or `flush` or `stop` asks."""
         deadline = time.monotonic() + MAX_HOLD_S
-        while not any(isinstance(item, _Signal) for item in items):
+        while not isinstance(items[-1], _Signal):  # a signal ends the wait, and comes last
             wait = min(SETTLE_S, deadline - time.monotonic())
             if wait <= 0:
                 break

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import platform
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from snapcache.llama._sparse_memory import populate_for_reading, sparse_zeros
+from snapcache.llama._sparse_memory import empty_in_pieces, populate_for_reading, sparse_zeros
 
 
 def _vm_flags(address: int) -> list[str]:
@@ -22,6 +24,52 @@ def _vm_flags(address: int) -> list[str]:
             elif inside and line.startswith("VmFlags:"):
                 return line.split()[1:]
     raise AssertionError("no mapping holds the buffer")
+
+
+def _resident_bytes(address: int) -> int:
+    """The resident bytes of the mapping of this process that holds `address` (Linux)."""
+    with open("/proc/self/smaps", encoding="ascii", errors="replace") as smaps:
+        inside = False
+        for line in smaps:
+            head = line.split(" ", 1)[0]
+            if "-" in head and ":" not in head:
+                start, end = (int(part, 16) for part in head.split("-"))
+                inside = start <= address < end
+            elif inside and line.startswith("Rss:"):
+                return int(line.split()[1]) << 10
+    raise AssertionError("no mapping holds the buffer")
+
+
+def _kernel_maps_ahead() -> bool:
+    """Whether this kernel has MADV_POPULATE_WRITE (Linux 5.14 and later)."""
+    major, minor = (int(part) for part in platform.release().split(".")[:2])
+    return (major, minor) >= (5, 14)
+
+
+@pytest.mark.skipif(
+    sys.platform != "linux" or not _kernel_maps_ahead(), reason="maps ahead on Linux 5.14 and later"
+)
+def test_a_buffer_in_pieces_is_mapped_by_its_calls_a_piece_at_a_time():
+    size = (10 << 20) + 123
+    buffer, mapping = empty_in_pieces(size)
+    assert buffer.shape == (size,)
+    assert buffer.flags.writeable
+    assert len(mapping) == 3  # 4 MiB each, the last one shorter
+    address = buffer.ctypes.data
+    assert _resident_bytes(address) == 0
+    mapping[1]()  # bytes 4 MiB to 8 MiB: at most the two huge pages on either side come with them
+    assert 4 << 20 <= _resident_bytes(address) <= 8 << 20
+    for call in mapping:
+        call()
+    assert _resident_bytes(address) >= size - 4096
+    buffer[:] = 9  # writable all through, and as written
+    assert int(buffer.min()) == int(buffer.max()) == 9
+
+
+def test_a_small_buffer_in_pieces_needs_no_calls():
+    buffer, mapping = empty_in_pieces(1000)
+    assert buffer.shape == (1000,)
+    assert mapping == []
 
 
 def test_a_sparse_buffer_is_zero_writable_and_stays_as_written_when_populated():

@@ -15,25 +15,32 @@ huge pages, and `populate_for_reading` maps the zero pages llama.cpp is about to
 (Linux 5.14+), rather than one page fault at a time. Elsewhere both fall back to what numpy does.
 
 A blob assembled from blocks is the opposite case: every byte is written, by the codec's threads
-at once. `populated_empty` maps all of it, on huge pages, in one call before they start.
+at once. `empty_in_pieces` gives it on huge pages, with the calls that map it a few MiB at a time,
+which those threads make between their writes (until 2026-11-23 the first thread mapped all of it
+in one call while the other waited for the blob's layout).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import mmap
 import sys
+from collections.abc import Callable
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["populate_for_reading", "populated_empty", "sparse_zeros"]
+__all__ = ["empty_in_pieces", "populate_for_reading", "sparse_zeros"]
 
 # madvise(2) advice that Python's mmap module does not name on every version.
 _MADV_POPULATE_READ = 22
 _MADV_POPULATE_WRITE = 23
 # numpy asks for huge pages from this size on.
 _HUGE_PAGE_ALLOCATION = 4 << 20
+# `empty_in_pieces` maps its buffer in calls of this many bytes (two huge pages).
+_MAPPING_PIECE_BYTES = 4 << 20
 _LINUX = sys.platform == "linux"
 
 
@@ -60,20 +67,52 @@ def populate_for_reading(array: npt.NDArray[np.uint8]) -> None:
         memory.madvise(_MADV_POPULATE_READ)
 
 
-def populated_empty(size: int) -> npt.NDArray[np.uint8]:
-    """`size` bytes, every one of which the caller writes: mapped now, on huge pages where the system
-    gives them, so that threads filling it at once do not fault on the same pages (blocks placed
-    from two threads took up to several times the CPU when they did).
-    Below numpy's huge-page size, what numpy gives (often memory that malloc reuses)."""
+def empty_in_pieces(size: int) -> tuple[npt.NDArray[np.uint8], list[Callable[[], None]]]:
+    """`size` bytes, every one of which the caller writes, and the calls that map them ahead of those
+    writes, a few MiB each, on huge pages where the system gives them.
+
+    Threads that fill the buffer at once should make the calls between their writes: mapped ahead,
+    they do not fault on the same pages (blocks placed from two threads took up to several times
+    the CPU when they did), and shared, the mapping takes them half the time. Each call lets other
+    threads run; a write to a page not mapped yet maps it as usual, so the calls only save time.
+    Below numpy's huge-page size, or where the system cannot map ahead, what numpy gives (often
+    memory that malloc reuses) and no calls."""
     memory = _anonymous_map(size) if _LINUX and size >= _HUGE_PAGE_ALLOCATION else None
-    if memory is None:
-        return np.empty(size, dtype=np.uint8)
+    populate = _madvise()
+    if memory is None or populate is None:
+        return np.empty(size, dtype=np.uint8), []
     huge_pages = getattr(mmap, "MADV_HUGEPAGE", None)
-    with contextlib.suppress(OSError, ValueError):
-        if huge_pages is not None:
+    if huge_pages is not None:
+        with contextlib.suppress(OSError, ValueError):
             memory.madvise(huge_pages)
-        memory.madvise(_MADV_POPULATE_WRITE)
-    return np.frombuffer(memory, dtype=np.uint8)
+    buffer = np.frombuffer(memory, dtype=np.uint8)
+    return buffer, [
+        functools.partial(_map_ahead, populate, buffer, start, min(_MAPPING_PIECE_BYTES, size - start))
+        for start in range(0, size, _MAPPING_PIECE_BYTES)
+    ]
+
+
+def _map_ahead(
+    populate: Callable[[int, int, int], int], buffer: npt.NDArray[np.uint8], start: int, length: int
+) -> None:
+    """Map `length` bytes of `buffer` from `start` for writing; kernels before 5.14 refuse (EINVAL),
+    and the writes then map them."""
+    populate(buffer.ctypes.data + start, length, _MADV_POPULATE_WRITE)
+
+
+@functools.cache
+def _madvise() -> Callable[[int, int, int], int] | None:
+    """The C library's madvise(2), which (unlike `mmap.madvise`) lets other threads run while the
+    kernel maps pages; None where there is none."""
+    if not _LINUX:
+        return None
+    try:
+        function = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    function.restype = ctypes.c_int
+    return function
 
 
 def _anonymous_map(size: int) -> mmap.mmap | None:

@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from snapcache.key import BLOCK_TOKENS
-from snapcache.llama._sparse_memory import populate_for_reading, populated_empty, sparse_zeros
+from snapcache.llama._sparse_memory import empty_in_pieces, populate_for_reading, sparse_zeros
 from snapcache.llama._state_layout import (
     BLOB_HEADER_BYTES,
     SEQ_STATE_MAGIC,
@@ -198,10 +198,12 @@ class Assembly:
 
     `place` copies one block into its rows and returns: the caller may reuse the block's buffer then.
     Several threads may place different blocks at once. The first block placed sets the layout,
-    which every other block, and the record's tail, must share. The record's later caches (its
-    sliding window: most of a record) are copied in pieces, a share with each block placed, so that
-    the threads placing blocks share that copy too (until 2026-11-23 the first block's thread made
-    all of it, and at 1K tokens the other thread ran out of blocks long before it was done).
+    which every other block, and the record's tail, must share. What is not a block's own is cut
+    into shared writes, a share made with each block placed, so that the threads placing blocks
+    share it too: mapping the blob's memory ahead of the rows, then copying in the record's later
+    caches (its sliding window: most of a record). Until 2026-11-23 the first block's thread made
+    all of both: the mapping while the other thread waited for the layout, and the copy while the
+    other ran out of blocks long before it was done (at 1K tokens).
     """
 
     def __init__(self, n_blocks: int, record: Record | None, *, pad_window: bool = False) -> None:
@@ -215,9 +217,9 @@ class Assembly:
         self._placed = np.zeros(n_blocks, dtype=bool)
         self._layout_lock = threading.Lock()
         self._layout: _Layout | None = None
-        self._later_writes: list[Callable[[], None]] = []  # set with the layout
-        self._later_per_block = 0
-        self._later_taken = 0
+        self._shared_writes: list[Callable[[], None]] = []  # set with the layout
+        self._shared_per_block = 0
+        self._shared_taken = 0
 
     def place(self, index: int, block: memoryview | bytes | bytearray) -> None:
         """Copy block `index` into the blob, and a share of the record's later caches; ValueError
@@ -230,26 +232,26 @@ class Assembly:
             with self._layout_lock:
                 if self._layout is None:
                     layout = _Layout.of(array, self.n_blocks, self._record, self._padded)
-                    self._later_writes = layout.later_writes()
-                    self._later_per_block = -(-len(self._later_writes) // self.n_blocks)
+                    self._shared_writes = [*layout.mapping, *layout.later_writes()]
+                    self._shared_per_block = -(-len(self._shared_writes) // self.n_blocks)
                     self._layout = layout
                 layout = self._layout
         if array.nbytes != layout.block_bytes or any(
             array.data[start:end] != expected for start, end, expected in layout.fields
         ):
             raise ValueError("the blocks do not share one layout")
+        self._write_shared(self._shared_per_block)  # first: the mapping goes ahead of the rows
         for (start, end, shape), target in zip(layout.rows, layout.targets, strict=True):
             target[:, index] = array[start:end].reshape(shape)
-        self._write_later(self._later_per_block)
-        self._placed[index] = True  # with its share of the later caches
+        self._placed[index] = True  # with its share of the shared writes
 
-    def _write_later(self, count: int) -> None:
-        """Make up to `count` of the writes of the record's later caches that no thread has taken.
-        Every block placed makes its share, so that the threads placing blocks share them too."""
+    def _write_shared(self, count: int) -> None:
+        """Make up to `count` of the shared writes (see the class) that no thread has taken yet, in
+        their order. Every block placed makes its share, so that the threads placing blocks share them."""
         with self._layout_lock:
-            start = self._later_taken
-            self._later_taken = min(start + count, len(self._later_writes))
-            taken = self._later_writes[start : self._later_taken]
+            start = self._shared_taken
+            self._shared_taken = min(start + count, len(self._shared_writes))
+            taken = self._shared_writes[start : self._shared_taken]
         for write in taken:
             write()
 
@@ -258,7 +260,7 @@ class Assembly:
         layout = self._layout
         if layout is None or not self._placed.all():
             raise ValueError(f"not all of the {self.n_blocks} blocks were placed")
-        self._write_later(len(self._later_writes))  # none are left: every block took its share
+        self._write_shared(len(self._shared_writes))  # none are left: every block took its share
         if self._padded:
             populate_for_reading(layout.blob)
         return layout.blob.data
@@ -270,6 +272,7 @@ class _Layout:
     those rows go."""
 
     blob: Bytes
+    mapping: tuple[Callable[[], None], ...]  # calls that map the blob's memory ahead of its writes
     block_bytes: int
     fields: tuple[tuple[int, int, bytes], ...]  # a block's layout fields, as every block has them
     rows: tuple[tuple[int, int, tuple[int, int]], ...]  # per layer, a block's rows and their shape
@@ -325,12 +328,13 @@ class _Layout:
 
         total = BLOB_HEADER_BYTES + 8 + n * _CELL.itemsize + 8
         total += sum(12 + layer.width * n * layer.row_bytes for layer in layers)
+        mapping: list[Callable[[], None]] = []
         if padded:
             assert record is not None
             # Zero pages come lazily: only the window's own cells and rows are written into the padding.
             view = sparse_zeros(total + padded_window_bytes(record.sections[1]))
         else:
-            view = populated_empty(total + rest.nbytes)  # every byte is written
+            view, mapping = empty_in_pieces(total + rest.nbytes)  # every byte is written
         out = view.data
         if record is not None:
             view[:BLOB_HEADER_BYTES] = record.blob[:BLOB_HEADER_BYTES]
@@ -374,8 +378,8 @@ class _Layout:
         )
         if padded:
             assert record is not None
-            return cls(view, size, fields, rows, tuple(targets), off, blob, record.sections[1])
-        return cls(view, size, fields, rows, tuple(targets), off, rest, None)
+            return cls(view, (), size, fields, rows, tuple(targets), off, blob, record.sections[1])
+        return cls(view, tuple(mapping), size, fields, rows, tuple(targets), off, rest, None)
 
 
 def _copy(out: Bytes, at: int, piece: Bytes) -> None:

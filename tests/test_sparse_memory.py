@@ -1,8 +1,10 @@
-"""The zero-filled buffers a padded sliding-window blob is built in."""
+"""The buffers assembled blobs are built in: zero-filled ones for a padded sliding window, and ones
+mapped ahead, a piece at a time, for a blob written whole."""
 
 from __future__ import annotations
 
 import platform
+import re
 import sys
 from pathlib import Path
 
@@ -12,8 +14,8 @@ import pytest
 from snapcache.llama._sparse_memory import empty_in_pieces, populate_for_reading, sparse_zeros
 
 
-def _vm_flags(address: int) -> list[str]:
-    """The VmFlags of the mapping of this process that holds `address` (Linux)."""
+def _smaps_field(address: int, name: str) -> list[str]:
+    """The values of field `name` in /proc/self/smaps for the mapping that holds `address` (Linux)."""
     with open("/proc/self/smaps", encoding="ascii", errors="replace") as smaps:
         inside = False
         for line in smaps:
@@ -21,29 +23,23 @@ def _vm_flags(address: int) -> list[str]:
             if "-" in head and ":" not in head:
                 start, end = (int(part, 16) for part in head.split("-"))
                 inside = start <= address < end
-            elif inside and line.startswith("VmFlags:"):
+            elif inside and line.startswith(f"{name}:"):
                 return line.split()[1:]
     raise AssertionError("no mapping holds the buffer")
 
 
+def _vm_flags(address: int) -> list[str]:
+    return _smaps_field(address, "VmFlags")
+
+
 def _resident_bytes(address: int) -> int:
-    """The resident bytes of the mapping of this process that holds `address` (Linux)."""
-    with open("/proc/self/smaps", encoding="ascii", errors="replace") as smaps:
-        inside = False
-        for line in smaps:
-            head = line.split(" ", 1)[0]
-            if "-" in head and ":" not in head:
-                start, end = (int(part, 16) for part in head.split("-"))
-                inside = start <= address < end
-            elif inside and line.startswith("Rss:"):
-                return int(line.split()[1]) << 10
-    raise AssertionError("no mapping holds the buffer")
+    return int(_smaps_field(address, "Rss")[0]) << 10
 
 
 def _kernel_maps_ahead() -> bool:
     """Whether this kernel has MADV_POPULATE_WRITE (Linux 5.14 and later)."""
-    major, minor = (int(part) for part in platform.release().split(".")[:2])
-    return (major, minor) >= (5, 14)
+    version = re.match(r"(\d+)\.(\d+)", platform.release())
+    return version is not None and (int(version[1]), int(version[2])) >= (5, 14)
 
 
 @pytest.mark.skipif(

@@ -222,8 +222,8 @@ class Assembly:
         self._shared_taken = 0
 
     def place(self, index: int, block: memoryview | bytes | bytearray) -> None:
-        """Copy block `index` into the blob, and a share of the record's later caches; ValueError
-        when the block does not share the blob's layout."""
+        """Copy block `index` into the blob, after its share of the shared writes (see the class);
+        ValueError when the block does not share the blob's layout."""
         if not 0 <= index < self.n_blocks:
             raise ValueError(f"block {index} is not one of the {self.n_blocks} to assemble")
         array = np.frombuffer(block, dtype=np.uint8)

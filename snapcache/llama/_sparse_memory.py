@@ -77,8 +77,8 @@ def empty_in_pieces(size: int) -> tuple[npt.NDArray[np.uint8], list[Callable[[],
     threads run; a write to a page not mapped yet maps it as usual, so the calls only save time.
     Below numpy's huge-page size, or where the system cannot map ahead, what numpy gives (often
     memory that malloc reuses) and no calls."""
-    memory = _anonymous_map(size) if _LINUX and size >= _HUGE_PAGE_ALLOCATION else None
-    populate = _madvise()
+    populate = _madvise() if size >= _HUGE_PAGE_ALLOCATION else None
+    memory = None if populate is None else _anonymous_map(size)
     if memory is None or populate is None:
         return np.empty(size, dtype=np.uint8), []
     huge_pages = getattr(mmap, "MADV_HUGEPAGE", None)

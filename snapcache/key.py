@@ -164,6 +164,8 @@ def user_scope(scope: str) -> str:
 def chain_hashes(tokens: TokenArray, n_blocks: int) -> list[str]:
     """The chain hash before each of the first `n_blocks` blocks of `tokens` (the first is fixed):
     each is BLAKE2b of the one before and the previous block's tokens."""
+    if n_blocks < 1:
+        return []
     chains = [_CHAIN_START]
     data = tokens.data.cast("B")
     step = BLOCK_TOKENS * 4

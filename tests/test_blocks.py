@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from chat_support import GREEDY, N_CTX, SYSTEM, chat, chat_reply, context_of
 
-from snapcache.key import BLOCK_TOKENS, SnapshotKey
+from snapcache.key import BLOCK_TOKENS, SnapshotKey, as_token_array, block_keys
 from snapcache.llama.blocks import KIND_PROMPT_END, Assembly, assemble, read_record, split_state
 from snapcache.llama.cached import CachedLlama
 from snapcache.llama.state import capture_sequence
@@ -341,3 +341,73 @@ def test_a_window_is_padded_only_down_to_the_multiple_of_256_below_it(make_llama
         assert not padded_rows[:, : pad * layer.row_bytes].any()
         assert np.array_equal(padded_rows[:, pad * layer.row_bytes :], rows)
     assert pad_window(padded, padded_sections) is None
+
+
+def test_a_warm_shorter_than_a_block_is_stored_whole_and_restores_as_cold(
+    cached, store, make_llama, tiny_model_path
+):
+    warmer = cached()
+    tokens = warmer.llm.tokenize(RAW.encode())
+    short = tokens[: BLOCK_TOKENS - 24]
+    warmed = warmer.warm(short)
+    assert (warmed.token_count, warmed.from_cache) == (len(short), False)
+    store.flush()
+    rows = store.entries(blocks=True)
+    assert [(row.key.token_count, row.key.is_block) for row in rows] == [(len(short), False)]
+    assert cached().warm(short).from_cache  # found whole, as stored
+
+    reader = cached()
+    reader.create_completion(tokens[: BLOCK_TOKENS - 24 + 10], **GREEDY)
+    assert reader.last_restore is not None
+    assert (reader.last_restore.restored_tokens, reader.last_restore.source) == (len(short), "ram")
+    cold = make_llama(tiny_model_path, n_ctx=N_CTX)
+    cold.create_completion(tokens[: BLOCK_TOKENS - 24 + 10], **GREEDY)
+    assert context_of(reader.llm) == context_of(cold)
+
+
+def test_a_point_before_the_first_block_ends_is_not_stored(make_llama, tiny_model_path, store):
+    from snapcache.llama.blocks import KIND_PREFIX
+    from snapcache.llama.stored_states import RestorePoint, StoredStates
+
+    llm = make_llama(tiny_model_path, n_ctx=N_CTX)
+    tokens = llm.tokenize(RAW.encode())[:80]
+    llm.eval(tokens)
+    states = StoredStates(store, "f" * 64)
+    points = [RestorePoint(48, 0, KIND_PREFIX), RestorePoint(80, 0, KIND_PREFIX)]
+    assert states.save(capture_sequence(llm), "default", points, blocks_upto=80) == 1
+    store.flush()
+    kept = sorted((row.key.token_count, row.key.is_block) for row in store.entries(blocks=True))
+    assert kept == [(BLOCK_TOKENS, True), (80, False)]  # no record that no restore could assemble
+
+
+def test_a_record_whose_token_count_differs_from_its_key_is_not_assembled(make_llama, tiny_model_path, store):
+    from snapcache.llama.blocks import KIND_PREFIX
+    from snapcache.llama.stored_states import StoredStates
+
+    llm = make_llama(tiny_model_path, n_ctx=N_CTX)
+    tokens = llm.tokenize(RAW.encode())[:200]
+    llm.eval(tokens)
+    split = split_state(capture_sequence(llm).state)
+    assert split is not None
+    states = StoredStates(store, "f" * 64)
+    for i, key in enumerate(block_keys_of(states.fingerprint, tokens, 3)):
+        store.put(key, tokens[i * BLOCK_TOKENS : (i + 1) * BLOCK_TOKENS], split.block(i))
+    # A record of 130 tokens stored under the key of 200: its blocks exist, its blob would be short.
+    key = SnapshotKey.for_tokens(states.fingerprint, "default", tokens)
+    store.put(key, tokens, split.record(130, KIND_PREFIX))
+    assert states.find(as_token_array([*tokens, 5]), "default", blocks_alone=False) is None
+    assert states.complete(key) is None
+
+
+def test_find_on_a_closed_store_is_a_miss(make_llama, tiny_model_path, tmp_path):
+    from snapcache.llama.stored_states import StoredStates
+
+    llm = make_llama(tiny_model_path, n_ctx=N_CTX)
+    tokens = llm.tokenize(RAW.encode())[:300]
+    store = SnapshotStore(tmp_path / "closed", ram_bytes=1 << 20, disk_bytes=64 << 20)
+    store.close()
+    assert StoredStates(store, "f" * 64).find(as_token_array(tokens), "default", blocks_alone=True) is None
+
+
+def block_keys_of(fingerprint: str, tokens: list[int], n_blocks: int) -> list[SnapshotKey]:
+    return block_keys(fingerprint, "default", as_token_array(tokens), n_blocks)

@@ -78,17 +78,20 @@ class StoredStates:
         """Store `captured` for each restore point (at most its length) and its blocks up to
         `blocks_upto` tokens at least; return how many points were stored.
 
-        A capture that cannot be cut is stored whole, for the point at its own length only.
+        A capture that cannot be cut is stored whole, for the point at its own length only; so is
+        one of fewer tokens than a block. A point before the first block's end is not stored: a
+        record needs a block, and the state of those tokens alone was never captured.
         """
         tokens, n = captured.tokens, len(captured.tokens)
         points = [p for p in points if 0 < p.n_tokens <= n]
         split = split_state(captured.state)
-        if split is None:
+        if split is None or n < BLOCK_TOKENS:
             whole = [p for p in points if p.n_tokens == n]
             for point in whole:
                 key = SnapshotKey.for_tokens(self.fingerprint, scope, tokens)
                 self._store.put(key, tokens, captured.state, point.priority, captured.logits)
             return len(whole)
+        points = [p for p in points if p.n_tokens >= BLOCK_TOKENS]
         if split.windows:
             points = [p for p in points if p.n_tokens == n]  # window caches hold only their own point
         n_blocks = max([p.n_tokens for p in points] + [min(blocks_upto, n)]) // BLOCK_TOKENS
@@ -175,7 +178,11 @@ class StoredStates:
             limit = (len(tokens) - 1) // BLOCK_TOKENS
             longest = 0 if best is None else best.snapshot.key.token_count
             if limit * BLOCK_TOKENS > longest:
-                from_blocks = self._from_blocks(tokens, scope, limit, longest)
+                try:
+                    from_blocks = self._from_blocks(tokens, scope, limit, longest)
+                except (SnapcacheError, OSError) as exc:
+                    _log.warning("block lookup failed: %s", exc)
+                    from_blocks = None
                 if from_blocks is not None:
                     best = from_blocks
         return best
@@ -185,6 +192,8 @@ class StoredStates:
             return Found(snapshot, tier, None, None)  # a whole state
         try:
             record = read_record(snapshot.state)
+            if record.n_tokens != snapshot.key.token_count:
+                raise ValueError(f"it holds {record.n_tokens} tokens, its key {snapshot.key.token_count}")
         except ValueError as exc:
             _log.warning("record %s is malformed, ignored: %s", snapshot.key.id[:12], exc)
             return None
@@ -228,12 +237,12 @@ class StoredStates:
         try:
             assembly = Assembly(len(keys), record, pad_window=pad_window)
             served = self._store.copy_blocks(keys, assembly.place)
+            if len(served) < len(keys):
+                return None, served
+            return assembly.finish(), served
         except ValueError as exc:
             _log.warning("stored blocks do not fit together, not restored: %s", exc)
             return None, []
         except (SnapcacheError, OSError) as exc:
             _log.warning("block lookup failed: %s", exc)
             return None, []
-        if len(served) < len(keys):
-            return None, served
-        return assembly.finish(), served

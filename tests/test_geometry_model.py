@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import llama_cpp
+import numpy as np
 import pytest
 from conftest import MakeLlama
+from test_sparse_memory import _kernel_maps_ahead, _resident_bytes
 from tiny_model import write_geometry_model
+
+from snapcache.llama.blocks import KIND_PROMPT_END, Assembly, _Layout, read_record, split_state
+from snapcache.llama.state import capture_sequence
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
@@ -52,3 +58,28 @@ def test_greedy_output_depends_on_the_prompt(geometry_model_path: Path, make_lla
         out = llm.create_completion(prompt, max_tokens=6, temperature=0.0)
         outputs.add(out["choices"][0]["text"])
     assert len(outputs) > 1
+
+
+@pytest.mark.skipif(
+    sys.platform != "linux" or not _kernel_maps_ahead(), reason="maps ahead on Linux 5.14 and later"
+)
+def test_the_blob_layout_maps_none_of_it_and_leaves_its_fields_to_the_threads(
+    geometry_model_path: Path, make_llama: MakeLlama
+) -> None:
+    llm = make_llama(geometry_model_path, n_ctx=256)
+    llm.eval([1] + [3 + (i * 37) % 256 for i in range(149)])
+    captured = bytes(capture_sequence(llm).state)
+    split = split_state(captured)
+    assert split is not None
+    record = read_record(split.record(150, KIND_PROMPT_END))
+    first = np.frombuffer(split.block(0), dtype=np.uint8)
+    layout = _Layout.of(first, 2, record, padded=False)
+    # 64 layers' fields, each in its own huge page of an 18 MiB blob: none written yet, none mapped.
+    assert layout.blob.nbytes > 16 << 20
+    assert _resident_bytes(layout.blob.ctypes.data) == 0
+    assert len(layout.first_writes) > 64
+
+    assembly = Assembly(2, record)
+    assembly.place(1, split.block(1))
+    assembly.place(0, split.block(0))
+    assert bytes(assembly.finish()) == captured

@@ -200,10 +200,12 @@ class Assembly:
     Several threads may place different blocks at once. The first block placed sets the layout,
     which every other block, and the record's tail, must share. What is not a block's own is cut
     into shared writes, a share made with each block placed, so that the threads placing blocks
-    share it too: mapping the blob's memory ahead of the rows, then copying in the record's later
-    caches (its sliding window: most of a record). Until 2026-11-23 the first block's thread made
-    all of both: the mapping while the other thread waited for the layout, and the copy while the
-    other ran out of blocks long before it was done (at 1K tokens).
+    share it too: mapping the blob's memory ahead of the rows and writing the blob's own fields,
+    then copying in the record's later caches (its sliding window: most of a record). Until
+    2026-11-23 the first block's thread made all of both: the mapping while the other thread waited
+    for the layout, and the copy while the other ran out of blocks long before it was done (at 1K
+    tokens); and until later that day, the blob's fields, which mapped an 8B model's blob a huge
+    page per layer while the other thread waited.
     """
 
     def __init__(self, n_blocks: int, record: Record | None, *, pad_window: bool = False) -> None:
@@ -232,7 +234,7 @@ class Assembly:
             with self._layout_lock:
                 if self._layout is None:
                     layout = _Layout.of(array, self.n_blocks, self._record, self._padded)
-                    self._shared_writes = [*layout.mapping, *layout.later_writes()]
+                    self._shared_writes = [*layout.first_writes, *layout.later_writes()]
                     self._shared_per_block = -(-len(self._shared_writes) // self.n_blocks)
                     self._layout = layout
                 layout = self._layout
@@ -268,11 +270,13 @@ class Assembly:
 
 @dataclass(frozen=True, slots=True)
 class _Layout:
-    """An assembly's blob, written but for its blocks' rows and the record's later caches, and where
-    those rows go."""
+    """An assembly's blob, allocated, and what is still to be written into it: its own fields
+    (`first_writes`), the blocks' rows (`targets`) and the record's later caches (`later_writes`)."""
 
     blob: Bytes
-    mapping: tuple[Callable[[], None], ...]  # calls that map the blob's memory ahead of its writes
+    # What any thread may write before the blocks' rows: calls that map the blob's memory (4 MiB
+    # each), then the blob's own fields. Empty when the layout wrote its fields itself (padded).
+    first_writes: tuple[Callable[[], None], ...]
     block_bytes: int
     fields: tuple[tuple[int, int, bytes], ...]  # a block's layout fields, as every block has them
     rows: tuple[tuple[int, int, tuple[int, int]], ...]  # per layer, a block's rows and their shape
@@ -335,25 +339,30 @@ class _Layout:
             view = sparse_zeros(total + padded_window_bytes(record.sections[1]))
         else:
             view, mapping = empty_in_pieces(total + rest.nbytes)  # every byte is written
-        out = view.data
+        # The blob's own fields (its header, cell list, each layer's fields and the tail's rows) are
+        # written after the mapping, by the threads placing blocks: the fields of each layer are in
+        # a page of their own, and written here they would map the blob a page at a time on this
+        # thread while the other waits for the layout (a page per layer of an 8B model's blob).
+        writes: list[Callable[[], None]] = []
         if record is not None:
-            view[:BLOB_HEADER_BYTES] = record.blob[:BLOB_HEADER_BYTES]
+            writes.append(functools.partial(_copy, view, 0, record.blob[:BLOB_HEADER_BYTES]))
+            seq_id = struct.unpack_from("<i", record.blob.data, 4)[0]
         else:
-            struct.pack_into("<Ii", out, 0, SEQ_STATE_MAGIC, 0)
-        seq_id = struct.unpack_from("<i", out, 4)[0]
+            writes.append(functools.partial(_copy, view, 0, _packed("<Ii", SEQ_STATE_MAGIC, 0)))
+            seq_id = 0
         off = BLOB_HEADER_BYTES
-        struct.pack_into("<II", out, off, 1, n)
+        writes.append(functools.partial(_copy, view, off, _packed("<II", 1, n)))
         off += 8
-        meta = view[off : off + n * _CELL.itemsize].view(_CELL)
-        meta["pos"] = np.arange(n)
-        meta["one"] = 1
-        meta["seq"] = seq_id
+        writes.append(functools.partial(_write_cells, view[off : off + n * _CELL.itemsize], seq_id))
         off += n * _CELL.itemsize
-        view[off : off + 8] = first[data_header[0] : data_header[1]]
+        # Copied: `first` may be a buffer its owner reuses before these are written.
+        writes.append(functools.partial(_copy, view, off, first[data_header[0] : data_header[1]].copy()))
         off += 8
         targets = []
         for k, layer in enumerate(layers):
-            view[off : off + 12] = first[layer.header[0] : layer.header[1]]
+            writes.append(
+                functools.partial(_copy, view, off, first[layer.header[0] : layer.header[1]].copy())
+            )
             off += 12
             target = view[off : off + layer.width * n * layer.row_bytes].reshape(
                 layer.width, n * layer.row_bytes
@@ -362,7 +371,8 @@ class _Layout:
                 tail_layer = tail.layers[k]
                 m = len(tail.positions)
                 source = blob[tail_layer.data : tail_layer.data + layer.width * m * layer.row_bytes]
-                target[:, n_whole * layer.row_bytes :] = source.reshape(layer.width, m * layer.row_bytes)
+                tail_rows = source.reshape(layer.width, m * layer.row_bytes)
+                writes.append(functools.partial(np.copyto, target[:, n_whole * layer.row_bytes :], tail_rows))
             step = BLOCK_TOKENS * layer.row_bytes
             blocks_rows = target[:, : n_whole * layer.row_bytes].reshape(layer.width, n_blocks, step)
             assert np.may_share_memory(blocks_rows, view)  # a view, never a copy
@@ -378,8 +388,22 @@ class _Layout:
         )
         if padded:
             assert record is not None
+            for write in writes:  # into lazy zero pages, a few at a time: nothing worth sharing
+                write()
             return cls(view, (), size, fields, rows, tuple(targets), off, blob, record.sections[1])
-        return cls(view, tuple(mapping), size, fields, rows, tuple(targets), off, rest, None)
+        return cls(view, (*mapping, *writes), size, fields, rows, tuple(targets), off, rest, None)
+
+
+def _packed(layout: str, *values: int) -> Bytes:
+    return np.frombuffer(struct.pack(layout, *values), dtype=np.uint8)
+
+
+def _write_cells(cells: Bytes, seq_id: int) -> None:
+    """The cell list of a blob, len(cells) // 12 cells: positions 0, 1, ..., each of `seq_id` alone."""
+    meta = cells.view(_CELL)
+    meta["pos"] = np.arange(len(meta))
+    meta["one"] = 1
+    meta["seq"] = seq_id
 
 
 def _copy(out: Bytes, at: int, piece: Bytes) -> None:

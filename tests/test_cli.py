@@ -13,6 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from snapcache import SnapshotKey, SnapshotStore
+from snapcache.key import BLOCK_TOKENS, as_token_array, block_keys
 from snapcache_cli.app import app
 from snapcache_cli.formatting import format_size, parse_age, parse_size
 
@@ -201,6 +202,19 @@ def test_prune_older_than(three, snapcache_dir):
     assert "removed 3 snapshots" in result.stdout
     assert [r["id"] for r in listed()] == [fresh]
     assert "removed 0 snapshots" in invoke("prune", "--older-than", "7d").stdout
+
+
+def test_prune_counts_shared_blocks_apart_from_snapshots(snapcache_dir):
+    tokens = list(range(1, 2 * BLOCK_TOKENS + 2))
+    with SnapshotStore(snapcache_dir) as store:
+        for i, key in enumerate(block_keys(FINGERPRINT, "default", as_token_array(tokens), 2)):
+            store.put(key, tokens[i * BLOCK_TOKENS : (i + 1) * BLOCK_TOKENS], os.urandom(3000))
+    put(snapcache_dir, "default", 30)
+    dry = invoke("prune", "--max-bytes", "0", "--dry-run")
+    assert dry.exit_code == 0, dry.output
+    assert "would remove 1 snapshot and 2 shared blocks (" in dry.stdout
+    assert "; 0 snapshots left (" in dry.stdout
+    assert "removed 1 snapshot and 2 shared blocks" in invoke("prune", "--max-bytes", "0").stdout
 
 
 @pytest.mark.parametrize(

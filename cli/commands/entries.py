@@ -199,9 +199,19 @@ def prune(
             f"{format_size(e.nbytes)})"
         )
     typer.echo(
-        f"{verb} {len(removed)} snapshot{'s' if len(removed) != 1 else ''} ({format_size(freed)}); "
-        f"{len(kept)} left ({format_size(sum(e.nbytes for e in kept))})"
+        f"{verb} {_how_many(removed)} ({format_size(freed)}); "
+        f"{_how_many(kept)} left ({format_size(sum(e.nbytes for e in kept))})"
     )
+
+
+def _how_many(entries: list[EntryInfo]) -> str:
+    """ "2 snapshots", and " and 9 shared blocks" after it when there are any."""
+    blocks = sum(1 for e in entries if e.key.is_block)
+    snapshots = len(entries) - blocks
+    said = f"{snapshots} snapshot{'s' if snapshots != 1 else ''}"
+    if blocks:
+        said += f" and {blocks} shared block{'s' if blocks != 1 else ''}"
+    return said
 
 
 def choose_prunable(

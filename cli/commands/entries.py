@@ -205,7 +205,7 @@ def prune(
 
 
 def _how_many(entries: list[EntryInfo]) -> str:
-    """ "2 snapshots", and " and 9 shared blocks" after it when there are any."""
+    """`entries` counted as users see them: "2 snapshots", then " and 9 shared blocks" if any."""
     blocks = sum(1 for e in entries if e.key.is_block)
     snapshots = len(entries) - blocks
     said = f"{snapshots} snapshot{'s' if snapshots != 1 else ''}"

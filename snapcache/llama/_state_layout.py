@@ -141,6 +141,15 @@ def pad_window(state: npt.NDArray[np.uint8], sections: list[CacheSection]) -> np
     return out
 
 
+def write_cells(cells: npt.NDArray[np.uint8], first_position: int, seq_id: int) -> None:
+    """Fill `cells` with a cell list: len(cells) // 12 cells at the positions from `first_position`
+    on, each in sequence `seq_id` alone."""
+    meta = cells.view("<i4").reshape(-1, 3)
+    meta[:, 0] = np.arange(first_position, first_position + len(meta))
+    meta[:, 1] = 1
+    meta[:, 2] = seq_id
+
+
 def window_start(window: CacheSection) -> int:
     """The first position a sliding-window section holds (0 when empty)."""
     return int(window.positions[0]) if len(window.positions) else 0
@@ -194,10 +203,7 @@ def _write_padded_cells(
     out[off : off + 4] = state[window.start : window.start + 4]
     _U32.pack_into(out.data, off + 4, n)
     off += 8
-    meta = out[off : off + n * _CELL_META_BYTES].view("<i4").reshape(n, 3)
-    meta[:pad, 0] = np.arange(window_start(window) - pad, window_start(window))
-    meta[:pad, 1] = 1
-    meta[:pad, 2] = window.seq_id
+    write_cells(out[off : off + pad * _CELL_META_BYTES], window_start(window) - pad, window.seq_id)
     meta_start = window.start + 8
     out[off + pad * _CELL_META_BYTES : off + n * _CELL_META_BYTES] = state[
         meta_start : meta_start + m * _CELL_META_BYTES

@@ -38,6 +38,7 @@ from snapcache.llama._state_layout import (
     padding_cells,
     parse_layers,
     parse_sections,
+    write_cells,
 )
 
 __all__ = [
@@ -100,17 +101,15 @@ class SplitState:
         n_blocks = n_tokens // BLOCK_TOKENS
         start = n_blocks * BLOCK_TOKENS
         section = self.sections[0]
-        meta = np.empty(n_tokens - start, dtype=_CELL)
-        meta["pos"] = np.arange(start, n_tokens)
-        meta["one"] = 1
-        meta["seq"] = section.seq_id
+        cells = np.empty((n_tokens - start) * _CELL.itemsize, dtype=np.uint8)
+        write_cells(cells, start, section.seq_id)
         pieces: list[bytes | memoryview] = [
             _RECORD_HEADER.pack(RECORD_MAGIC, n_tokens, n_blocks, kind),
             self.state[:BLOB_HEADER_BYTES].data,
             struct.pack("<II", 1, n_tokens - start),
         ]
         if n_tokens > start:
-            pieces.append(meta.tobytes())
+            pieces.append(cells.tobytes())
             pieces.append(self.state[section.data_header[0] : section.data_header[1]].data)
             for layer in section.layers:
                 pieces.append(self.state[layer.header[0] : layer.header[1]].data)
@@ -353,7 +352,7 @@ class _Layout:
         off = BLOB_HEADER_BYTES
         writes.append(functools.partial(_copy, view, off, _packed("<II", 1, n)))
         off += 8
-        writes.append(functools.partial(_write_cells, view[off : off + n * _CELL.itemsize], seq_id))
+        writes.append(functools.partial(write_cells, view[off : off + n * _CELL.itemsize], 0, seq_id))
         off += n * _CELL.itemsize
         # Copied: `first` may be a buffer its owner reuses before these are written.
         writes.append(functools.partial(_copy, view, off, first[data_header[0] : data_header[1]].copy()))
@@ -396,14 +395,6 @@ class _Layout:
 
 def _packed(layout: str, *values: int) -> Bytes:
     return np.frombuffer(struct.pack(layout, *values), dtype=np.uint8)
-
-
-def _write_cells(cells: Bytes, seq_id: int) -> None:
-    """The cell list of a blob, len(cells) // 12 cells: positions 0, 1, ..., each of `seq_id` alone."""
-    meta = cells.view(_CELL)
-    meta["pos"] = np.arange(len(meta))
-    meta["one"] = 1
-    meta["seq"] = seq_id
 
 
 def _copy(out: Bytes, at: int, piece: Bytes) -> None:

@@ -497,7 +497,7 @@ def main() -> None:
     )
     for name, snapshot in states.items():
         for secret in (None, SECRET):
-            blocks_row(blocks, name, snapshot, secret, max(3, args.repeat // 3), args.runs)
+            blocks_row(blocks, name, snapshot, secret, args.repeat, args.runs)
     blocks.notes.append("find: record lookup, every block read + verified + decompressed, one blob assembled")
     blocks.notes.append(
         f"new process: its first find (median of {args.runs}), with a 256 MiB RAM tier; then holds: the"

@@ -181,9 +181,9 @@ def read_pack_head(file: BinaryIO, file_bytes: int, *, mac_secret: bytes | None)
     A MAC that does not verify is reported in `authenticated`, not raised; everything else raises
     CorruptSnapshot.
     """
-    prelude = file.read(_PRELUDE.size)
+    prelude = _read_exactly(file, _PRELUDE.size)
     header_len = check_prelude(prelude, versions=(PACK_VERSION,))
-    rest = file.read(header_len + 2 * _DIGEST_BYTES)
+    rest = _read_exactly(file, header_len + 2 * _DIGEST_BYTES)
     return parse_pack_head(prelude + rest, file_bytes, mac_secret=mac_secret)
 
 
@@ -290,10 +290,23 @@ def read_member_tokens(file: BinaryIO, member: PackMember) -> TokenArray:
     """The tokens of `member`, read from its open pack file and checked against its key (a
     read-only copy); CorruptSnapshot when the file ends inside them or they do not hash to it."""
     file.seek(member.offset)
-    raw = file.read(4 * member.key.token_count)
+    raw = _read_exactly(file, 4 * member.key.token_count)
     if len(raw) != 4 * member.key.token_count:
         raise CorruptSnapshot("pack is truncated inside a block's tokens")
     tokens = _file_tokens(raw)
     if not member.key.matches(tokens):
         raise CorruptSnapshot("a pack block's tokens do not hash to its key")
     return tokens
+
+
+def _read_exactly(file: BinaryIO, size: int) -> bytes:
+    """`size` bytes of `file` from where it stands, fewer only where it ends: a read of an unbuffered
+    file (a pack opened for many reads) may return fewer before then, on a network filesystem."""
+    pieces = []
+    while size > 0:
+        piece = file.read(size)
+        if not piece:
+            break
+        pieces.append(piece)
+        size -= len(piece)
+    return b"".join(pieces)

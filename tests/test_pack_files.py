@@ -17,7 +17,7 @@ from test_block_reads import block_snapshots
 from snapcache import _disk_index
 from snapcache._disk_files import FILES_DIR, INDEX_NAME, is_pack_name
 from snapcache._disk_format import MacMismatch, mac_key
-from snapcache._pack_format import decode_member, encode_pack, read_pack_head
+from snapcache._pack_format import decode_member, encode_pack, read_member_tokens, read_pack_head
 from snapcache.disk_tier import PACK_MEMBERS, DiskTier, Miss
 from snapcache.errors import CorruptSnapshot
 from snapcache.key import MAX_SCOPE_LENGTH, block_keys
@@ -73,6 +73,38 @@ def test_a_pack_round_trips_every_block_and_checks_each_one() -> None:
         read_pack_head(io.BytesIO(header_damaged), len(data), mac_secret=None)
     with pytest.raises(CorruptSnapshot, match="bytes"):
         read_pack_head(io.BytesIO(data[:-1]), len(data) - 1, mac_secret=None)
+
+
+class _ShortReads(io.RawIOBase):
+    """An unbuffered file that returns at most `most` bytes a read, as a network filesystem may."""
+
+    def __init__(self, data: bytes, most: int) -> None:
+        self._data = io.BytesIO(data)
+        self._most = most
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        return self._data.seek(offset, whence)
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        chunk = self._data.read(min(len(buffer), self._most))
+        buffer[: len(chunk)] = chunk
+        return len(chunk)
+
+
+def test_a_pack_read_in_short_pieces_is_read_whole() -> None:
+    blocks = block_snapshots(3)
+    data = pack_bytes(blocks)
+    head = read_pack_head(_ShortReads(data, most=7), len(data), mac_secret=None)  # type: ignore[arg-type]
+    assert [member.key for member in head.members] == [block.key for block in blocks]
+    member = head.members[1]
+    tokens = read_member_tokens(_ShortReads(data, most=5), member)  # type: ignore[arg-type]
+    assert np.array_equal(tokens, blocks[1].tokens)
 
 
 def test_a_pack_under_another_secret_is_intact_but_not_served() -> None:

@@ -9,7 +9,8 @@ MiB, captured once by a 2-3 minute prefill and kept with bench_codec.py's states
 from the page cache: a cold disk adds its own read time. A table goes through a real DiskTier (its
 index lookup and bookkeeping included); another shows a new process's first hit, whose buffers are
 fresh pages and which may wait for blosc2's import. The last restores the states from shared blocks,
-in a store opened afresh and in new processes (with the memory they then hold). A last table sets
+in a store opened afresh and in new processes (with the memory they then hold), and in processes
+allowed one core and two, in turn (what the second core adds). A last table sets
 the blocks' copy from the store's pack files beside the same blocks in a file each (the layout before
 packs) and their payloads alone in one file (what is left without an index and headers).
 --quick uses the test suite's tiny model.
@@ -316,6 +317,57 @@ def blocks_row(
     )
 
 
+_CORE_FINDS = """
+import json, os, sys, time
+path, n, cores, repeat, blocks_alone = json.loads(sys.argv[1])
+os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:cores])  # before snapcache counts its cores
+import numpy as np
+from pathlib import Path
+from snapcache import codec
+from snapcache.llama.stored_states import StoredStates
+from snapcache.store import SnapshotStore
+
+assert codec.DEFAULT_THREADS == cores
+tokens = np.arange(1, n + 1, dtype=np.int32)  # as snapshot_of() made them
+finds = []
+for _ in range(repeat + 1):  # the first, a new process's, is left out
+    with SnapshotStore(Path(path), ram_bytes=0, disk_bytes=1 << 34) as store:
+        states = StoredStates(store, "bench")
+        start, cpu = time.perf_counter(), time.process_time()
+        found = states.find(tokens, "default", blocks_alone=blocks_alone)
+        finds.append((time.perf_counter() - start, time.process_time() - cpu))
+        assert found is not None and found.snapshot.key.token_count == n
+    del found
+print(json.dumps(finds[1:]))
+"""
+
+
+def cores_row(table: Table, name: str, snapshot: Snapshot, repeat: int, runs: int) -> None:
+    """The restore of `blocks_row`, no MAC, in processes allowed one core and two in turn (`runs` of
+    each, `repeat` finds each after a first): what the second core adds to a restore on this machine."""
+    split = split_state(snapshot.state)
+    if split is None or not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2:
+        table.add(name, *["-"] * 6)
+        return
+    finds: dict[int, list[tuple[float, float]]] = {1: [], 2: []}
+    with tempfile.TemporaryDirectory() as directory:
+        path = Path(directory) / "c"
+        n = len(save_blocks(path, snapshot, split, None))
+        for run in range(runs):
+            for cores in (1, 2) if run % 2 == 0 else (2, 1):
+                argument = json.dumps([str(path), n, cores, repeat, not split.windows])
+                out = subprocess.run(
+                    [sys.executable, "-c", _CORE_FINDS, argument], capture_output=True, text=True, check=True
+                )
+                finds[cores] += [(took, cpu) for took, cpu in json.loads(out.stdout)]
+    (one, one_cpu), (two, two_cpu) = (
+        (statistics.median(took for took, _ in found), statistics.median(cpu for _, cpu in found))
+        for found in (finds[1], finds[2])
+    )
+    milliseconds = [round(seconds * 1e3, 1) for seconds in (one, one_cpu, two, two_cpu)]
+    table.add(name, round(len(snapshot.state) / 2**20, 1), *milliseconds, f"{one / two:.2f}x")
+
+
 def one_file_row(table: Table, name: str, snapshot: Snapshot, repeat: int) -> None:
     """The full-attention blocks of `snapshot` copied into one blob three ways, in turn: from a store
     opened afresh on the blocks as a save stores them (pack files: one header and one open for up to
@@ -504,6 +556,17 @@ def main() -> None:
         " memory it holds beyond what it held before, the restored blob included"
     )
     blocks.notes.append("Gemma's sliding-window cache is in the record; its full-attention cache in blocks")
+    cores = Table(
+        f"the restore from blocks on one core and on two: new processes in turn, {args.runs} of each,"
+        f" {args.repeat} finds each after its first, a store opened afresh each time (median)",
+        ["state", "state MiB", "one core ms", "CPU ms", "two cores ms", "CPU ms", "one/two"],
+    )
+    for name, snapshot in states.items():
+        cores_row(cores, name, snapshot, args.repeat, args.runs)
+    cores.notes.append(
+        "one core: a process whose affinity allows one core, where snapcache decodes on one thread;"
+        " CPU ms: the process's CPU time during a find, every thread's"
+    )
     one_file = Table(
         f"the blocks alone into one blob: from a store of pack files, from a store of a file per block,"
         f" from one file of their payloads (median of {args.repeat}, in turn)",
@@ -538,7 +601,7 @@ def main() -> None:
     )
     load_after = os.getloadavg()[0]
     hits.notes.append(f"load average {load_before:.1f} before, {load_after:.1f} after (other work slows it)")
-    tables = [hits, first, tier, blocks, one_file]
+    tables = [hits, first, tier, blocks, cores, one_file]
     report("bench_disk_hit", tables, args.json, quick=args.quick, extra={"hits": rows})
 
 

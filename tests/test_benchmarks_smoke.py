@@ -262,6 +262,12 @@ def test_bench_disk_hit_quick(tmp_path: Path) -> None:
         # The blob came out byte for byte the same three ways (the benchmark asserts it) and was timed.
         assert values["blocks in packs"] == "7 in 1"  # one save's blocks: one pack file
         assert all(float(values[f"{label} ms"]) > 0 for label in ("packs", "file per block", "one file"))
+    cores = next(t for t in payload["tables"] if t["title"].startswith("the restore from blocks on one core"))
+    two_cores = hasattr(os, "sched_setaffinity") and len(os.sched_getaffinity(0)) >= 2
+    for row in cores["rows"]:
+        # Each process checked that snapcache decodes on as many threads as it is allowed cores.
+        one, two = row[cores["columns"].index("one core ms")], row[cores["columns"].index("two cores ms")]
+        assert (float(one) > 0 and float(two) > 0) if two_cores else one == two == "-"
 
 
 @pytest.mark.gemma

@@ -273,6 +273,7 @@ def test_a_window_assembled_padded_is_the_padded_assembly_byte_for_byte(
 
     import numpy as np
 
+    from snapcache.llama import blocks as blocks_module
     from snapcache.llama._state_layout import pad_window, parse_sections
     from snapcache.llama.blocks import _Layout, pads_window
 
@@ -287,6 +288,12 @@ def test_a_window_assembled_padded_is_the_padded_assembly_byte_for_byte(
     padded = pad_window(whole, parse_sections(whole))
     assert padded is not None
     assert bytes(assemble(blocks, record, pad_window=True)) == padded.tobytes()
+    # The blob's memory may hold other bytes (malloc reuses it): every byte is written, the zero
+    # rows of the padding included.
+    with monkeypatch.context() as patched:
+        patched.setattr(blocks_module, "empty_in_pieces", lambda size: (np.full(size, 0xA5, np.uint8), []))
+        assert bytes(assemble(blocks, record, pad_window=True)) == padded.tobytes()
+        assert bytes(assemble(blocks, record)) == whole.tobytes()
     # From two threads, each block placed brings its share of the window's writes, whichever thread
     # places it: the same bytes, padded or not, and both threads make some of those writes (each
     # places 5 of the 10 blocks, whose shares add up to about half of the writes).

@@ -1,5 +1,5 @@
-"""Large buffers for assembled blobs: zero-filled ones partly left zero (a padded sliding-window
-blob), and ones written whole from several threads.
+"""Large buffers for assembled blobs: zero-filled ones partly left zero (a whole state's sliding
+window padded), and ones written whole from several threads (a blob assembled from blocks).
 
 A padded window blob (see `llama._state_layout.pad_window`) holds up to 255 masked cells in front
 of the window, whose rows stay zero: in every transposed V row the window's cells follow a run of
@@ -17,7 +17,9 @@ huge pages, and `populate_for_reading` maps the zero pages llama.cpp is about to
 A blob assembled from blocks is the opposite case: every byte is written, by the codec's threads
 at once. `empty_in_pieces` gives it on huge pages, with the calls that map it a few MiB at a time,
 which those threads make between their writes (until 2026-11-23 the first thread mapped all of it
-in one call while the other waited for the blob's layout).
+in one call while the other waited for the blob's layout). A padded window goes in whole, its zero
+rows written like the rest: at most 255 cells' worth, where `sparse_zeros` (until 2026-11-23) had
+those threads fault the whole blob in 4 KiB at a time.
 """
 
 from __future__ import annotations

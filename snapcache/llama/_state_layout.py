@@ -179,17 +179,25 @@ def write_padded_window(
 
 
 def padded_window_writes(
-    out: npt.NDArray[np.uint8], off: int, state: npt.NDArray[np.uint8], window: CacheSection
+    out: npt.NDArray[np.uint8],
+    off: int,
+    state: npt.NDArray[np.uint8],
+    window: CacheSection,
+    *,
+    zero_padding: bool = False,
 ) -> list[Callable[[], None]]:
     """The writes that `write_padded_window` makes, each to bytes of its own: the cell list, then
-    each layer's rows (a few hundred KiB on Gemma 3), so that several threads can share them."""
+    each layer's rows (a few hundred KiB on Gemma 3), so that several threads can share them.
+
+    `zero_padding`: also write the padding's zero rows, for an `out` that does not hold zeros (then
+    every byte of the padded window is written)."""
     pad = padding_cells(window)
     m = len(window.positions)
     n = pad + m
     writes: list[Callable[[], None]] = [functools.partial(_write_padded_cells, out, off, state, window, pad)]
     off += 8 + n * _CELL_META_BYTES + 8
     for layer in window.layers:
-        writes.append(functools.partial(_write_padded_rows, out, off, state, layer, m, pad))
+        writes.append(functools.partial(_write_padded_rows, out, off, state, layer, m, pad, zero_padding))
         off += 12 + layer.width * n * layer.row_bytes
     return writes
 
@@ -213,14 +221,24 @@ def _write_padded_cells(
 
 
 def _write_padded_rows(
-    out: npt.NDArray[np.uint8], off: int, state: npt.NDArray[np.uint8], layer: LayerRows, m: int, pad: int
+    out: npt.NDArray[np.uint8],
+    off: int,
+    state: npt.NDArray[np.uint8],
+    layer: LayerRows,
+    m: int,
+    pad: int,
+    zero_padding: bool,
 ) -> None:
-    """One layer's type and size fields, and its `m` cells' rows after `pad` zero cells in each row."""
+    """One layer's type and size fields, and its `m` cells' rows after `pad` zero cells in each row
+    (written as zeros with `zero_padding`, else left as `out` holds them)."""
     out[off : off + 12] = state[layer.header[0] : layer.header[1]]
     off += 12
     size = layer.width * (pad + m) * layer.row_bytes
     rows = state[layer.data : layer.data + layer.width * m * layer.row_bytes].reshape(layer.width, -1)
-    out[off : off + size].reshape(layer.width, -1)[:, pad * layer.row_bytes :] = rows
+    padded = out[off : off + size].reshape(layer.width, -1)
+    if zero_padding:
+        padded[:, : pad * layer.row_bytes] = 0
+    padded[:, pad * layer.row_bytes :] = rows
 
 
 def _parse_section(state: npt.NDArray[np.uint8], start: int) -> CacheSection:

@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from snapcache.key import BLOCK_TOKENS
-from snapcache.llama._sparse_memory import empty_in_pieces, populate_for_reading, sparse_zeros
+from snapcache.llama._sparse_memory import empty_in_pieces
 from snapcache.llama._state_layout import (
     BLOB_HEADER_BYTES,
     SEQ_STATE_MAGIC,
@@ -262,8 +262,6 @@ class Assembly:
         if layout is None or not self._placed.all():
             raise ValueError(f"not all of the {self.n_blocks} blocks were placed")
         self._write_shared(len(self._shared_writes))  # none are left: every block took its share
-        if self._padded:
-            populate_for_reading(layout.blob)
         return layout.blob.data
 
 
@@ -274,7 +272,7 @@ class _Layout:
 
     blob: Bytes
     # What any thread may write before the blocks' rows: calls that map the blob's memory (4 MiB
-    # each), then the blob's own fields. Empty when the layout wrote its fields itself (padded).
+    # each), then the blob's own fields.
     first_writes: tuple[Callable[[], None], ...]
     block_bytes: int
     fields: tuple[tuple[int, int, bytes], ...]  # a block's layout fields, as every block has them
@@ -291,7 +289,7 @@ class _Layout:
         pieces of a few hundred KiB that any thread may make: most of a record, shared out among
         the threads placing blocks."""
         if self.window is not None:
-            return padded_window_writes(self.blob, self.later_at, self.later, self.window)
+            return padded_window_writes(self.blob, self.later_at, self.later, self.window, zero_padding=True)
         step = _LATER_PIECE_BYTES
         return [
             functools.partial(_copy, self.blob, self.later_at + start, self.later[start : start + step])
@@ -331,13 +329,15 @@ class _Layout:
 
         total = BLOB_HEADER_BYTES + 8 + n * _CELL.itemsize + 8
         total += sum(12 + layer.width * n * layer.row_bytes for layer in layers)
-        mapping: list[Callable[[], None]] = []
+        window = None
         if padded:
             assert record is not None
-            # Zero pages come lazily: only the window's own cells and rows are written into the padding.
-            view = sparse_zeros(total + padded_window_bytes(record.sections[1]))
-        else:
-            view, mapping = empty_in_pieces(total + rest.nbytes)  # every byte is written
+            window = record.sections[1]
+        # Every byte is written, the padding's zero rows too (255 cells at most: 3.7 MiB on
+        # Gemma-3-270M), where leaving them to the system's zero pages (until 2026-11-23) had the
+        # threads fault the whole blob in 4 KiB at a time.
+        later_bytes = rest.nbytes if window is None else padded_window_bytes(window)
+        view, mapping = empty_in_pieces(total + later_bytes)
         # The blob's own fields (its header, cell list, each layer's fields and the tail's rows) are
         # written after the mapping, by the threads placing blocks: the fields of each layer are in
         # a page of their own, and written here they would map the blob a page at a time on this
@@ -385,12 +385,8 @@ class _Layout:
             )
             for layer in layers
         )
-        if padded:
-            assert record is not None
-            for write in writes:  # into lazy zero pages, a few at a time: nothing worth sharing
-                write()
-            return cls(view, (), size, fields, rows, tuple(targets), off, blob, record.sections[1])
-        return cls(view, (*mapping, *writes), size, fields, rows, tuple(targets), off, rest, None)
+        later = rest if window is None else blob
+        return cls(view, (*mapping, *writes), size, fields, rows, tuple(targets), off, later, window)
 
 
 def _packed(layout: str, *values: int) -> Bytes:

@@ -8,9 +8,9 @@ an intact file authenticated under another secret (or none) is a miss that stays
 configured otherwise may share the directory. Opening the tier (under the directory's lock) rebuilds
 a damaged or missing index from the files and reclaims debris of interrupted writes (_disk_repair).
 The directory's layout is in _disk_files; the file formats in _disk_format and _pack_format; reading
-a file back and checking it in _disk_reads; checking a put and cutting a save into packs in
-_disk_puts. This module holds what ties them to the index: its transactions, the budget, and what a
-failed read does to the rows.
+a file back and checking it in _disk_reads, and what a failed read does to the index's rows in
+_disk_index_reads; checking a put and cutting a save into packs in _disk_puts. This module holds
+what ties them to the index: the puts' transactions, the budget, the uses recorded, and checks.
 
 `put_many` writes the blocks of one save (block keys, one priority, no logits) into pack files of up
 to PACK_MEMBERS blocks (_pack_format): one file, one fsync and one header for many blocks, so that a
@@ -20,7 +20,6 @@ own row; its pack goes with its last row, and eviction frees whole files (_disk_
 
 from __future__ import annotations
 
-import enum
 import logging
 import threading
 import time
@@ -32,9 +31,9 @@ from snapcache import _disk_files as files
 from snapcache import codec
 from snapcache._disk_auth import OtherAuthentication
 from snapcache._disk_files import FILES_DIR, INDEX_NAME, LOCK_NAME, QUARANTINE_DIR, TEMP_PREFIX
-from snapcache._disk_format import EncodedFile, MacMismatch, encode, mac_key
+from snapcache._disk_format import EncodedFile, encode, mac_key
 from snapcache._disk_index import CatalogRow, Change, DiskIndex, IndexRow
-from snapcache._disk_packs import OpenPack
+from snapcache._disk_index_reads import IndexedReads, Miss
 from snapcache._disk_puts import checked, pack_rows, pack_runs
 from snapcache._disk_reads import StoredFiles
 from snapcache._disk_repair import (
@@ -52,9 +51,8 @@ from snapcache._pack_format import (
     PackTooLarge,
     encode_pack,
 )
-from snapcache._threads import map_in_parallel
 from snapcache.cache_dir import prepare_cache_dir
-from snapcache.errors import CorruptSnapshot, InvalidArgument, StoreUnavailable
+from snapcache.errors import InvalidArgument, StoreUnavailable
 from snapcache.key import SnapshotKey, TokenArray, rolling_hash, validate_budget
 from snapcache.snapshot import Snapshot
 from snapcache.tier import EntryInfo, TierName
@@ -81,20 +79,6 @@ __all__ = [
     "DiskTier",
     "Miss",
 ]
-
-
-class Miss(enum.Enum):
-    """Why `DiskTier.read` found no snapshot."""
-
-    ABSENT = "absent"  # no row, or its file is gone
-    DISCARDED = "discarded"  # the file failed verification and was removed
-    UNAUTHENTICATED = "unauthenticated"  # intact, but written under another secret (or none); kept
-    UNAVAILABLE = "unavailable"  # the file or the index could not be read now; may work later
-
-    @property
-    def lasting(self) -> bool:
-        """True when asking again (without a new put) cannot find the snapshot."""
-        return self is not Miss.UNAVAILABLE
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +134,13 @@ class DiskTier:
                 logger.warning("could not reclaim debris in %s: %s", self._files, exc)
         self._store_id = self._index.store_id
         self._stored = StoredFiles(self._files, mac_key=self._mac_key, store_id=self._store_id)
+        self._reads = IndexedReads(
+            self._open_index,
+            self._stored,
+            self._other_authentication,
+            discard=lambda row, reason, unlink: self._discard(row, reason, unlink=unlink),
+            announce=self._announce,
+        )
         self._lock = threading.Lock()
         self._evictions = 0
         self._closed = False
@@ -300,20 +291,7 @@ class DiskTier:
 
         `touch=False` leaves recording the use to a later `touch` of many keys at once.
         """
-        index = self._open_index()
-        try:
-            found = self._read_row(index, key, index.get(key.id))
-            if isinstance(found, Miss):
-                return found
-            snapshot, row = found
-            if touch:
-                try:
-                    index.touch(row.key_id, row.file_name, time.time())
-                except StoreUnavailable as exc:  # a full disk, a busy writer: the hit still stands
-                    logger.debug("could not record the use of %s: %s", row.file_name, exc)
-            return snapshot
-        except StoreUnavailable as exc:
-            return _index_unavailable(exc)
+        return self._reads.read(key, touch=touch)
 
     def read_many(self, keys: Sequence[SnapshotKey]) -> list[Snapshot | Miss]:
         """`read(key, touch=False)` of each of `keys`, in order: the rows come from one index query,
@@ -335,103 +313,7 @@ class DiskTier:
         it: a block that is copied into an assembled blob at once needs no memory of its own.
 
         An exception from `use` is raised here, after every thread has ended."""
-        index = self._open_index()
-        try:
-            rows = index.get_many([key.id for key in keys])
-        except StoreUnavailable as exc:
-            return [_index_unavailable(exc)] * len(keys)
-        packs = self._stored.open_packs()
-
-        def read_one(i: int) -> Snapshot | Miss | None:
-            key = keys[i]
-            row = rows.get(key.id)
-            into = None if keep[i] or row is None else files.decode_buffer(row.state_bytes)
-            try:
-                opened = None if row is None else packs.get(row.file_name)
-                if opened is not None and row is not None:
-                    found = self._read_member(key, row, opened, state_into=into)
-                else:
-                    found = self._read_row(index, key, row, state_into=into)
-            except StoreUnavailable as exc:
-                return _index_unavailable(exc)
-            if isinstance(found, Miss):
-                return found
-            if use is not None:
-                use(i, memoryview(found[0].state))
-            return found[0] if keep[i] else None
-
-        try:
-            # Each pack's head is read and checked once, before its members are read in parallel.
-            packs.open({row.file_name for row in rows.values() if files.is_pack_name(row.file_name)})
-            return map_in_parallel(read_one, range(len(keys)))
-        finally:
-            packs.close()
-
-    def _read_row(
-        self,
-        index: DiskIndex,
-        key: SnapshotKey,
-        row: IndexRow | None,
-        *,
-        state_into: memoryview | None = None,
-    ) -> tuple[Snapshot, IndexRow] | Miss:
-        """The snapshot in the file `row` names, verified, and the row it came from; a file a
-        concurrent put replaced is read again from the new row. `state_into`: see `decode`."""
-        for _attempt in range(3):
-            if row is None:
-                return Miss.ABSENT
-            if not files.is_stored_name(row.file_name):
-                self._discard(row, "the index names an invalid file", unlink=False)
-                return Miss.DISCARDED
-            try:
-                return self._stored.read(row, key, state_into=state_into), row
-            except FileNotFoundError:
-                row = self._vanished(index, key, row)
-                if row is None:
-                    return Miss.ABSENT
-            except CorruptSnapshot as exc:
-                return self._refused(row, exc)
-            except OSError as exc:
-                logger.warning("cannot read file %s: %s", row.file_name, exc)
-                return Miss.UNAVAILABLE
-        return Miss.UNAVAILABLE  # replaced again and again while read: asking later may find it
-
-    def _vanished(self, index: DiskIndex, key: SnapshotKey, row: IndexRow) -> IndexRow | None:
-        """`row`'s file is gone: the row a concurrent put replaced it with, to read instead, or None
-        (a miss) once the rows still naming the file are dropped."""
-        current = index.get(key.id)
-        if current is not None and current.file_name != row.file_name:
-            return current
-        if current is not None:
-            logger.warning("snapshot file %s vanished; dropping its rows", row.file_name)
-            self._announce(index.delete_file(row.file_name))
-        return None
-
-    def _read_member(
-        self,
-        key: SnapshotKey,
-        row: IndexRow,
-        opened: OpenPack | OSError | CorruptSnapshot,
-        *,
-        state_into: memoryview | None = None,
-    ) -> tuple[Snapshot, IndexRow] | Miss:
-        """The block `row` names in its pack, whose head `opened` holds (or the error reading it)."""
-        try:
-            return self._stored.member(row, key, opened, state_into=state_into), row
-        except CorruptSnapshot as exc:
-            return self._refused(row, exc)
-        except OSError as exc:
-            logger.warning("cannot read pack file %s: %s", row.file_name, exc)
-            return Miss.UNAVAILABLE
-
-    def _refused(self, row: IndexRow, exc: CorruptSnapshot) -> Miss:
-        """The miss of a snapshot that failed verification: one authenticated otherwise is kept (and
-        remembered), a damaged one dropped."""
-        if isinstance(exc, MacMismatch):
-            self._other_authentication.found(row, str(exc))
-            return Miss.UNAUTHENTICATED
-        self._discard(row, str(exc))
-        return Miss.DISCARDED
+        return self._reads.lend_many(keys, use, keep=keep)
 
     def touch(self, keys: list[SnapshotKey], *, patient: bool = False) -> None:
         """Record a use of each of `keys` in one transaction, the first as the most recent. A writer
@@ -601,9 +483,3 @@ class DiskTier:
         for name in names:
             if files.is_stored_name(name):
                 files.unlink(self._files / name)
-
-
-def _index_unavailable(exc: StoreUnavailable) -> Miss:
-    """A read the index could not answer: logged, and a miss that may not last."""
-    logger.warning("disk tier index unavailable, treating the lookup as a miss: %s", exc)
-    return Miss.UNAVAILABLE

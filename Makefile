@@ -6,28 +6,34 @@ STAMP := $(VENV)/.installed
 
 .PHONY: install test demo serve bench lint clean
 
-$(STAMP): pyproject.toml
+# llama-cpp-python is built first, by build_flags.py: llama.cpp's native build, except on an x86-64
+# CPU with AMX, whose AMX kernels crash (there: GGML_NATIVE=OFF and every other instruction set the
+# CPU has). A CMAKE_ARGS you set wins. The wheel is kept per flags, never reused across them.
+$(STAMP): pyproject.toml snapcache/llama/build_flags.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	@echo "Installing snapcache and llama-cpp-python (the first build of llama.cpp takes several minutes)..."
-	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(BIN)/python -m pip install --quiet -e ".[dev,demo,server]"
+	$(BIN)/python snapcache/llama/build_flags.py install
+	@echo "Installing snapcache and its dependencies..."
+	$(BIN)/python -m pip install --quiet -e ".[dev,demo,server]"
 	touch $(STAMP)
 
+# Runs every time: a CMAKE_ARGS or CPU other than the installed build's rebuilds (or reuses) the wheel.
 install: $(STAMP)
+	@$(BIN)/python snapcache/llama/build_flags.py install
 
-test: $(STAMP)
+test: install
 	$(BIN)/python -m pytest
 
 # The main job: warm the system prompt with the command line, then one chat turn cold and restored.
-demo: $(STAMP)
+demo: install
 	$(BIN)/snapcache warm examples/system_prompt.txt --scope demo --priority 10
 	$(BIN)/python examples/demo.py
 
 # The OpenAI-compatible server on the demo model, on http://127.0.0.1:8000/v1 (Ctrl-C stops it).
-serve: $(STAMP)
+serve: install
 	$(BIN)/snapcache serve
 
-bench: $(STAMP)
+bench: install
 	$(BIN)/python benchmarks/run_all.py
 
 lint: $(STAMP)

@@ -368,7 +368,7 @@ def test_the_package_version_is_not_part_of_the_fingerprint_but_the_state_format
     monkeypatch.setattr(llama_cpp, "LLAMA_STATE_SEQ_VERSION", llama_cpp.LLAMA_STATE_SEQ_VERSION + 1)
     assert model_fingerprint(tiny_llama) != base
     monkeypatch.undo()
-    monkeypatch.setattr(fingerprint, "_system_info", lambda: "CPU : AVX2 = 0 |")
+    monkeypatch.setattr(fingerprint, "llama_system_info", lambda: "CPU : AVX2 = 0 |")
     assert model_fingerprint(tiny_llama) != base
 
 

@@ -73,6 +73,7 @@ def doctor(
         *_remote_check(settings),
         _model_check(),
         _gpu_check(info["llama_cpp"]),
+        amx_check(info["llama_cpp"]["system_info"]),
     ]
     failed = any(c.status == "fail" for c in checks)
     if as_json:
@@ -276,3 +277,21 @@ def _gpu_check(llama: dict[str, Any]) -> Check:
     return Check(
         "backend", "ok", 'CPU only; rebuild llama-cpp-python with CMAKE_ARGS="-DGGML_CUDA=on" for a GPU'
     )
+
+
+def amx_check(system_info: str, cpu_flags: frozenset[str] | None = None) -> Check:
+    """Whether llama.cpp's AMX kernels, which crash on Q4_K models, would run here, and the fix."""
+    from snapcache.llama.amx import amx_condition, rebuild_command
+
+    condition = amx_condition(system_info, cpu_flags)
+    if condition.crashes:
+        return Check(
+            "AMX kernels",
+            "warn",
+            "this llama.cpp has AMX kernels and this CPU runs them; they crash on Q4_K models "
+            "(llama.cpp #20824), so snapcache loads models without extra buffer types (slower prompt "
+            f"reads). Fix: {rebuild_command(cpu_flags)}",
+        )
+    if condition.compiled:
+        return Check("AMX kernels", "ok", "compiled in, unused: this CPU has no AMX")
+    return Check("AMX kernels", "ok", "not compiled in")

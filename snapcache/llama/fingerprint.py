@@ -13,7 +13,8 @@ A snapshot restores only into a Llama with the same fingerprint. It covers:
   (n_ctx) or how fast it runs (threads, batch sizes);
 - `kv_overrides`, and the LoRA adapters and control vector in effect (see `snapcache.llama.adapters`);
 - the state format (`LLAMA_STATE_SEQ_VERSION`) and what decides the numerics: the compute backend's
-  features (`llama_print_system_info`) and the layers offloaded to a GPU. The llama-cpp-python
+  features (`llama_print_system_info`), the layers offloaded to a GPU, and whether the weights were
+  loaded without llama.cpp's extra buffer types (no repacked kernels; see `amx`). The llama-cpp-python
   version is not part of it: an upgrade keeps the cache unless the state format changes.
 
 `model_fingerprint` is cheap after its first call on a file (a stat per shard, a few ctypes reads):
@@ -46,6 +47,7 @@ __all__ = [
     "file_fingerprint",
     "fingerprint_of",
     "fingerprint_parts",
+    "llama_system_info",
     "model_fingerprint",
     "shard_paths",
 ]
@@ -225,11 +227,16 @@ def _kv_overrides(llm: llama_cpp.Llama) -> list[list[Any]]:
 
 def _numerics(llm: llama_cpp.Llama) -> list[Any]:
     """What decides the bits of the results besides the model: the backend's kernels, and the GPU."""
-    return [_system_info(), int(llm.model_params.n_gpu_layers)]
+    numerics: list[Any] = [llama_system_info(), int(llm.model_params.n_gpu_layers)]
+    # Listed only when off, so the fingerprints of models loaded the usual way stay what they were.
+    if not bool(getattr(llm.model_params, "use_extra_bufts", True)):
+        numerics.append("no extra buffer types")
+    return numerics
 
 
 @cache
-def _system_info() -> str:
+def llama_system_info() -> str:
+    """llama.cpp's system info line: its backends and the compiled CPU features."""
     info = llama_cpp.llama_print_system_info()
     return info.decode("utf-8", "replace") if isinstance(info, bytes) else str(info)
 

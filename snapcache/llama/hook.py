@@ -34,6 +34,7 @@ from llama_cpp import llama_chat_format
 from snapcache.errors import InvalidArgument
 from snapcache.fingerprint_notes import FingerprintNotes
 from snapcache.key import DEFAULT_SCOPE, TokenArray, as_token_array, validate_priority, validate_scope
+from snapcache.llama.amx import warn_once
 from snapcache.llama.chat_prefix import (
     ChatPrefixFinder,
     SharedPrefix,
@@ -116,6 +117,7 @@ class CacheHook:
             raise InvalidArgument(f"min_tokens must be a positive int, got {min_tokens!r}")
         if prefix_reuse is not None and not 0.0 < prefix_reuse < 1.0:
             raise InvalidArgument(f"prefix_reuse must lie strictly between 0 and 1, got {prefix_reuse!r}")
+        warn_once(llm)
         self._llm = llm
         self._store = store
         self._scope = scope

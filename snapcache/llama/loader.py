@@ -1,7 +1,8 @@
 """Open a GGUF model as a quiet `llama_cpp.Llama` with the right chat template, or fail in one line.
 
 `load_llama` checks the file before llama.cpp parses it, uses every core the process may run on,
-and gives a Gemma 3 model without a chat template Gemma 3's own (see `chat_templates`).
+gives a Gemma 3 model without a chat template Gemma 3's own (see `chat_templates`), and keeps the
+weights away from llama.cpp's AMX kernels where they would crash (see `amx`).
 
 llama.cpp logs through a process-wide callback. llama-cpp-python installs one that prints to stderr,
 and with `verbose=False` it still prints llama.cpp's warnings (it maps ggml's log levels one step
@@ -15,12 +16,14 @@ import ctypes
 import logging
 import os
 import threading
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
 import llama_cpp
 
 from snapcache.errors import InvalidArgument, ModelError
+from snapcache.llama.amx import amx_condition, loading_without_extra_buffers
 from snapcache.llama.chat_templates import fallback_chat_handler
 
 __all__ = [
@@ -35,6 +38,7 @@ __all__ = [
 DEFAULT_N_CTX = 4096
 LLAMA_CPP_LOGGER = "snapcache.llama_cpp"
 _GGUF_MAGIC = b"GGUF"
+_log = logging.getLogger("snapcache")
 
 # ggml's `enum ggml_log_level`; CONT continues the previous line at its level.
 _GGML_LEVELS = {0: logging.CRITICAL, 1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
@@ -73,6 +77,7 @@ def load_llama(
     n_ctx: int = DEFAULT_N_CTX,
     n_threads: int | None = None,
     verbose: bool = False,
+    use_extra_bufts: bool | None = None,
     **kwargs: Any,
 ) -> llama_cpp.Llama:
     """A `llama_cpp.Llama` of `model_path`, ready for chat; `ModelError` if it cannot be opened.
@@ -80,7 +85,9 @@ def load_llama(
     `n_threads` (and `n_threads_batch`, unless given) default to the usable cores. Other keyword
     arguments go to `Llama` as they are. A model whose GGUF has no chat template gets the template of
     its family where snapcache knows one (Gemma 3), unless `chat_format` or `chat_handler` is given;
-    a model with a template keeps llama-cpp-python's handling of it.
+    a model with a template keeps llama-cpp-python's handling of it. `use_extra_bufts` is llama.cpp's
+    model parameter (repacked and AMX weight buffers); by default it is on unless this llama.cpp has
+    AMX kernels that this CPU would run, which crash (`snapcache.llama.amx`).
     """
     if not _is_int(n_ctx) or n_ctx < 0:
         raise InvalidArgument(f"n_ctx must be a non-negative int (0: the model's own), got {n_ctx!r}")
@@ -90,8 +97,19 @@ def load_llama(
     threads = n_threads or usable_cores()
     kwargs.setdefault("n_threads_batch", threads)
     chosen_format = kwargs.get("chat_format") is not None or kwargs.get("chat_handler") is not None
+    if use_extra_bufts is None:
+        use_extra_bufts = not amx_condition().crashes
+        if not use_extra_bufts:
+            _log.warning(
+                "loading %s without llama.cpp's extra buffer types: its AMX kernels crash on this CPU "
+                "(slower prompt reads; `snapcache doctor` shows the rebuild that fixes it)",
+                path,
+            )
     try:
-        llm = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_threads=threads, verbose=verbose, **kwargs)
+        with nullcontext() if use_extra_bufts else loading_without_extra_buffers():
+            llm = llama_cpp.Llama(
+                model_path=str(path), n_ctx=n_ctx, n_threads=threads, verbose=verbose, **kwargs
+            )
     except (ValueError, RuntimeError) as exc:
         raise ModelError(_load_failure(path, exc)) from None
     if not chosen_format:

@@ -1,0 +1,169 @@
+"""One llama.cpp context with several sequences beside a Llama's own: decode, clear, capture, restore.
+
+The context is made from the Llama's model (its weights are held once) with the Llama's own
+context settings (cache types, flash attention, sliding-window size, RoPE, threads, batch sizes),
+but `n_seq_max` sequences and `kv_unified = false`: one KV stream per sequence, each of the
+Llama's `n_ctx` cells (rounded up to llama.cpp's 256), so that every request can use as many tokens
+as the Llama's own context allows, and memory grows with the number of sequences. Measured
+(DESIGN.md): with a stream per sequence, a sequence prefilled, restored or stepped alone gives
+bit for bit the logits of a 1-sequence context, whatever the other sequences hold.
+
+States go in and out in the 1-stream layout the Llama's own context uses (`_streams`), so that
+they are stored under the Llama's fingerprint, and `CachedLlama`, `snapcache warm` and this
+context serve one another.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import llama_cpp
+import numpy as np
+import numpy.typing as npt
+
+from snapcache.errors import ModelError
+from snapcache.key import TokenArray
+from snapcache.llama.batch._streams import to_one_stream, to_streams
+from snapcache.llama.state import CapturedState, _checked_blob
+from snapcache.snapshot import Snapshot
+
+__all__ = ["Chunk", "SequenceContext"]
+
+_log = logging.getLogger("snapcache")
+
+_FLAGS = llama_cpp.LLAMA_STATE_SEQ_FLAGS_NONE
+_CTX_PAD = 256  # llama.cpp rounds each stream's cells up to this
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """Tokens of one sequence for one decode, from position `start`; `logits`: the last one's."""
+
+    seq_id: int
+    tokens: Sequence[int] | npt.NDArray[np.int32]
+    start: int
+    logits: bool
+
+
+class SequenceContext:
+    """A context of `n_seq` sequences on `llm`'s model (see the module docstring); `close` frees it."""
+
+    def __init__(self, llm: llama_cpp.Llama, n_seq: int) -> None:
+        self.llm = llm
+        self.n_seq = n_seq
+        # What one request may hold: the Llama's own context size, as on its single-sequence path.
+        self.n_ctx = int(llm.n_ctx())
+        self.n_batch = int(llm.n_batch)
+        per_seq = -(-self.n_ctx // _CTX_PAD) * _CTX_PAD
+        params = type(llm.context_params).from_buffer_copy(llm.context_params)
+        params.n_seq_max = n_seq
+        params.kv_unified = False
+        params.n_ctx = per_seq * n_seq
+        params.embeddings = False
+        self.ctx = llama_cpp.llama_init_from_model(llm.model, params)
+        if not self.ctx:
+            raise ModelError(f"llama.cpp could not make a context of {n_seq} sequences of {per_seq} tokens")
+        self._memory = llama_cpp.llama_get_memory(self.ctx)
+        self.n_stream = 1 if n_seq == 1 else n_seq
+        capacity = max(self.n_batch, n_seq)
+        self._batch = llama_cpp.llama_batch_init(capacity, 0, 1)
+        self._capacity = capacity
+        self._tokens = np.ctypeslib.as_array(self._batch.token, shape=(capacity,))
+        self._pos = np.ctypeslib.as_array(self._batch.pos, shape=(capacity,))
+        self._n_seq_id = np.ctypeslib.as_array(self._batch.n_seq_id, shape=(capacity,))
+        self._logits = np.ctypeslib.as_array(self._batch.logits, shape=(capacity,))
+        self._seq_rows = [self._batch.seq_id[i] for i in range(capacity)]
+        self._n_seq_id[:] = 1
+        self._vocab = llm._model.vocab
+
+    def close(self) -> None:
+        if self.ctx:
+            llama_cpp.llama_batch_free(self._batch)
+            llama_cpp.llama_free(self.ctx)
+            self.ctx = None
+
+    def is_eog(self, token: int) -> bool:
+        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+
+    def decode(self, chunks: Sequence[Chunk]) -> tuple[int, list[int]]:
+        """One `llama_decode` of `chunks`: (llama.cpp's return code, each chunk's last batch row)."""
+        n = 0
+        rows = []
+        for chunk in chunks:
+            m = len(chunk.tokens)
+            if m == 0 or n + m > self._capacity:
+                raise ValueError(f"a chunk of {m} tokens does not fit a batch of {self._capacity}")
+            self._tokens[n : n + m] = chunk.tokens
+            self._pos[n : n + m] = np.arange(chunk.start, chunk.start + m, dtype=np.int32)
+            self._logits[n : n + m] = 0
+            self._logits[n + m - 1] = 1 if chunk.logits else 0
+            for row in self._seq_rows[n : n + m]:
+                row[0] = chunk.seq_id
+            n += m
+            rows.append(n - 1)
+        self._batch.n_tokens = n
+        return int(llama_cpp.llama_decode(self.ctx, self._batch)), rows
+
+    def clear(self, seq_id: int) -> None:
+        """Free every cell of the sequence."""
+        llama_cpp.llama_memory_seq_rm(self._memory, seq_id, -1, -1)
+
+    def cut(self, seq_id: int, n_tokens: int) -> bool:
+        """Drop the sequence's cells from position `n_tokens` on; False where llama.cpp cannot."""
+        return bool(llama_cpp.llama_memory_seq_rm(self._memory, seq_id, n_tokens, -1))
+
+    def last_position(self, seq_id: int) -> int:
+        return int(llama_cpp.llama_memory_seq_pos_max(self._memory, seq_id))
+
+    def capture(self, seq_id: int, tokens: TokenArray) -> CapturedState:
+        """The sequence's state, in the 1-stream layout, keyed by `tokens` (all it holds)."""
+        if self.last_position(seq_id) != len(tokens) - 1:
+            raise ModelError(f"sequence {seq_id} does not hold exactly {len(tokens)} tokens")
+        size = int(llama_cpp.llama_state_seq_get_size_ext(self.ctx, seq_id, _FLAGS))
+        if size <= 0:
+            raise ModelError(f"llama.cpp reports no state for sequence {seq_id}")
+        buffer = np.empty(size, dtype=np.uint8)
+        pointer = buffer.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
+        written = int(llama_cpp.llama_state_seq_get_data_ext(self.ctx, pointer, size, seq_id, _FLAGS))
+        if written <= 0 or written > size:
+            raise ModelError(f"llama.cpp failed to copy the state of sequence {seq_id}")
+        try:
+            blob = to_one_stream(buffer[:written])
+        except ValueError as exc:
+            raise ModelError(f"the state of sequence {seq_id} does not convert: {exc}") from None
+        return CapturedState(tokens=tokens, state=blob.data, logits=None)
+
+    def restore(self, seq_id: int, snapshot: Snapshot, *, window_padded: bool) -> bool:
+        """Load `snapshot` (1-stream layout, checked for the Llama's own context) into `seq_id`;
+        False, with the sequence cleared, when it does not fit or llama.cpp refuses it."""
+        n = len(snapshot.tokens)
+        if n < 1 or n >= self.n_ctx or n != snapshot.key.token_count:
+            return False
+        if int(snapshot.tokens.max()) >= int(self.llm.n_vocab()):
+            return False
+        try:
+            state = np.frombuffer(snapshot.state, dtype=np.uint8)
+        except (TypeError, ValueError):
+            return False
+        reason, state, _padded = _checked_blob(self.llm, state, n, window_padded)
+        if reason is None:
+            try:
+                state = to_streams(state, self.n_stream)
+            except ValueError as exc:
+                reason = str(exc)
+        if reason is not None:
+            _log.warning("snapshot %s not restored into a sequence: %s", snapshot.key.id[:12], reason)
+            return False
+        self.clear(seq_id)
+        pointer = state.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
+        loaded = int(llama_cpp.llama_state_seq_set_data_ext(self.ctx, pointer, state.nbytes, seq_id, _FLAGS))
+        if loaded <= 0 or self.last_position(seq_id) != n - 1:
+            self.clear(seq_id)
+            _log.warning(
+                "llama.cpp refused snapshot %s (%d tokens) for sequence %d", snapshot.key.id[:12], n, seq_id
+            )
+            return False
+        return True

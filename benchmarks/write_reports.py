@@ -125,8 +125,8 @@ def render_page(name: str, result: dict[str, Any], source: str) -> str:
     if quick:
         lines += [
             '!!! warning "Quick run"',
-            "    A smoke run (`--quick`): small sizes and the tiny test model. It shows that the",
-            "    benchmark runs, not figures to quote.",
+            "    A smoke run (`--quick`): small sizes, and the tiny test model where a model is needed.",
+            "    It shows that the benchmark runs; its figures are not ones to quote.",
             "",
         ]
     header: list[tuple[str, str]] = [
@@ -141,7 +141,7 @@ def render_page(name: str, result: dict[str, Any], source: str) -> str:
         if key not in {"benchmark", "quick", "machine", "created_at", "command", "tables"}
         and isinstance(value, (str, int, float, bool))
     ]
-    lines += markdown_table(["run", ""], header)
+    lines += markdown_table(["", "this run"], header)
     lines.append("")
     tables = result["tables"] if standard else _generic_tables(result)
     if not standard:

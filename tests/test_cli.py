@@ -194,9 +194,22 @@ def test_prune_within_a_scope_leaves_other_scopes(three):
     assert [r["id"] for r in listed()] == [three["low"]]
 
 
+def wait_until_unused_for(directory: Path, seconds: float, timeout: float = 30) -> None:
+    """Wait until every entry's recorded last use lies more than `seconds` in the past."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with SnapshotStore(directory) as store:
+            last_use = max(entry.last_used_at for entry in store.entries(blocks=True))
+        if time.time() - last_use > seconds:
+            return
+        assert time.monotonic() < deadline, "the entries' last use never aged"
+        time.sleep(0.05)
+
+
 def test_prune_older_than(three, snapcache_dir):
-    time.sleep(1.1)
-    fresh = put(snapcache_dir, "default", 7)
+    # The condition prune applies, read from the store itself (uses are recorded in the background).
+    wait_until_unused_for(snapcache_dir, 1.0)
+    fresh = put(snapcache_dir, "default", 7)  # a second of slack before it counts as unused too
     result = invoke("prune", "--older-than", "1s")
     assert result.exit_code == 0, result.output
     assert "removed 3 snapshots" in result.stdout

@@ -6,7 +6,8 @@ over the last `last_n_tokens_size` generated tokens, then greedy at temperature 
 below 0, and otherwise top-k, typical, top-p, min-p, temperature and a seeded draw. Same logits,
 same parameters, same seed: same tokens. What the chain cannot do (grammars, mirostat, logits
 processors, log-probabilities) is named by `batched_unsupported` so that the caller can take the
-single-sequence path for that request.
+single-sequence path for that request. Stopping criteria are checked on the tokens, as the Llama
+does (see `BatchedLlama`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from snapcache.errors import InvalidArgument
 __all__ = ["SamplerChain", "SamplingParams", "batched_unsupported"]
 
 # create_completion's keywords that the batched path cannot honour.
-_UNSUPPORTED = ("grammar", "logits_processor", "stopping_criteria", "logprobs", "suffix")
+_UNSUPPORTED = ("grammar", "logits_processor", "logprobs", "suffix")
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,277 @@
+"""`create_completion` and `create_chat_completion` of a Llama, answered by a `Scheduler`.
+
+Chats are rendered by the Llama's own chat handler: `Llama.create_chat_completion` runs with a
+stand-in for the Llama whose `create_completion` is this one, and everything else (tokenizer,
+template, metadata) is the Llama's. A completion becomes the Llama's prompt tokens (a text prompt
+as `Llama.create_completion` tokenizes it), a request, and the response llama-cpp-python builds:
+the same text (stop strings cut it, a partial stop string or UTF-8 character is held back while
+streaming), `finish_reason`, `usage` (with `prompt_tokens_details.cached_tokens`). The text is
+made in the reader's thread, never the scheduler's. Stopping criteria (llama-cpp-python's template
+handlers pass one) are checked on the tokens as `Llama.generate` checks them. A call the batched
+path cannot do (grammar, logprobs, mirostat, ...) runs on the Llama's own single-sequence path,
+one at a time, with its reason logged once. A stream closed early (a client gone) cancels its request.
+"""
+
+from __future__ import annotations
+
+import codecs
+import functools
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+import llama_cpp
+import numpy as np
+import numpy.typing as npt
+
+from snapcache.key import DEFAULT_SCOPE, TokenArray
+from snapcache.llama.batch._request import Request, SchedulerError
+from snapcache.llama.batch._sampling import SamplingParams, batched_unsupported
+from snapcache.llama.batch._scheduler import Scheduler
+from snapcache.llama.chat_prefix import ChatPrefixFinder, render_options, system_head, text_prompt_tokens
+
+__all__ = ["BatchedLlama"]
+
+_log = logging.getLogger("snapcache")
+
+_UTF8_TAIL = 3  # the bytes a UTF-8 character may still lack
+
+
+class BatchedLlama:
+    """The completion calls of `scheduler.llm`, run by `scheduler` (see the module docstring)."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+        self.llm = scheduler.llm
+        self._single = threading.Lock()  # the Llama's own context serves one call at a time
+        self._told: set[str] = set()
+        self._renderer = _StandIn(self, DEFAULT_SCOPE, None)
+        self._prefixes = ChatPrefixFinder(self._renderer, self._render)  # type: ignore[arg-type]
+        self._rendering = threading.Lock()
+
+    def create_completion(
+        self, prompt: str | Sequence[int], *, scope: str = DEFAULT_SCOPE, **kwargs: Any
+    ) -> Any:
+        """As `Llama.create_completion` (a dict, or an iterator of chunks with `stream=True`)."""
+        return self._complete(prompt, kwargs, scope, None)
+
+    def create_chat_completion(
+        self, messages: list[Any], *, scope: str = DEFAULT_SCOPE, **kwargs: Any
+    ) -> Any:
+        """As `Llama.create_chat_completion`; `max_completion_tokens` stands for `max_tokens`."""
+        limit = kwargs.pop("max_completion_tokens", None)
+        if kwargs.get("max_tokens") is None and limit is not None:
+            kwargs["max_tokens"] = limit
+        prefix = self._chat_prefix(messages, kwargs)
+        stand_in = _StandIn(self, scope, prefix)
+        return type(self.llm).create_chat_completion(stand_in, messages=messages, **kwargs)  # type: ignore[arg-type]
+
+    # -- one completion -----------------------------------------------------------------------------
+
+    def _complete(
+        self, prompt: str | Sequence[int], kwargs: dict[str, Any], scope: str, prefix: TokenArray | None
+    ) -> Any:
+        llm = self.llm
+        reason = batched_unsupported(kwargs)
+        if reason is not None:
+            return self._single_path(prompt, kwargs, reason)
+        kwargs.pop("model", None)
+        stream = bool(kwargs.pop("stream", False))
+        criteria = kwargs.pop("stopping_criteria", None)
+        stop = kwargs.pop("stop", None)
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        tokens = text_prompt_tokens(llm, prompt, add_eos=True) if isinstance(prompt, str) else list(prompt)
+        params = SamplingParams.from_completion_kwargs(kwargs)
+        # As Llama._create_completion: none or <= 0 is up to the context's end, and never past it.
+        room = self.scheduler.n_ctx - len(tokens)
+        limit = params.max_tokens
+        limit = room if limit is None or limit <= 0 else min(limit, room)
+        # llama-cpp-python reads on past max_tokens to finish a UTF-8 character: a few tokens more.
+        params = replace(params, max_tokens=min(limit + _UTF8_TAIL, room) if room > 0 else limit)
+        request = self.scheduler.submit(tokens, params, scope=scope, chat_prefix=prefix)
+        text = _Text(llm, request, [s.encode("utf-8") for s in stops if s], limit, criteria)
+        if stream:
+            return text.chunks()
+        return text.whole()
+
+    def _single_path(self, prompt: str | Sequence[int], kwargs: dict[str, Any], reason: str) -> Any:
+        prompt = prompt if isinstance(prompt, str) else list(prompt)
+        if reason not in self._told:
+            self._told.add(reason)
+            _log.warning("%s; such calls run one at a time on the Llama's own context", reason)
+        if not kwargs.get("stream"):
+            with self._single:
+                return type(self.llm).create_completion(self.llm, prompt, **kwargs)
+
+        def chunks() -> Iterator[Any]:
+            with self._single:
+                yield from type(self.llm).create_completion(self.llm, prompt, **kwargs)
+
+        return chunks()
+
+    # -- chats --------------------------------------------------------------------------------------
+
+    def _chat_prefix(self, messages: list[Any], kwargs: Mapping[str, Any]) -> TokenArray | None:
+        """The tokens every chat with these system messages starts with (None: no system part)."""
+        head = system_head(messages)
+        if head == 0 or head == len(messages):
+            return None
+        with self._rendering:
+            shared = self._prefixes.shared(list(messages[:head]), render_options(kwargs))
+            return None if shared is None else shared.tokens()
+
+    def _render(self, messages: list[Any], options: dict[str, Any]) -> Any:
+        return type(self.llm).create_chat_completion(self._renderer, messages=messages, **options)  # type: ignore[arg-type]
+
+
+class _StandIn:
+    """The Llama to its chat handler, but for `create_completion`, which goes to a `BatchedLlama`."""
+
+    def __init__(self, owner: BatchedLlama, scope: str, prefix: TokenArray | None) -> None:
+        self._owner = owner
+        self._scope = scope
+        self._prefix = prefix
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._owner.llm, name)
+
+    def tokenize(self, text: bytes, add_bos: bool = True, special: bool = False) -> list[int]:
+        return list(self._owner.llm.tokenize(text, add_bos, special))
+
+    def create_completion(self, prompt: str | Sequence[int] | None = None, **kwargs: Any) -> Any:
+        return self._owner._complete(prompt or "", kwargs, self._scope, self._prefix)
+
+
+class _Text:
+    """The text of one request's tokens, as `Llama._create_completion` makes it."""
+
+    def __init__(
+        self,
+        llm: llama_cpp.Llama,
+        request: Request,
+        stops: list[bytes],
+        max_tokens: int,
+        criteria: Callable[[npt.NDArray[np.intc], npt.NDArray[np.single]], bool] | None,
+    ) -> None:
+        self._llm = llm
+        self._criteria = criteria
+        self._request = request
+        self._stops = stops
+        self._max_tokens = max_tokens
+        self._prompt = request.prompt.tolist()
+        self._id = f"cmpl-{uuid.uuid4()}"
+        self._created = int(time.time())
+        self._model = llm.model_path
+        self.tokens: list[int] = []
+        self.text = b""
+        self.finish_reason = "length"
+
+    def _texts(self) -> Generator[bytes, None, None]:
+        """The completion's bytes as they grow (each the whole so far, but while a UTF-8 character
+        is incomplete); `text` and `finish_reason` hold the outcome. Stop strings, incomplete
+        characters and max_tokens are checked in `Llama._create_completion`'s order."""
+        request = self._request
+        multibyte_fix = 0
+        try:
+            for token in request:
+                if self._stopped_by_criteria():
+                    self.finish_reason = "stop"
+                    return
+                self.tokens.append(token)
+                self.text = text = self._llm.detokenize(self.tokens, prev_tokens=self._prompt)
+                for k, char in enumerate(text[-3:]):
+                    k = 3 - k
+                    for num, pattern in ((2, 192), (3, 224), (4, 240)):
+                        if num > k and pattern & char == pattern:
+                            multibyte_fix = num - k
+                if multibyte_fix > 0:
+                    multibyte_fix -= 1
+                    continue
+                found = [text.index(s) for s in self._stops if s in text]
+                if found:
+                    self.text = text[: min(found)]
+                    self.finish_reason = "stop"
+                    yield self.text
+                    return
+                yield text
+                if len(self.tokens) >= self._max_tokens:
+                    return
+        finally:
+            request.cancel()
+        if request.finish_reason == "stop":
+            self.finish_reason = "stop"
+        elif request.finish_reason == "error":
+            raise SchedulerError(str(request.error))
+
+    def _stopped_by_criteria(self) -> bool:
+        """Whether the stopping criteria end the completion before its next token. As in
+        `Llama.generate`, they see the tokens evaluated so far (the new one is not), and logits
+        the Llama never wrote (logits_all=False): zeros."""
+        if self._criteria is None:
+            return False
+        evaluated = np.asarray(self._prompt + self.tokens, dtype=np.intc)
+        return bool(self._criteria(evaluated, _zero_logits(int(self._llm.n_vocab()))))
+
+    def whole(self) -> dict[str, Any]:
+        for _ in self._texts():
+            pass
+        result = self._chunk(self.text.decode("utf-8", errors="ignore"), self.finish_reason)
+        n_prompt, n_completion = len(self._prompt), len(self.tokens)
+        usage: dict[str, Any] = {
+            "prompt_tokens": n_prompt,
+            "completion_tokens": n_completion,
+            "total_tokens": n_prompt + n_completion,
+        }
+        restore = self._request.restore
+        if restore is not None:
+            usage["prompt_tokens_details"] = {"cached_tokens": restore.cached_tokens}
+        result["usage"] = usage
+        return result
+
+    def chunks(self) -> Iterator[dict[str, Any]]:
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="ignore")
+        sent = 0
+        texts = self._texts()
+        try:
+            for text in texts:
+                # Hold back what could be the start of a stop string.
+                held = max((_overlap(text, s) for s in self._stops), default=0)
+                if len(text) - held > sent:
+                    piece = decoder.decode(text[sent : len(text) - held])
+                    sent = len(text) - held
+                    if piece:
+                        yield self._chunk(piece, None)
+        finally:
+            texts.close()  # a reader gone: its request is cancelled, its sequence freed
+        rest = decoder.decode(self.text[sent:], final=True)
+        if rest:
+            yield self._chunk(rest, None)
+        yield self._chunk("", self.finish_reason)
+
+    def _chunk(self, text: str, finish_reason: str | None) -> dict[str, Any]:
+        return {
+            "id": self._id,
+            "object": "text_completion",
+            "created": self._created,
+            "model": self._model,
+            "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}],
+        }
+
+
+def _overlap(text: bytes, stop: bytes) -> int:
+    """The length of the longest end of `text` that begins `stop`."""
+    for i in range(min(len(stop) - 1, len(text)), 0, -1):
+        if text.endswith(stop[:i]):
+            return i
+    return 0
+
+
+@functools.lru_cache(maxsize=4)
+def _zero_logits(n_vocab: int) -> npt.NDArray[np.single]:
+    row = np.zeros(n_vocab, dtype=np.single)
+    row.flags.writeable = False
+    return row

@@ -1,0 +1,131 @@
+"""BatchedLlama on the tiny model: llama-cpp-python's completion and chat responses, from the scheduler."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import llama_cpp
+import pytest
+from test_scheduler import N_CTX, SYSTEM
+
+from snapcache.llama.batch import BatchedLlama, Scheduler
+from snapcache.store import SnapshotStore
+
+pytestmark = pytest.mark.model
+
+GREEDY: dict[str, Any] = {"temperature": 0.0, "max_tokens": 24}
+PROMPT = "Question: where does the quick brown fox go? Answer:"
+
+
+@pytest.fixture
+def llm(make_llama: Any, tiny_model_path: Path) -> llama_cpp.Llama:
+    return make_llama(tiny_model_path, n_ctx=N_CTX)
+
+
+@pytest.fixture
+def reference(make_llama: Any, tiny_model_path: Path) -> llama_cpp.Llama:
+    """Another Llama of the same model: the single-sequence answers."""
+    return make_llama(tiny_model_path, n_ctx=N_CTX)
+
+
+@pytest.fixture
+def batched(llm: llama_cpp.Llama, store: SnapshotStore) -> Iterator[BatchedLlama]:
+    with Scheduler(llm, store, n_seq=4, mode="exact") as scheduler:
+        yield BatchedLlama(scheduler)
+
+
+def text(result: dict[str, Any]) -> str:
+    return str(result["choices"][0]["text"])
+
+
+def test_a_completion_is_the_llamas(batched: BatchedLlama, reference: llama_cpp.Llama) -> None:
+    got = batched.create_completion(PROMPT, **GREEDY)
+    expected = reference.create_completion(PROMPT, **GREEDY)
+    assert text(got) == text(expected)
+    assert got["choices"][0]["finish_reason"] == expected["choices"][0]["finish_reason"]
+    assert got["usage"]["prompt_tokens"] == expected["usage"]["prompt_tokens"]
+    assert got["usage"]["completion_tokens"] == expected["usage"]["completion_tokens"]
+    assert got["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+    assert got["object"] == "text_completion"
+
+
+def test_a_stop_string_cuts_the_text_as_the_llama_does(
+    batched: BatchedLlama, reference: llama_cpp.Llama
+) -> None:
+    full = text(reference.create_completion(PROMPT, **GREEDY))
+    for i in range(3, len(full)):  # a stop string the Llama stops at, with text before it
+        kwargs = {**GREEDY, "stop": ["no such text", full[i : i + 2]]}
+        expected = reference.create_completion(PROMPT, **kwargs)
+        if expected["choices"][0]["finish_reason"] == "stop" and text(expected):
+            break
+    else:
+        pytest.fail("no stop string found in the reference text")
+    got = batched.create_completion(PROMPT, **kwargs)
+    assert text(got) == text(expected)
+    assert got["choices"][0]["finish_reason"] == "stop"
+    streamed = list(batched.create_completion(PROMPT, stream=True, **kwargs))
+    assert "".join(c["choices"][0]["text"] for c in streamed) == text(expected)
+    assert streamed[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+def test_a_stream_gives_the_same_text(batched: BatchedLlama) -> None:
+    whole = text(batched.create_completion(PROMPT, **GREEDY))
+    chunks = list(batched.create_completion(PROMPT, stream=True, **GREEDY))
+    assert "".join(c["choices"][0]["text"] for c in chunks) == whole
+    assert [c["choices"][0]["finish_reason"] for c in chunks][-1] == "length"
+    assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-1])
+
+
+def test_a_chat_is_rendered_by_the_llamas_handler(batched: BatchedLlama, reference: llama_cpp.Llama) -> None:
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Hello there."}]
+    got = batched.create_chat_completion(messages, **GREEDY)
+    expected = reference.create_chat_completion(messages=messages, **GREEDY)
+    assert got["choices"][0]["message"] == expected["choices"][0]["message"]
+    assert got["usage"]["prompt_tokens"] == expected["usage"]["prompt_tokens"]
+    assert got["object"] == "chat.completion"
+
+
+def test_a_chat_saves_the_end_of_its_system_messages(
+    batched: BatchedLlama, reference: llama_cpp.Llama
+) -> None:
+    def ask(question: str) -> dict[str, Any]:
+        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
+        return dict(batched.create_chat_completion(messages, **GREEDY))
+
+    ask("First question?")
+    second = ask("Something else entirely.")
+    system_tokens = len(reference.tokenize(SYSTEM.encode()))
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] >= system_tokens - 8
+
+
+def test_max_completion_tokens_caps_a_chat(batched: BatchedLlama, reference: llama_cpp.Llama) -> None:
+    messages = [{"role": "user", "content": "Tell me a long story."}]
+    result = batched.create_chat_completion(messages, temperature=0.0, max_completion_tokens=3)
+    expected = reference.create_chat_completion(messages=messages, temperature=0.0, max_tokens=3)
+    # The Llama reads on past max_tokens to finish a UTF-8 character (random bytes here), as it does.
+    assert result["usage"]["completion_tokens"] == expected["usage"]["completion_tokens"]
+    assert 3 <= result["usage"]["completion_tokens"] <= 6
+    assert result["choices"][0] == expected["choices"][0]
+
+
+def test_a_closed_stream_frees_its_sequence(batched: BatchedLlama) -> None:
+    stream = batched.create_completion(PROMPT, stream=True, temperature=0.0, max_tokens=1000)
+    next(stream)
+    stream.close()
+    scheduler = batched.scheduler
+    follow = scheduler.submit([1, 2, 3], None)
+    follow.result(30)
+    assert scheduler.pending() == (0, 0)
+
+
+def test_a_grammar_takes_the_single_sequence_path(
+    batched: BatchedLlama, caplog: pytest.LogCaptureFixture
+) -> None:
+    grammar = llama_cpp.LlamaGrammar.from_string('root ::= "yes" | "no"', verbose=False)
+    with caplog.at_level(logging.WARNING, logger="snapcache"):
+        result = batched.create_completion(PROMPT, grammar=grammar, temperature=0.0, max_tokens=4)
+    assert text(result) in ("yes", "no")
+    assert "grammar is not supported by the batched path" in caplog.text

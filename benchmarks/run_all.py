@@ -3,7 +3,8 @@
 `python benchmarks/run_all.py` (what `make bench` runs) for the full run; `--quick` for a smoke run;
 `--only NAME ...` to pick scripts. Each script runs in its own process, one after the other, so that
 they do not compete for the cores. At the end write_reports.py turns the JSON results into the
-documentation's benchmark pages (docs/benchmarks/); `--no-pages` skips that.
+documentation's benchmark pages (docs/benchmarks/); `--no-pages` skips that. Results written
+elsewhere (`--results DIR`) make pages only where `--pages DIR` says.
 """
 
 from __future__ import annotations
@@ -42,7 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = make_parser(__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="+", metavar="NAME", help="run only these scripts (e.g. hot_path)")
     parser.add_argument("--results", type=Path, default=RESULTS_DIR, help="where the JSON files go")
-    parser.add_argument("--no-pages", action="store_true", help="leave docs/benchmarks/ as it is")
+    parser.add_argument("--pages", type=Path, metavar="DIR",
+                        help="where the pages go (default: docs/benchmarks/ for the default --results)")
+    parser.add_argument("--no-pages", action="store_true", help="write no benchmark pages")
     args = parser.parse_args(argv)
 
     wanted = {name.removesuffix(".py") for name in args.only} if args.only else None
@@ -88,9 +91,12 @@ def main(argv: list[str] | None = None) -> int:
     if shown.is_relative_to(_common.ROOT):
         shown = shown.relative_to(_common.ROOT)
     print(f"JSON results in {shown}")
-    if not args.no_pages:
-        pages = write_reports.write_reports(args.results)
-        print(f"{len(pages)} benchmark page(s) written into docs/benchmarks/")
+    pages_dir = args.pages
+    if pages_dir is None and args.results.resolve() == RESULTS_DIR.resolve():
+        pages_dir = write_reports.DOCS_DIR
+    if pages_dir is not None and not args.no_pages:
+        pages = write_reports.write_reports(args.results, pages_dir)
+        print(f"{len(pages)} benchmark page(s) written into {pages_dir}")
     return 1 if failures else 0
 
 

@@ -184,3 +184,27 @@ def test_a_result_of_another_shape_is_paged_with_what_it_lacks_said(tmp_path: Pa
 def test_the_command_line_is_recorded_relative_to_the_checkout() -> None:
     line = _common.command_line([str(ROOT / "benchmarks" / "hot_path.py"), "--json", "/elsewhere/x y.json"])
     assert line == "python benchmarks/hot_path.py --json '/elsewhere/x y.json'"
+
+
+def test_run_all_writes_the_pages_of_its_results(tmp_path: Path) -> None:
+    index = DOCS / "benchmarks" / "index.md"
+    before = index.read_text(encoding="utf-8")
+    results, pages = tmp_path / "results", tmp_path / "pages"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "run_all.py"), "--quick", "--only", "lookup_scaling",
+         "--results", str(results), "--pages", str(pages)],
+        cwd=ROOT, capture_output=True, text=True, timeout=600, check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    page = (pages / "lookup_scaling.md").read_text(encoding="utf-8")
+    assert '!!! warning "Quick run"' in page
+    assert "| command | `python benchmarks/lookup_scaling.py --quick --json " in page
+    assert "[lookup_scaling](lookup_scaling.md)" in (pages / "index.md").read_text(encoding="utf-8")
+    # Results written elsewhere leave the published pages alone.
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "run_all.py"), "--quick", "--only", "lookup_scaling",
+         "--results", str(tmp_path / "other")],
+        cwd=ROOT, capture_output=True, text=True, timeout=600, check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert index.read_text(encoding="utf-8") == before

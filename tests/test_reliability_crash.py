@@ -21,7 +21,13 @@ from reliability_workers.disk_files import snapshot_bytes
 from reliability_workers.journal import Owed, read_journal
 from reliability_workers.payload import BASE_LENGTH, MAX_STATE, MIN_STATE, PROTECTED, PROTECTED_PRIORITY
 from reliability_workers.procs import worker_command
-from reliability_workers.survival import kill_9, repair_debris, served_snapshots, start_worker
+from reliability_workers.survival import (
+    kill_9,
+    repair_debris,
+    served_snapshots,
+    start_worker,
+    wait_for_acknowledged,
+)
 
 KILLS = 20
 BUDGETS = {"roomy": 4 << 20, "tight": 256 << 10}
@@ -53,7 +59,8 @@ def test_twenty_sigkills_lose_no_acknowledged_put(tmp_path: Path) -> None:
         directory, budget, journal = tmp_path / name, BUDGETS[name], tmp_path / f"journal-{kill}"
         log = tmp_path / f"writer-{kill}.log"
         proc = start_worker(worker_command("crash_writer.py", directory, budget, mode, kill, journal), log)
-        time.sleep(rng.uniform(0.1, 0.6))
+        wait_for_acknowledged(journal, 3, proc)
+        time.sleep(rng.uniform(0.05, 0.5))
         kill_9(proc, log)
 
         debris = repair_debris(directory, budget)

@@ -12,7 +12,13 @@ import pytest
 from reliability_workers.journal import Owed, read_journal
 from reliability_workers.payload import FINGERPRINT, LARGE_SCALE, SCOPE, problem_with, tokens_for
 from reliability_workers.procs import worker_command
-from reliability_workers.survival import kill_9, repair_debris, served_snapshots, start_worker
+from reliability_workers.survival import (
+    kill_9,
+    repair_debris,
+    served_snapshots,
+    start_worker,
+    wait_for_acknowledged,
+)
 
 from snapcache.store import SnapshotStore
 
@@ -34,7 +40,8 @@ def test_kill_9_mid_writes_loses_no_flushed_put(tmp_path: Path) -> None:
         proc = start_worker(
             worker_command("crash_writer.py", directory, DISK_BYTES, "large", round_, journal), log
         )
-        time.sleep(rng.uniform(0.3, 1.5))
+        wait_for_acknowledged(journal, 2, proc)
+        time.sleep(rng.uniform(0.2, 1.2))
         kill_9(proc, log)
         debris = repair_debris(directory, DISK_BYTES)
         assert debris <= IN_FLIGHT_FILES

@@ -30,6 +30,7 @@ from snapcache import SnapshotKey, SnapshotStore
 
 REMOVE_SHARE = 0.1
 FLUSH_SHARE = 0.2
+PROTECTED_SHARE = 0.25  # of the calls, besides those that pick a protected number at random
 
 
 def open_store(directory: Path, disk_bytes: int, mode: str) -> SnapshotStore:
@@ -47,7 +48,7 @@ def main() -> None:
     print("ready", flush=True)
     rng = random.Random(seed)
     while True:
-        index = rng.randrange(KEYS)
+        index = rng.randrange(PROTECTED) if rng.random() < PROTECTED_SHARE else rng.randrange(KEYS)
         tokens = tokens_for(index)
         key = SnapshotKey.for_tokens(FINGERPRINT, SCOPE, tokens)
         if rng.random() < REMOVE_SHARE:

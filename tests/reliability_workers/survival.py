@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
 from reliability_workers.disk_files import snapshot_bytes
+from reliability_workers.journal import read_journal
 from reliability_workers.payload import FINGERPRINT, KEYS, SCOPE, problem_with, tokens_for
 from reliability_workers.procs import worker_env
 from reliability_workers.reports import IN_FLIGHT_DEBRIS, check_problems
@@ -26,6 +28,17 @@ def start_worker(command: list[str], log: Path) -> subprocess.Popen[str]:
         proc.communicate()
         pytest.fail(f"worker did not start:\n{log.read_text()[-4000:]}")
     return proc
+
+
+def wait_for_acknowledged(
+    journal: Path, count: int, proc: subprocess.Popen[str], timeout: float = 60
+) -> None:
+    """Wait until the worker's journal shows `count` calls that returned (so a kill hits a busy writer)."""
+    deadline = time.monotonic() + timeout
+    while sum(1 for event in read_journal(journal) if event[0] in ("kept", "refused")) < count:
+        assert proc.poll() is None, "the worker died on its own"
+        assert time.monotonic() < deadline, f"the worker acknowledged fewer than {count} calls in {timeout} s"
+        time.sleep(0.01)
 
 
 def kill_9(proc: subprocess.Popen[str], log: Path) -> None:

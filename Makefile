@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test demo serve bench lint clean
+.PHONY: install test demo serve bench lint docs clean
 
 # llama-cpp-python is built first, by build_flags.py: llama.cpp's native build, except on an x86-64
 # CPU with AMX, whose AMX kernels crash (there: GGML_NATIVE=OFF and every other instruction set the
@@ -39,6 +39,10 @@ bench: install
 lint: $(STAMP)
 	$(BIN)/ruff check snapcache cli tests benchmarks examples
 	$(BIN)/mypy
+
+# The documentation site (docs/, mkdocs.yml) into build/site; broken links and references fail.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

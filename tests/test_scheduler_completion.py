@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -129,3 +130,30 @@ def test_a_grammar_takes_the_single_sequence_path(
         result = batched.create_completion(PROMPT, grammar=grammar, temperature=0.0, max_tokens=4)
     assert text(result) in ("yes", "no")
     assert "grammar is not supported by the batched path" in caplog.text
+
+
+class Recorder:
+    """A CompletionListener that keeps what it hears, and the thread it heard it on."""
+
+    def __init__(self) -> None:
+        self.heard: list[tuple[str, Any, str]] = []
+
+    def restored(self, scope: str, info: Any) -> None:
+        self.heard.append(("restored", info, threading.current_thread().name))
+
+    def finished(self, report: Any) -> None:
+        self.heard.append(("finished", report, threading.current_thread().name))
+
+
+def test_the_listener_hears_each_completion_on_the_readers_thread(llm: llama_cpp.Llama) -> None:
+    recorder = Recorder()
+    with Scheduler(llm, None, n_seq=2) as scheduler:
+        batched = BatchedLlama(scheduler, scope=lambda: "agent-x", listener=recorder)
+        result = batched.create_completion(PROMPT, **GREEDY)
+    kinds = [kind for kind, _, _ in recorder.heard]
+    assert kinds == ["restored", "finished"]
+    assert {thread for _, _, thread in recorder.heard} == {threading.current_thread().name}
+    report = recorder.heard[1][1]
+    assert report.scope == "agent-x"
+    assert report.completion_tokens == result["usage"]["completion_tokens"]
+    assert report.restore.prompt_tokens == result["usage"]["prompt_tokens"]

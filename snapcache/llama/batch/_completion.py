@@ -33,6 +33,7 @@ from snapcache.llama.batch._request import Request, SchedulerError
 from snapcache.llama.batch._sampling import SamplingParams, batched_unsupported
 from snapcache.llama.batch._scheduler import Scheduler
 from snapcache.llama.chat_prefix import ChatPrefixFinder, render_options, system_head, text_prompt_tokens
+from snapcache.llama.reports import CompletionListener, CompletionReport
 
 __all__ = ["BatchedLlama"]
 
@@ -42,11 +43,24 @@ _UTF8_TAIL = 3  # the bytes a UTF-8 character may still lack
 
 
 class BatchedLlama:
-    """The completion calls of `scheduler.llm`, run by `scheduler` (see the module docstring)."""
+    """The completion calls of `scheduler.llm`, run by `scheduler` (see the module docstring).
 
-    def __init__(self, scheduler: Scheduler) -> None:
+    `scope` is the scope of every call, or a function returning it (a server picks it per request);
+    a call's own `scope=` wins. `listener` hears what each completion restored and did, on the
+    thread that reads the completion (where a server keeps its request's context).
+    """
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        *,
+        scope: str | Callable[[], str] = DEFAULT_SCOPE,
+        listener: CompletionListener | None = None,
+    ) -> None:
         self.scheduler = scheduler
         self.llm = scheduler.llm
+        self._scope = scope
+        self._listener = listener
         self._single = threading.Lock()  # the Llama's own context serves one call at a time
         self._told: set[str] = set()
         self._renderer = _StandIn(self, DEFAULT_SCOPE, None)
@@ -54,21 +68,22 @@ class BatchedLlama:
         self._rendering = threading.Lock()
 
     def create_completion(
-        self, prompt: str | Sequence[int], *, scope: str = DEFAULT_SCOPE, **kwargs: Any
+        self, prompt: str | Sequence[int], *, scope: str | None = None, **kwargs: Any
     ) -> Any:
         """As `Llama.create_completion` (a dict, or an iterator of chunks with `stream=True`)."""
-        return self._complete(prompt, kwargs, scope, None)
+        return self._complete(prompt, kwargs, scope or self._current_scope(), None)
 
-    def create_chat_completion(
-        self, messages: list[Any], *, scope: str = DEFAULT_SCOPE, **kwargs: Any
-    ) -> Any:
+    def create_chat_completion(self, messages: list[Any], *, scope: str | None = None, **kwargs: Any) -> Any:
         """As `Llama.create_chat_completion`; `max_completion_tokens` stands for `max_tokens`."""
         limit = kwargs.pop("max_completion_tokens", None)
         if kwargs.get("max_tokens") is None and limit is not None:
             kwargs["max_tokens"] = limit
         prefix = self._chat_prefix(messages, kwargs)
-        stand_in = _StandIn(self, scope, prefix)
+        stand_in = _StandIn(self, scope or self._current_scope(), prefix)
         return type(self.llm).create_chat_completion(stand_in, messages=messages, **kwargs)  # type: ignore[arg-type]
+
+    def _current_scope(self) -> str:
+        return self._scope() if callable(self._scope) else self._scope
 
     # -- one completion -----------------------------------------------------------------------------
 
@@ -93,7 +108,7 @@ class BatchedLlama:
         # llama-cpp-python reads on past max_tokens to finish a UTF-8 character: a few tokens more.
         params = replace(params, max_tokens=min(limit + _UTF8_TAIL, room) if room > 0 else limit)
         request = self.scheduler.submit(tokens, params, scope=scope, chat_prefix=prefix)
-        text = _Text(llm, request, [s.encode("utf-8") for s in stops if s], limit, criteria)
+        text = _Text(llm, request, [s.encode("utf-8") for s in stops if s], limit, criteria, self._listener)
         if stream:
             return text.chunks()
         return text.whole()
@@ -156,8 +171,10 @@ class _Text:
         stops: list[bytes],
         max_tokens: int,
         criteria: Callable[[npt.NDArray[np.intc], npt.NDArray[np.single]], bool] | None,
+        listener: CompletionListener | None,
     ) -> None:
         self._llm = llm
+        self._listener = listener
         self._criteria = criteria
         self._request = request
         self._stops = stops
@@ -166,6 +183,7 @@ class _Text:
         self._id = f"cmpl-{uuid.uuid4()}"
         self._created = int(time.time())
         self._model = llm.model_path
+        self._told = False
         self.tokens: list[int] = []
         self.text = b""
         self.finish_reason = "length"
@@ -178,6 +196,8 @@ class _Text:
         multibyte_fix = 0
         try:
             for token in request:
+                if not self.tokens:
+                    self._restored()
                 if self._stopped_by_criteria():
                     self.finish_reason = "stop"
                     return
@@ -202,10 +222,27 @@ class _Text:
                     return
         finally:
             request.cancel()
+            self._restored()
+            self._finished()
         if request.finish_reason == "stop":
             self.finish_reason = "stop"
         elif request.finish_reason == "error":
             raise SchedulerError(str(request.error))
+
+    def _restored(self) -> None:
+        """Tell the listener what the request restored, once: before its first token goes out."""
+        restore = self._request.restore
+        if self._listener is not None and restore is not None and not self._told:
+            self._told = True
+            self._listener.restored(self._request.scope, restore)
+
+    def _finished(self) -> None:
+        restore = self._request.restore
+        if self._listener is not None and restore is not None:
+            report = CompletionReport(
+                self._request.scope, restore, len(self.tokens), self._request.first_token_seconds
+            )
+            self._listener.finished(report)
 
     def _stopped_by_criteria(self) -> bool:
         """Whether the stopping criteria end the completion before its next token. As in

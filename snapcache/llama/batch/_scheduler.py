@@ -39,7 +39,7 @@ from snapcache.llama.batch._context import Chunk, SequenceContext
 from snapcache.llama.batch._prefix import SequenceCache
 from snapcache.llama.batch._request import FinishReason, Request, SchedulerError
 from snapcache.llama.batch._sampling import SamplerChain, SamplingParams
-from snapcache.llama.reports import CompletionListener, CompletionReport, RestoreInfo
+from snapcache.llama.reports import RestoreInfo
 from snapcache.llama.stored_states import RestorePoint
 from snapcache.store import SnapshotStore
 
@@ -74,7 +74,8 @@ class Scheduler:
 
     `store` (None: no cache) restores prefixes and saves states as `CachedLlama` does, under the
     Llama's own fingerprint; `save=False` only restores; `min_tokens` and `priority` as in
-    `CachedLlama`; `listener` hears of every request. `close` ends it (also a context manager).
+    `CachedLlama`. `close` ends it (also a context manager). What each request restored is on the
+    request (`Request.restore`); `BatchedLlama` tells a listener, on the reader's thread.
     """
 
     def __init__(
@@ -87,7 +88,6 @@ class Scheduler:
         save: bool = True,
         min_tokens: int = DEFAULT_MIN_TOKENS,
         priority: int = 0,
-        listener: CompletionListener | None = None,
     ) -> None:
         if isinstance(n_seq, bool) or not isinstance(n_seq, int) or not 1 <= n_seq <= 256:
             raise InvalidArgument(f"n_seq must be an int from 1 to 256, got {n_seq!r}")
@@ -104,7 +104,6 @@ class Scheduler:
             if store is None
             else SequenceCache(llm, store, save=save, min_tokens=min_tokens, priority=priority)
         )
-        self._listener = listener
         self._context = SequenceContext(llm, n_seq)
         self._waiting: deque[Request] = deque()
         self._slots: dict[int, _Slot] = {}
@@ -247,8 +246,6 @@ class Scheduler:
         n = len(tokens)
         request.restore = RestoreInfo(n, reused, n - reused, source, 0, time.perf_counter() - started)
         self._slots[seq_id] = slot
-        if self._listener is not None:
-            self._listener.restored(request.scope, request.restore)
 
     def _step(self) -> None:
         slots = list(self._slots.values())
@@ -336,10 +333,6 @@ class Scheduler:
         self._release(slot.seq_id)
         request = slot.request
         request.finish(reason, error)
-        if self._listener is not None and request.restore is not None:
-            self._listener.finished(
-                CompletionReport(request.scope, request.restore, slot.generated, request.first_token_seconds)
-            )
 
     def _release(self, seq_id: int) -> None:
         with self._cond:

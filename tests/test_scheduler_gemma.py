@@ -14,7 +14,7 @@ import llama_cpp
 import pytest
 from test_scheduler import solo
 
-from snapcache.llama.batch import SamplingParams, Scheduler
+from snapcache.llama.batch import BatchedLlama, SamplingParams, Scheduler
 from snapcache.llama.cached import CachedLlama
 from snapcache.store import SnapshotStore
 
@@ -105,3 +105,22 @@ def test_a_warmed_state_serves_requests_across_the_window(
         assert two.result(300) == cold(second)
         assert two.restore is not None
         assert 512 < two.restore.restored_tokens <= len(system)  # where `other` saved, aligned
+
+
+def test_a_chat_through_batched_llama_is_the_llamas_and_restores_its_system_part(
+    gemma: llama_cpp.Llama, store: SnapshotStore
+) -> None:
+    def chat(question: str) -> list[dict[str, str]]:
+        return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
+
+    options: dict[str, Any] = {"temperature": 0.0, "max_tokens": 16}
+    expected = [gemma.create_chat_completion(messages=chat(q), **options) for q in QUESTIONS[:2]]
+    with Scheduler(gemma, store, n_seq=2, mode="exact") as s:
+        batched = BatchedLlama(s)
+        first = batched.create_chat_completion(chat(QUESTIONS[0]), **options)
+        second = batched.create_chat_completion(chat(QUESTIONS[1]), **options)
+    for got, want in zip((first, second), expected, strict=True):
+        assert got["choices"][0]["message"] == want["choices"][0]["message"]
+        assert got["choices"][0]["finish_reason"] == want["choices"][0]["finish_reason"]
+    assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] > 512

@@ -16,6 +16,8 @@ from ..remote import API_KEY_ENV
 from ..settings import settings_of
 from .warm import InexactOption, NCtxOption, ThreadsOption
 
+# The server's own default, repeated here so that `serve --help` works without the server extra.
+DEFAULT_MAX_TOKENS = 1024
 _NO_SERVER = (
     "snapcache serve needs llama-cpp-python's server packages: pip install 'snapcache[server]' ({missing})"
 )
@@ -62,6 +64,15 @@ def serve(
         typer.Option("--cors-origin", help="A browser origin allowed to call the server (repeatable)."),
     ] = None,
     inexact: InexactOption = False,
+    max_tokens_default: Annotated[
+        int,
+        typer.Option(
+            "--max-tokens-default",
+            min=0,
+            help="Tokens a completion may generate when its request sets no max_tokens or "
+            "max_completion_tokens (0: until the context is full).",
+        ),
+    ] = DEFAULT_MAX_TOKENS,
 ) -> None:
     """Serve MODEL over an OpenAI-compatible HTTP API, restoring cached prompts before each completion."""
     try:
@@ -91,6 +102,7 @@ def serve(
                 cors_origins=tuple(cors_origin or ()),
                 priority=priority,
                 exact=not inexact,
+                max_tokens_default=max_tokens_default or None,
             )
             app = create_app(llm, store, options)
             where = store.directory if store.directory is not None else "RAM only"

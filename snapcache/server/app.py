@@ -2,10 +2,11 @@
 
 The OpenAI routes (`/v1/chat/completions`, `/v1/completions`, `/v1/models`, ...), their request
 models, error handling, streaming and API-key check are llama-cpp-python's own (`llama_cpp.server`);
-snapcache adds the hook on the model, a middleware for scopes and reuse (see `middleware`), and its
-routes (see `routes`). Requests run one at a time on the model, as in llama-cpp-python's server; a
-streaming request is never cut short by the next one (`interrupt_requests` off), so every client
-queued behind it gets its answer.
+snapcache adds the hook on the model, a middleware for scopes and reuse (see `middleware`) that
+checks every JSON body before it reaches the model (see `checks`), and its routes (see `routes`).
+Requests run one at a time on the model, as in llama-cpp-python's server; a streaming request is
+never cut short by the next one (`interrupt_requests` off), so every client queued behind it gets
+its answer.
 """
 
 from __future__ import annotations
@@ -28,28 +29,37 @@ from snapcache.llama.cached import attach, detach
 from snapcache.llama.fingerprint import model_fingerprint
 from snapcache.llama.hook import CacheHook
 from snapcache.savings import SavingsLedger
+from snapcache.server.checks import ModelLimits, RequestChecks
+from snapcache.server.errors import answer_client_errors
 from snapcache.server.middleware import SnapcacheMiddleware
 from snapcache.server.monitor import ServeMonitor
+from snapcache.server.openapi import document_errors
 from snapcache.server.request import current_scope
-from snapcache.server.routes import snapcache_router
+from snapcache.server.routes import extras_router, snapcache_router
 from snapcache.store import SnapshotStore
 
-__all__ = ["ServeOptions", "create_app", "serve"]
+__all__ = ["DEFAULT_MAX_TOKENS", "ServeOptions", "create_app", "serve"]
 
 _log = logging.getLogger("snapcache")
+
+# A completion that sets no limit stops here: long enough for an agent's answer or tool call, short
+# enough that one client cannot hold the model for minutes (Gemma-3-270M on 2 cores: about 30 s).
+DEFAULT_MAX_TOKENS = 1024
 
 
 @dataclass(frozen=True, slots=True)
 class ServeOptions:
     """How the app answers: the API key clients must send, the model's name in `/v1/models`, the
-    browser origins allowed to call it (none by default), the priority of the states it saves, and
-    whether restores must be exact (`exact=False`: see `snapcache.CacheHook`)."""
+    browser origins allowed to call it (none by default), the priority of the states it saves,
+    whether restores must be exact (`exact=False`: see `snapcache.CacheHook`), and the tokens a
+    completion that sets no limit may generate (None: until the context is full)."""
 
     api_key: str | None = None
     model_alias: str | None = None
     cors_origins: Sequence[str] = field(default_factory=tuple)
     priority: int = 0
     exact: bool = True
+    max_tokens_default: int | None = DEFAULT_MAX_TOKENS
 
 
 class _OneModel:
@@ -82,6 +92,8 @@ def create_app(llm: llama_cpp.Llama, store: SnapshotStore, options: ServeOptions
     alias = options.model_alias or Path(llm.model_path).name
     llama_server.set_server_settings(ServerSettings(api_key=options.api_key, interrupt_requests=False))
     llama_server._llama_proxy = _OneModel(llm, alias)  # type: ignore[assignment]
+    answer_client_errors()
+    checks = RequestChecks(ModelLimits.of(llm), options.max_tokens_default)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -91,9 +103,11 @@ def create_app(llm: llama_cpp.Llama, store: SnapshotStore, options: ServeOptions
             ledger.close()
 
     app = FastAPI(title="snapcache", version=snapcache.__version__, lifespan=lifespan)
+    app.include_router(extras_router())  # first: its routes answer before llama-cpp-python's
     app.include_router(llama_server.router)
     app.include_router(snapcache_router(hook, monitor))
-    app.add_middleware(SnapcacheMiddleware)
+    app.add_middleware(SnapcacheMiddleware, checks=checks)
+    document_errors(app)
     if options.cors_origins:
         app.add_middleware(
             CORSMiddleware,

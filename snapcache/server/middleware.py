@@ -19,8 +19,12 @@ import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+import anyio
+
 from snapcache.errors import InvalidArgument
 from snapcache.key import DEFAULT_SCOPE, validate_scope
+from snapcache.server.checks import CHAT_PATH, COMPLETION_PATHS, RequestChecks, parse_body
+from snapcache.server.errors import BadRequest, client_error, error_document
 from snapcache.server.request import RequestRecord, serving
 
 __all__ = ["COMPLETION_PATHS", "SCOPE_HEADER", "SnapcacheMiddleware", "error_document"]
@@ -36,56 +40,56 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 SCOPE_HEADER = "x-snapcache-scope"
 RESTORED_HEADER = b"x-snapcache-restored-tokens"
 SOURCE_HEADER = b"x-snapcache-source"
-CHAT_PATH = "/v1/chat/completions"
-COMPLETION_PATHS = frozenset({CHAT_PATH, "/v1/completions", "/v1/engines/copilot-codex/completions"})
 _DONE = b"data: [DONE]"
-_CONTEXT_EXCEEDED = "exceed context window"
-
-
-def error_document(
-    message: str, *, kind: str = "invalid_request_error", param: str | None = None, code: str | None = None
-) -> dict[str, Any]:
-    """An error in the OpenAI API's format, as clients parse it."""
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
 class SnapcacheMiddleware:
-    """Wraps the app; only the completion routes are touched."""
+    """Wraps the app: JSON bodies checked (see `checks`), completions scoped and reported, and an
+    error that escapes a route answered as JSON."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, checks: RequestChecks) -> None:
         self.app = app
+        self.checks = checks
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope.get("path") not in COMPLETION_PATHS:
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        path = scope.get("path")
+        if scope.get("method") != "POST" or path not in self.checks.paths:
+            await _answered_as_json(self.app, scope, receive, send)
+            return
+        completion = path in COMPLETION_PATHS
         try:
-            record = RequestRecord(scope=_scope_header(scope))
+            record = RequestRecord(scope=_scope_header(scope) if completion else DEFAULT_SCOPE)
         except InvalidArgument as exc:
             await _send_error(
                 send, 400, error_document(f"invalid {SCOPE_HEADER} header: {exc}", param=SCOPE_HEADER)
             )
             return
         body, more = await _read_body(receive)
-        request = _parse_json(body)
-        if request is None and not more:
-            await _send_error(send, 400, error_document("the request body is not valid JSON"))
-            return
-        if not isinstance(request, dict) and not more:
-            await _send_error(send, 400, error_document("the request body must be a JSON object"))
-            return
-        if isinstance(request, dict):
-            problem = _unservable(scope["path"], request)
-            if problem is not None:
-                await _send_error(send, 400, error_document(problem[1], param=problem[0]))
+        if not more:  # a client gone before its body ended gets nothing, as before
+            try:
+                request = parse_body(body)
+                changed = await anyio.to_thread.run_sync(self.checks.review, path, request)
+            except BadRequest as exc:
+                await _send_error(send, exc.status, exc.document())
                 return
+            if changed is not None:
+                request, body = changed, json.dumps(changed).encode()
+            # The body is JSON whatever its Content-Type said (`curl -d` sends a form's): FastAPI
+            # parses it only under a JSON type, and llama-cpp-python's routes answer 500 otherwise.
+            scope = {**scope, "headers": _json_headers(scope.get("headers", []), len(body))}
             options = request.get("stream_options")
             record.stream_usage = (
                 bool(request.get("stream"))
                 and isinstance(options, dict)
                 and bool(options.get("include_usage"))
             )
-        response = _Response(send, record, chat=scope["path"] == CHAT_PATH)
+        if not completion:
+            await _answered_as_json(self.app, scope, _replay(body, more, receive), send)
+            return
+        response = _Response(send, record, chat=path == CHAT_PATH)
         token = serving.set(record)
         try:
             await self.app(scope, _replay(body, more, receive), response.send)
@@ -97,6 +101,31 @@ class SnapcacheMiddleware:
             await _send_error(send, status, payload)
         finally:
             serving.reset(token)
+
+
+async def _answered_as_json(app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
+    """Run `app`; an exception before the response starts is a JSON 500, not Starlette's plain text."""
+    started = False
+
+    async def watched(message: Message) -> None:
+        nonlocal started
+        started = started or message["type"] == "http.response.start"
+        await send(message)
+
+    try:
+        await app(scope, receive, watched)
+    except Exception as exc:
+        if started:
+            raise
+        status, payload = _failure(exc)
+        await _send_error(send, status, payload)
+
+
+def _json_headers(headers: list[tuple[bytes, bytes]], length: int) -> list[tuple[bytes, bytes]]:
+    kept = [
+        (name, value) for name, value in headers if name.lower() not in (b"content-length", b"content-type")
+    ]
+    return [*kept, (b"content-type", b"application/json"), (b"content-length", str(length).encode())]
 
 
 class _Response:
@@ -248,35 +277,14 @@ def _parse_json(data: bytes) -> Any:
         return None
 
 
-def _unservable(path: str, request: dict[str, Any]) -> tuple[str | None, str] | None:
-    """(parameter, message) for a request that no model could answer.
-
-    Bodies are checked against llama-cpp-python's own request models here, because its route
-    handler turns a validation error into a 500 whose message quotes its source.
-    """
-    from llama_cpp.server.types import CreateChatCompletionRequest, CreateCompletionRequest
-    from pydantic import ValidationError
-
-    model = CreateChatCompletionRequest if path == CHAT_PATH else CreateCompletionRequest
-    try:
-        model.model_validate(request)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first.get("loc", ())) or None
-        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-        return where, f"{where or 'request'}: {first.get('msg', 'invalid value')}{more}"
-    if path == CHAT_PATH and request.get("messages", []) == []:
-        return "messages", "messages must hold at least one message"
-    return None
-
-
 def _failure(exc: BaseException) -> tuple[int, dict[str, Any]]:
-    """The status and error body for a completion that failed before answering."""
+    """The status and error body for a request that failed before answering."""
     for error in _leaves(exc):
-        if isinstance(error, ValueError) and _CONTEXT_EXCEEDED in str(error):
-            return 400, error_document(str(error), param="messages", code="context_length_exceeded")
-    _log.error("completion failed: %s", exc, exc_info=exc)
-    return 500, error_document(f"the completion failed: {type(exc).__name__}", kind="internal_server_error")
+        document = client_error(error)
+        if document is not None:
+            return 400, document
+    _log.error("request failed: %s", exc, exc_info=exc)
+    return 500, error_document(f"the request failed: {type(exc).__name__}", kind="internal_server_error")
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:

@@ -1,4 +1,5 @@
-"""snapcache's own routes: warm a prompt in the running server, its statistics, Prometheus metrics.
+"""snapcache's own routes: warm a prompt in the running server, its statistics, Prometheus metrics;
+and llama-cpp-python's detokenize, answered without failing on a character cut between tokens.
 
 They sit beside llama-cpp-python's OpenAI routes and use the same API-key check. Warming takes the
 model's lock like a completion, so it waits its turn instead of racing one.
@@ -11,8 +12,9 @@ import dataclasses
 from typing import Any
 
 from fastapi import APIRouter, Depends
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from llama_cpp.server.app import authenticate, get_llama_proxy
+from llama_cpp.server.types import DetokenizeInputRequest, DetokenizeInputResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
@@ -21,10 +23,11 @@ from snapcache.errors import InvalidArgument
 from snapcache.key import DEFAULT_SCOPE
 from snapcache.llama.hook import CacheHook
 from snapcache.llama.reports import WarmResult
-from snapcache.server.middleware import error_document
+from snapcache.server.checks import DETOKENIZE_PATH
+from snapcache.server.errors import error_document
 from snapcache.server.monitor import ServeMonitor
 
-__all__ = ["WarmRequest", "snapcache_router"]
+__all__ = ["WarmRequest", "extras_router", "snapcache_router"]
 
 
 class WarmRequest(BaseModel):
@@ -73,10 +76,25 @@ def snapcache_router(hook: CacheHook, monitor: ServeMonitor) -> APIRouter:
     async def stats() -> dict[str, Any]:
         return await run_in_threadpool(monitor.stats)
 
-    @router.get("/metrics")
+    @router.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> Response:
         text = await run_in_threadpool(generate_latest, monitor.registry)
         return Response(text, media_type=CONTENT_TYPE_LATEST)
+
+    return router
+
+
+def extras_router() -> APIRouter:
+    """Routes that take the place of llama-cpp-python's of the same path (included before them)."""
+    router = APIRouter(dependencies=[Depends(authenticate)])
+
+    @router.post(DETOKENIZE_PATH, include_in_schema=False)
+    async def detokenize(body: DetokenizeInputRequest) -> DetokenizeInputResponse:
+        # Tokens that end inside a character (a byte token, a prefix of a stream) are not UTF-8 on
+        # their own: llama-cpp-python's route fails on them with a 500.
+        async with contextlib.asynccontextmanager(get_llama_proxy)() as llama_proxy:
+            data = llama_proxy(body.model).detokenize(body.tokens)
+        return DetokenizeInputResponse(text=data.decode("utf-8", errors="replace"))
 
     return router
 

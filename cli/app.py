@@ -21,7 +21,23 @@ DEBUG_ENV = "SNAPCACHE_DEBUG"
 
 
 class _CleanErrors(TyperGroup):
-    """Every command runs inside this: a failure is one line on stderr and a non-zero exit status."""
+    """Every command runs inside this: a failure is one line on stderr and a non-zero exit status.
+
+    The global options may also come after the command (`snapcache serve --cache-dir DIR`), as
+    users type them: they are moved before it before the arguments are parsed.
+    """
+
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:  # type: ignore[override]
+        return super().parse_args(ctx, _global_options_first(args, self._global_option_names()))
+
+    def _global_option_names(self) -> dict[str, bool]:
+        """Each global option's names, and whether it takes a value (--version stays where it is)."""
+        return {
+            name: not getattr(param, "is_flag", False)
+            for param in self.params
+            if param.param_type_name == "option" and not param.is_eager
+            for name in param.opts
+        }
 
     def invoke(self, ctx: typer.Context) -> Any:  # type: ignore[override]
         try:
@@ -38,10 +54,44 @@ class _CleanErrors(TyperGroup):
             raise typer.Exit(getattr(exc, "exit_code", 1)) from None
 
 
+def _global_options_first(args: list[str], options: dict[str, bool]) -> list[str]:
+    """`args` with the global options found after the command moved before it (up to a `--`)."""
+    start = 0
+    while start < len(args) and args[start].startswith("-"):
+        width = _option_width(args[start], options)
+        if width == 0:
+            return args  # an unknown option before the command: the parser reports it
+        start += width
+    if start >= len(args):
+        return args
+    moved: list[str] = []
+    kept: list[str] = []
+    index = start + 1
+    while index < len(args):
+        if args[index] == "--":
+            kept += args[index:]
+            break
+        width = _option_width(args[index], options)
+        if index + width > len(args):
+            raise typer.BadParameter("requires a value", param_hint=f"'{args[index]}'")
+        (moved if width else kept).extend(args[index : index + max(width, 1)])
+        index += max(width, 1)
+    return [*args[:start], *moved, args[start], *kept]
+
+
+def _option_width(arg: str, options: dict[str, bool]) -> int:
+    """How many arguments a global option takes up at `arg` (0: `arg` is not one)."""
+    name, equals, _value = arg.partition("=")
+    if name not in options:
+        return 0
+    return 2 if options[name] and not equals else 1
+
+
 app = typer.Typer(
     cls=_CleanErrors,
     name="snapcache",
-    help="Save and restore the llama.cpp state of prompts a local model has already read.",
+    help="Save and restore the llama.cpp state of prompts a local model has already read. "
+    "The global options (--cache-dir, --remote, -v) may come before or after the command.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,

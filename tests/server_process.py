@@ -61,10 +61,14 @@ def start_server(
     *extra: str,
     n_ctx: int = 2048,
     env: dict[str, str] | None = None,
+    global_options_after: bool = False,
 ) -> ServerProcess:
-    """Start `python -m snapcache serve` and wait until /v1/models answers."""
+    """Start `python -m snapcache serve` and wait until /v1/models answers; `--cache-dir` goes before
+    the command, or after it with `global_options_after`."""
     port = free_port()
-    command = [sys.executable, "-m", "snapcache", "--cache-dir", str(cache_dir), "serve", str(model)]
+    cache = ["--cache-dir", str(cache_dir)]
+    before, after = ([], cache) if global_options_after else (cache, [])
+    command = [sys.executable, "-m", "snapcache", *before, "serve", str(model), *after]
     command += ["--port", str(port), "--n-ctx", str(n_ctx), "--threads", "2", *extra]
     log = log_path.open("wb")
     process = subprocess.Popen(

@@ -22,6 +22,11 @@ pytestmark = pytest.mark.model
 MAX_TOKENS = 16
 QUESTIONS = ("Where did I save the invoice?", "What is on my calendar?", "Open the last report.")
 DOCUMENT = "Notes: the quick brown fox jumps over the lazy dog near the river bank. " * 8
+OTHER_SYSTEM = "You are a terse assistant for a travel agency. " * 6
+# The tiny model's tokens are <unk>, <s>, </s> and one per byte (3 + byte). With <unk>, <s> and the
+# bytes outside ASCII ruled out, every generated token but the end is one character of the answer:
+# answers equal in text and token count are equal token by token.
+ONE_CHARACTER_PER_TOKEN = {str(token): -100.0 for token in (0, 1, *range(3 + 0x80, 3 + 0x100))}
 _cold_scopes = itertools.count()
 
 
@@ -44,50 +49,51 @@ def chat(
     system: str = SYSTEM,
 ):
     """(reply text, completion tokens, cached tokens, response headers) of one greedy chat turn."""
-    api = client(server, default_headers={"X-Snapcache-Scope": scope})
     args: dict[str, Any] = {"model": "m", "messages": messages(question, system), "max_tokens": MAX_TOKENS}
-    args["temperature"] = 0
-    if not stream:
-        raw = api.chat.completions.with_raw_response.create(**args)
-        result = raw.parse()
-        usage = result.usage
-        return result.choices[0].message.content, usage.completion_tokens, _cached(usage), dict(raw.headers)
-    raw = api.chat.completions.with_raw_response.create(
-        **args, stream=True, stream_options={"include_usage": True}
-    )
-    text, usage = "", None
-    for chunk in raw.parse():
-        if chunk.choices and chunk.choices[0].delta.content:
-            text += chunk.choices[0].delta.content
-        if chunk.usage is not None:
-            usage = chunk.usage
-    assert usage is not None, "the stream asked for usage and got none"
-    return text, usage.completion_tokens, _cached(usage), dict(raw.headers)
+    args.update(temperature=0, logit_bias=ONE_CHARACTER_PER_TOKEN)
+    with client(server, default_headers={"X-Snapcache-Scope": scope}) as api:
+        if not stream:
+            raw = api.chat.completions.with_raw_response.create(**args)
+            result = raw.parse()
+            usage, headers = result.usage, dict(raw.headers)
+            return result.choices[0].message.content, usage.completion_tokens, _cached(usage), headers
+        raw = api.chat.completions.with_raw_response.create(
+            **args, stream=True, stream_options={"include_usage": True}
+        )
+        text, usage = "", None
+        for chunk in raw.parse():
+            if chunk.choices and chunk.choices[0].delta.content:
+                text += chunk.choices[0].delta.content
+            if chunk.usage is not None:
+                usage = chunk.usage
+        assert usage is not None, "the stream asked for usage and got none"
+        return text, usage.completion_tokens, _cached(usage), dict(raw.headers)
 
 
 def complete(server: ServerProcess, prompt: str, *, scope: str = "default", stream: bool = False):
-    api = client(server, default_headers={"X-Snapcache-Scope": scope})
-    args: dict[str, Any] = {"model": "m", "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0}
-    if not stream:
-        raw = api.completions.with_raw_response.create(**args)
-        result = raw.parse()
-        return (
-            result.choices[0].text,
-            result.usage.completion_tokens,
-            _cached(result.usage),
-            dict(raw.headers),
+    with client(server, default_headers={"X-Snapcache-Scope": scope}) as api:
+        args: dict[str, Any] = {"model": "m", "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0}
+        args["logit_bias"] = ONE_CHARACTER_PER_TOKEN
+        if not stream:
+            raw = api.completions.with_raw_response.create(**args)
+            result = raw.parse()
+            return (
+                result.choices[0].text,
+                result.usage.completion_tokens,
+                _cached(result.usage),
+                dict(raw.headers),
+            )
+        raw = api.completions.with_raw_response.create(
+            **args, stream=True, stream_options={"include_usage": True}
         )
-    raw = api.completions.with_raw_response.create(
-        **args, stream=True, stream_options={"include_usage": True}
-    )
-    text, usage = "", None
-    for chunk in raw.parse():
-        if chunk.choices:
-            text += chunk.choices[0].text
-        if chunk.usage is not None:
-            usage = chunk.usage
-    assert usage is not None
-    return text, usage.completion_tokens, _cached(usage), dict(raw.headers)
+        text, usage = "", None
+        for chunk in raw.parse():
+            if chunk.choices:
+                text += chunk.choices[0].text
+            if chunk.usage is not None:
+                usage = chunk.usage
+        assert usage is not None
+        return text, usage.completion_tokens, _cached(usage), dict(raw.headers)
 
 
 def _cached(usage: Any) -> int:
@@ -118,12 +124,14 @@ def server(tiny_model_path: Path, tmp_path: Path):
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
 def test_chat_restores_the_system_prompt_and_answers_as_cold(server, cold_server, stream: bool) -> None:
-    first = chat(server, QUESTIONS[0], stream=stream)
+    first = chat(server, QUESTIONS[0], scope="agent", stream=stream)
     assert first[2] == 0
     assert first[3]["x-snapcache-source"] == "none"
-    second = chat(server, QUESTIONS[1], stream=stream, scope="default")
+    # Another scope's chat takes the model's context: the next one must come from the store.
+    chat(server, QUESTIONS[0], scope="other", system=OTHER_SYSTEM)
+    second = chat(server, QUESTIONS[1], scope="agent", stream=stream)
     assert second[2] >= 64, f"the system prompt was not reused: {second}"
-    assert second[3]["x-snapcache-source"] in {"ram", "context"}
+    assert second[3]["x-snapcache-source"] == "ram"
     assert int(second[3]["x-snapcache-restored-tokens"]) >= second[2]
     cold = cold_chat(cold_server, QUESTIONS[1], stream=stream)
     assert (second[0], second[1]) == (cold[0], cold[1])
@@ -132,9 +140,13 @@ def test_chat_restores_the_system_prompt_and_answers_as_cold(server, cold_server
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
 def test_completions_restore_a_shared_beginning_and_answer_as_cold(server, cold_server, stream: bool) -> None:
-    complete(server, DOCUMENT + "Question: who jumps?", stream=stream)
-    text, tokens, cached, _ = complete(server, DOCUMENT + "Question: where is the dog?", stream=stream)
+    complete(server, DOCUMENT + "Question: who jumps?", scope="docs", stream=stream)
+    complete(server, OTHER_SYSTEM + "Question: where to?", scope="other")
+    text, tokens, cached, headers = complete(
+        server, DOCUMENT + "Question: where is the dog?", scope="docs", stream=stream
+    )
     assert cached >= 64
+    assert headers["x-snapcache-source"] == "ram"
     cold = complete(
         cold_server, DOCUMENT + "Question: where is the dog?", scope="cold-raw-" + str(stream), stream=stream
     )
@@ -238,6 +250,47 @@ BAD_REQUESTS = [
     ("warm: two prompts", "/snapcache/warm", json.dumps({"system": "x", "prompt": "y"}), {}, 400),
     ("warm: too short", "/snapcache/warm", json.dumps({"system": "Be brief."}), {}, 400),
     ("warm: unknown field", "/snapcache/warm", json.dumps({"system": SYSTEM, "colour": "red"}), {}, 422),
+    ("warm: not JSON", "/snapcache/warm", b"system: hi", {}, 400),
+    ("tokenize: empty body", "/extras/tokenize", b"", {}, 400),
+    ("count: not JSON", "/extras/tokenize/count", b"how many?", {}, 400),
+    ("count: wrong type", "/extras/tokenize/count", json.dumps({"input": 5}), {}, 400),
+    ("detokenize: not an object", "/extras/detokenize", b"[1]", {}, 400),
+    # a token id outside the vocabulary aborted the process in llama.cpp
+    ("detokenize: no such token", "/extras/detokenize", json.dumps({"tokens": [3, 300]}), {}, 400),
+    ("embeddings", "/v1/embeddings", json.dumps({"input": "hi"}), {}, 400),
+    ("logprobs", "/v1/completions", json.dumps({"prompt": "hi", "logprobs": 0}), {}, 400),
+    (
+        "chat logprobs",
+        "/v1/chat/completions",
+        json.dumps({"messages": messages("hi"), "logprobs": True}),
+        {},
+        400,
+    ),
+    # a grammar llama.cpp cannot parse crashed the process
+    ("grammar", "/v1/completions", json.dumps({"prompt": "hi", "grammar": "root ::= root"}), {}, 400),
+    ("two prompts", "/v1/completions", json.dumps({"prompt": ["a", "b"]}), {}, 400),
+    (
+        "logit_bias: not a token",
+        "/v1/completions",
+        json.dumps({"prompt": "hi", "logit_bias": {"x": 1}}),
+        {},
+        400,
+    ),
+    ("lone surrogate", "/v1/completions", b'{"prompt": "\\ud800"}', {}, 400),
+    ("NaN", "/v1/completions", b'{"prompt": "hi", "temperature": NaN}', {}, 400),
+    (
+        "no such tool",
+        "/v1/chat/completions",
+        json.dumps(
+            {
+                "messages": messages("hi"),
+                "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+                "tool_choice": {"type": "function", "function": {"name": "g"}},
+            }
+        ),
+        {},
+        400,
+    ),
 ]
 
 
@@ -248,23 +301,33 @@ def test_bad_input_gets_a_json_4xx_and_the_server_keeps_serving(server) -> None:
         assert status == expected, f"{name}: {status} {document}"
         assert isinstance(document, dict), f"{name}: not a JSON error"
         assert "Traceback" not in json.dumps(document), name
+        if expected == 400:
+            assert document["error"]["type"] == "invalid_request_error", (name, document)
     assert chat(server, QUESTIONS[0])[1] > 0
     assert server.process.poll() is None
+    assert "Traceback" not in server.log()
+
+
+def test_detokenize_answers_tokens_that_end_inside_a_character(server) -> None:
+    # 0xE2 0x82 0xAC is the euro sign; the tiny model's byte tokens are 3 + byte.
+    euro = [3 + 0xE2, 3 + 0x82, 3 + 0xAC]
+    for tokens, text in ((euro, "\u20ac"), (euro[:2], "\ufffd")):
+        status, document, _ = http_json(
+            "POST", server.base_url + "/extras/detokenize", json.dumps({"tokens": tokens}).encode()
+        )
+        assert (status, document) == (200, {"text": text})
 
 
 def test_an_api_key_is_required_when_set(tiny_model_path: Path, tmp_path: Path) -> None:
     with running_server(
         tiny_model_path, tmp_path / "cache", tmp_path / "log", "--api-key", "s3cret"
     ) as server:
-        with pytest.raises(openai.AuthenticationError):
-            client(server, api_key="wrong").chat.completions.create(
-                model="m", messages=messages("hi"), max_tokens=2
-            )
+        with pytest.raises(openai.AuthenticationError), client(server, api_key="wrong") as api:
+            api.chat.completions.create(model="m", messages=messages("hi"), max_tokens=2)
         status, _, _ = http_json("GET", server.base_url + "/snapcache/stats")
         assert status == 401
-        reply = client(server, api_key="s3cret").chat.completions.create(
-            model="m", messages=messages("hi"), max_tokens=2
-        )
+        with client(server, api_key="s3cret") as api:
+            reply = api.chat.completions.create(model="m", messages=messages("hi"), max_tokens=2)
         assert reply.usage.completion_tokens > 0
 
 

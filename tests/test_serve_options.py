@@ -106,11 +106,11 @@ def capped_server(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactor
 
 
 def chat(server: ServerProcess, **limits: Any) -> Any:
-    api = openai.OpenAI(base_url=server.api_url, api_key="unused", max_retries=0)
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Count to ten."}]
-    return api.chat.completions.create(
-        model="m", messages=messages, temperature=0, logit_bias=TO_THE_LIMIT, **limits
-    )
+    with openai.OpenAI(base_url=server.api_url, api_key="unused", max_retries=0) as api:
+        return api.chat.completions.create(
+            model="m", messages=messages, temperature=0, logit_bias=TO_THE_LIMIT, **limits
+        )
 
 
 def test_a_chat_without_a_limit_stops_at_the_default_cap(capped_server: ServerProcess) -> None:
@@ -132,12 +132,11 @@ def test_max_completion_tokens_caps_a_chat(capped_server: ServerProcess) -> None
 
 
 def test_a_text_completion_keeps_its_default_and_caps_no_limit(capped_server: ServerProcess) -> None:
-    api = openai.OpenAI(base_url=capped_server.api_url, api_key="unused", max_retries=0)
-
     def tokens(**limits: Any) -> int:
-        reply = api.completions.create(
-            model="m", prompt="Count: one, two,", temperature=0, logit_bias=TO_THE_LIMIT, **limits
-        )
+        with openai.OpenAI(base_url=capped_server.api_url, api_key="unused", max_retries=0) as api:
+            reply = api.completions.create(
+                model="m", prompt="Count: one, two,", temperature=0, logit_bias=TO_THE_LIMIT, **limits
+            )
         return int(reply.usage.completion_tokens)
 
     assert tokens() == 16  # llama-cpp-python's and OpenAI's default for text completions

@@ -4,9 +4,10 @@ The OpenAI routes (`/v1/chat/completions`, `/v1/completions`, `/v1/models`, ...)
 models, error handling, streaming and API-key check are llama-cpp-python's own (`llama_cpp.server`);
 snapcache adds the hook on the model, a middleware for scopes and reuse (see `middleware`) that
 checks every JSON body before it reaches the model (see `checks`), and its routes (see `routes`).
-Requests run one at a time on the model, as in llama-cpp-python's server; a streaming request is
-never cut short by the next one (`interrupt_requests` off), so every client queued behind it gets
-its answer.
+With `parallel` above 1, up to that many completions run at once on the one model, batched by a
+scheduler (see `parallel`); otherwise requests run one at a time, as in llama-cpp-python's server.
+A streaming request is never cut short by the next one (`interrupt_requests` off), so every client
+queued behind it gets its answer.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import logging
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import llama_cpp
 from fastapi import FastAPI
@@ -25,6 +27,7 @@ from llama_cpp.server.settings import ServerSettings
 
 import snapcache
 from snapcache.key import DEFAULT_SCOPE
+from snapcache.llama.batch import Mode
 from snapcache.llama.cached import attach, detach
 from snapcache.llama.fingerprint import model_fingerprint
 from snapcache.llama.hook import CacheHook
@@ -34,6 +37,7 @@ from snapcache.server.errors import answer_client_errors
 from snapcache.server.middleware import SnapcacheMiddleware
 from snapcache.server.monitor import ServeMonitor
 from snapcache.server.openapi import document_errors
+from snapcache.server.parallel import ModelTurns, parallel_model, unlock_routes
 from snapcache.server.request import current_scope
 from snapcache.server.routes import extras_router, snapcache_router
 from snapcache.store import SnapshotStore
@@ -43,7 +47,8 @@ __all__ = ["DEFAULT_MAX_TOKENS", "ServeOptions", "create_app", "serve"]
 _log = logging.getLogger("snapcache")
 
 # A completion that sets no limit stops here: long enough for an agent's answer or tool call, short
-# enough that one client cannot hold the model for minutes (Gemma-3-270M on 2 cores: about 30 s).
+# of a whole context (Gemma-3-270M on 2 busy cores: 33 s for 1,024 tokens, 107 s under
+# response_format json_object, whose grammar is checked against all 262,144 tokens at each step).
 DEFAULT_MAX_TOKENS = 1024
 
 
@@ -51,8 +56,10 @@ DEFAULT_MAX_TOKENS = 1024
 class ServeOptions:
     """How the app answers: the API key clients must send, the model's name in `/v1/models`, the
     browser origins allowed to call it (none by default), the priority of the states it saves,
-    whether restores must be exact (`exact=False`: see `snapcache.CacheHook`), and the tokens a
-    completion that sets no limit may generate (None: until the context is full)."""
+    whether restores must be exact (`exact=False`: see `snapcache.CacheHook`), the tokens a
+    completion that sets no limit may generate (None: until the context is full), how many
+    completions run at once (`parallel`, each with the Llama's `n_ctx`) and how their steps are
+    batched (`batch_mode`: see `snapcache.llama.batch.Scheduler`)."""
 
     api_key: str | None = None
     model_alias: str | None = None
@@ -60,16 +67,19 @@ class ServeOptions:
     priority: int = 0
     exact: bool = True
     max_tokens_default: int | None = DEFAULT_MAX_TOKENS
+    parallel: int = 1
+    batch_mode: Mode = "batched"
 
 
 class _OneModel:
-    """What llama-cpp-python's routes ask of their model proxy, for the one model already loaded."""
+    """What llama-cpp-python's routes ask of their model proxy, for the one model already loaded
+    (the Llama, or the `ParallelModel` that runs its completions several at once)."""
 
-    def __init__(self, llm: llama_cpp.Llama, alias: str) -> None:
+    def __init__(self, llm: Any, alias: str) -> None:
         self._llm = llm
         self._alias = alias
 
-    def __call__(self, model: str | None = None) -> llama_cpp.Llama:
+    def __call__(self, model: str | None = None) -> Any:
         return self._llm
 
     def __iter__(self) -> Iterator[str]:
@@ -79,7 +89,8 @@ class _OneModel:
 def create_app(llm: llama_cpp.Llama, store: SnapshotStore, options: ServeOptions | None = None) -> FastAPI:
     """The server's ASGI app, serving `llm` with `store` behind it.
 
-    Attaches the cache hook to `llm` (undone when the app shuts down). llama-cpp-python keeps its
+    Attaches the cache hook to `llm` (undone when the app shuts down); with `options.parallel`
+    above 1, starts the scheduler (closed when the app shuts down). llama-cpp-python keeps its
     server's model and settings in module globals, so a process serves one app at a time.
     """
     options = options or ServeOptions()
@@ -89,15 +100,27 @@ def create_app(llm: llama_cpp.Llama, store: SnapshotStore, options: ServeOptions
     hook: CacheHook = attach(
         llm, store, scope=current_scope, priority=options.priority, listener=monitor, exact=options.exact
     )
+    parallel = parallel_model(
+        llm,
+        store,
+        options.parallel,
+        mode=options.batch_mode,
+        priority=options.priority,
+        exact=options.exact,
+        listener=monitor,
+    )
     alias = options.model_alias or Path(llm.model_path).name
     llama_server.set_server_settings(ServerSettings(api_key=options.api_key, interrupt_requests=False))
-    llama_server._llama_proxy = _OneModel(llm, alias)  # type: ignore[assignment]
+    llama_server._llama_proxy = _OneModel(parallel or llm, alias)  # type: ignore[assignment]
+    turns = ModelTurns(parallel.batched.own_context if parallel is not None else None)
     answer_client_errors()
     checks = RequestChecks(ModelLimits.of(llm), options.max_tokens_default)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         yield
+        if parallel is not None:
+            parallel.close()
         detach(llm)
         if ledger is not None:
             ledger.close()
@@ -105,7 +128,8 @@ def create_app(llm: llama_cpp.Llama, store: SnapshotStore, options: ServeOptions
     app = FastAPI(title="snapcache", version=snapcache.__version__, lifespan=lifespan)
     app.include_router(extras_router())  # first: its routes answer before llama-cpp-python's
     app.include_router(llama_server.router)
-    app.include_router(snapcache_router(hook, monitor))
+    app.include_router(snapcache_router(hook, monitor, turns, parallel.scheduler if parallel else None))
+    unlock_routes(app, parallel is not None)
     app.add_middleware(SnapcacheMiddleware, checks=checks)
     document_errors(app)
     if options.cors_origins:

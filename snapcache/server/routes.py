@@ -1,8 +1,8 @@
 """snapcache's own routes: warm a prompt in the running server, its statistics, Prometheus metrics;
 and llama-cpp-python's detokenize, answered without failing on a character cut between tokens.
 
-They sit beside llama-cpp-python's OpenAI routes and use the same API-key check. Warming takes the
-model's lock like a completion, so it waits its turn instead of racing one.
+They sit beside llama-cpp-python's OpenAI routes and use the same API-key check. Warming runs on
+the Llama's own context in its turn (`ModelTurns`), so it waits instead of racing a completion there.
 """
 
 from __future__ import annotations
@@ -21,11 +21,13 @@ from starlette.concurrency import run_in_threadpool
 
 from snapcache.errors import InvalidArgument
 from snapcache.key import DEFAULT_SCOPE
+from snapcache.llama.batch import Scheduler
 from snapcache.llama.hook import CacheHook
 from snapcache.llama.reports import WarmResult
 from snapcache.server.checks import DETOKENIZE_PATH
 from snapcache.server.errors import error_document
 from snapcache.server.monitor import ServeMonitor
+from snapcache.server.parallel import ModelTurns
 
 __all__ = ["WarmRequest", "extras_router", "snapcache_router"]
 
@@ -43,7 +45,10 @@ class WarmRequest(BaseModel):
     priority: int = 0
 
 
-def snapcache_router(hook: CacheHook, monitor: ServeMonitor) -> APIRouter:
+def snapcache_router(
+    hook: CacheHook, monitor: ServeMonitor, turns: ModelTurns, scheduler: Scheduler | None = None
+) -> APIRouter:
+    """`scheduler`: the one running completions several at once (its load goes into the stats)."""
     router = APIRouter(tags=["snapcache"], dependencies=[Depends(authenticate)])
 
     @router.post("/snapcache/warm")
@@ -52,21 +57,19 @@ def snapcache_router(hook: CacheHook, monitor: ServeMonitor) -> APIRouter:
         if len(given) != 1:
             message = "give exactly one of system, messages or prompt"
             return JSONResponse(error_document(message), status_code=400)
-        async with contextlib.asynccontextmanager(get_llama_proxy)():
-            try:
-                result = await run_in_threadpool(_warm, hook, body)
-            except InvalidArgument as exc:
-                return JSONResponse(error_document(str(exc)), status_code=400)
+        try:
+            result = await turns.run(lambda: _warm(hook, body))
+        except InvalidArgument as exc:
+            return JSONResponse(error_document(str(exc)), status_code=400)
         return JSONResponse(_warm_report(result, body))
 
     @router.get("/snapcache/why")
     async def why(scope: str = DEFAULT_SCOPE) -> Response:
         """Why the last completion in `scope` restored what it did."""
-        async with contextlib.asynccontextmanager(get_llama_proxy)():
-            try:
-                explanation = await run_in_threadpool(hook.explain, scope)
-            except InvalidArgument as exc:
-                return JSONResponse(error_document(str(exc), param="scope"), status_code=400)
+        try:
+            explanation = await turns.run(lambda: hook.explain(scope))
+        except InvalidArgument as exc:
+            return JSONResponse(error_document(str(exc), param="scope"), status_code=400)
         if explanation is None:
             message = f"no completion has run in scope {scope!r} since the server started"
             return JSONResponse(error_document(message, param="scope"), status_code=404)
@@ -74,7 +77,16 @@ def snapcache_router(hook: CacheHook, monitor: ServeMonitor) -> APIRouter:
 
     @router.get("/snapcache/stats")
     async def stats() -> dict[str, Any]:
-        return await run_in_threadpool(monitor.stats)
+        result = await run_in_threadpool(monitor.stats)
+        if scheduler is not None:
+            running, waiting = scheduler.pending()
+            result["parallel"] = {
+                "sequences": scheduler.n_seq,
+                "mode": scheduler.mode,
+                "running": running,
+                "waiting": waiting,
+            }
+        return result
 
     @router.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> Response:

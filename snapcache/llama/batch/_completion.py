@@ -47,7 +47,8 @@ class BatchedLlama:
 
     `scope` is the scope of every call, or a function returning it (a server picks it per request);
     a call's own `scope=` wins. `listener` hears what each completion restored and did, on the
-    thread that reads the completion (where a server keeps its request's context).
+    thread that reads the completion (where a server keeps its request's context). `own_context`
+    is the lock of the Llama's own context, held by the calls that run there.
     """
 
     def __init__(
@@ -61,7 +62,9 @@ class BatchedLlama:
         self.llm = scheduler.llm
         self._scope = scope
         self._listener = listener
-        self._single = threading.Lock()  # the Llama's own context serves one call at a time
+        # The Llama's own context serves one call at a time: its single-sequence calls, and whatever
+        # else its owner runs on it (a server's warm), under this lock.
+        self.own_context = threading.Lock()
         self._told: set[str] = set()
         self._renderer = _StandIn(self, DEFAULT_SCOPE, None)
         self._prefixes = ChatPrefixFinder(self._renderer, self._render)  # type: ignore[arg-type]
@@ -118,13 +121,14 @@ class BatchedLlama:
         if reason not in self._told:
             self._told.add(reason)
             _log.warning("%s; such calls run one at a time on the Llama's own context", reason)
+        # The instance's own create_completion: a cache hook attached to the Llama serves the call.
         if not kwargs.get("stream"):
-            with self._single:
-                return type(self.llm).create_completion(self.llm, prompt, **kwargs)
+            with self.own_context:
+                return self.llm.create_completion(prompt, **kwargs)
 
         def chunks() -> Iterator[Any]:
-            with self._single:
-                yield from type(self.llm).create_completion(self.llm, prompt, **kwargs)
+            with self.own_context:
+                yield from self.llm.create_completion(prompt, **kwargs)
 
         return chunks()
 

@@ -1,0 +1,132 @@
+"""Several completions at once on the one loaded model: the server's side of `snapcache.llama.batch`.
+
+With `--parallel N` the routes get a `ParallelModel` in place of the Llama: its completions go to a
+`BatchedLlama` over a `Scheduler` of N sequences (one context, N KV streams of `n_ctx` cells each,
+beside the Llama's own context), everything else to the Llama. llama-cpp-python's routes hold one
+lock for a whole request (`get_llama_proxy`); `unlock_routes` gives them one that does not, so
+requests meet in the scheduler. The Llama's own context still serves what the scheduler cannot
+(grammars, logprobs, ...: `BatchedLlama` sends them there, through the cache hook) and warms, one
+at a time under `BatchedLlama.own_context`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any, TypeVar
+
+import llama_cpp
+from fastapi import FastAPI
+from llama_cpp.server import app as llama_server
+from starlette.concurrency import run_in_threadpool
+
+from snapcache.llama.batch import BatchedLlama, Mode, Scheduler, unbatched_reason
+from snapcache.llama.reports import CompletionListener
+from snapcache.server.request import current_scope
+from snapcache.store import SnapshotStore
+
+__all__ = ["ModelTurns", "ParallelModel", "parallel_model", "unlock_routes"]
+
+_log = logging.getLogger("snapcache")
+
+T = TypeVar("T")
+
+_LOCKED_PROXY = llama_server.get_llama_proxy  # llama-cpp-python's: one request at a time
+
+
+class ParallelModel:
+    """The Llama to llama-cpp-python's routes, but for completions, which a `BatchedLlama` runs."""
+
+    def __init__(self, batched: BatchedLlama) -> None:
+        self.batched = batched
+        self.scheduler = batched.scheduler
+        self.llm = batched.llm
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.llm, name)
+
+    def create_completion(self, prompt: str | Sequence[int] = "", **kwargs: Any) -> Any:
+        return self.batched.create_completion(prompt, **kwargs)
+
+    def __call__(self, prompt: str | Sequence[int] = "", **kwargs: Any) -> Any:
+        return self.batched.create_completion(prompt, **kwargs)
+
+    def create_chat_completion(self, messages: list[Any], **kwargs: Any) -> Any:
+        return self.batched.create_chat_completion(messages, **kwargs)
+
+    @property
+    def chat_handler(self) -> Callable[..., Any]:
+        """What `Llama.create_chat_completion(self, ...)` calls: llama-cpp-python's streaming chat
+        route calls that function of the class with this object, not its own method."""
+
+        def handler(*, llama: Any, messages: list[Any], **kwargs: Any) -> Any:
+            return self.batched.create_chat_completion(messages, **kwargs)
+
+        return handler
+
+    def close(self) -> None:
+        self.scheduler.close()
+
+
+def parallel_model(
+    llm: llama_cpp.Llama,
+    store: SnapshotStore,
+    n_seq: int,
+    *,
+    mode: Mode,
+    priority: int,
+    exact: bool,
+    listener: CompletionListener,
+) -> ParallelModel | None:
+    """A `ParallelModel` of `n_seq` sequences on `llm`; None (one request at a time, with the
+    reason logged) when `n_seq` is 1 or the scheduler cannot run this Llama's requests."""
+    if n_seq <= 1:
+        return None
+    reason = unbatched_reason(llm)
+    if reason is None and not exact:
+        reason = "inexact restores (--inexact) are not batched yet"
+    if reason is not None:
+        _log.warning("--parallel %d: %s; requests run one at a time", n_seq, reason)
+        return None
+    scheduler = Scheduler(llm, store, n_seq=n_seq, mode=mode, priority=priority)
+    _log.info("%d requests at once (%s mode), %d tokens each", n_seq, mode, scheduler.n_ctx)
+    return ParallelModel(BatchedLlama(scheduler, scope=current_scope, listener=listener))
+
+
+async def _unlocked_proxy() -> AsyncIterator[Any]:
+    """llama-cpp-python's model proxy, without its lock: the scheduler takes requests side by side."""
+    yield llama_server._llama_proxy
+
+
+def unlock_routes(app: FastAPI, unlocked: bool) -> None:
+    """Make llama-cpp-python's routes take their model without (or, `unlocked=False`, with) the
+    one-request lock. The completion routes call the module's `get_llama_proxy` directly, the
+    others through a dependency: both are set."""
+    if unlocked:
+        llama_server.get_llama_proxy = _unlocked_proxy
+        app.dependency_overrides[_LOCKED_PROXY] = _unlocked_proxy
+    else:
+        llama_server.get_llama_proxy = _LOCKED_PROXY
+
+
+class ModelTurns:
+    """Runs a call that needs the Llama's own context in its turn, in a worker thread."""
+
+    def __init__(self, own_context: threading.Lock | None) -> None:
+        self._own_context = own_context
+
+    async def run(self, call: Callable[[], T]) -> T:
+        """`call()` once the Llama's own context is free: under `own_context` (parallel), else
+        under llama-cpp-python's model lock, which every request holds."""
+        lock = self._own_context
+        if lock is None:
+            async with contextlib.asynccontextmanager(_LOCKED_PROXY)():
+                return await run_in_threadpool(call)
+
+        def locked() -> T:
+            with lock:
+                return call()
+
+        return await run_in_threadpool(locked)

@@ -161,7 +161,9 @@ def test_four_concurrent_streams_all_get_complete_answers(batched: ServerProcess
         assert answer.finish_reason in {"stop", "length"}
         assert answer.completion_tokens >= MAX_TOKENS or answer.finish_reason == "stop"
         assert answer.text
-        assert answer.source in {"none", "ram"}
+    # One reads the shared system prompt; the others wait for it to be saved, then restore it.
+    assert sorted(a.source for a in answers) == ["none", "ram", "ram", "ram"]
+    assert sum(a.cached_tokens >= 64 for a in answers) == 3
     assert stats(batched)["scopes"][scope]["requests"] == 4
 
 
@@ -206,6 +208,9 @@ def test_scopes_stay_isolated_when_their_requests_run_at_once(batched: ServerPro
         [lambda: ask(batched, QUESTIONS[4], scope=b), lambda: ask(batched, QUESTIONS[4], scope=c)]
     )
     assert all(x.source == "ram" and x.cached_tokens >= 64 for x in again)
+    status, why, _ = http_json("GET", f"{batched.base_url}/snapcache/why?scope={b}")
+    assert status == 200
+    assert why["restored_tokens"] == again[0].restored_tokens
     scopes = stats(batched)["scopes"]
     assert [(scopes[s]["requests"], scopes[s]["misses"]) for s in (a, b, c)] == [(2, 1), (2, 1), (2, 1)]
 

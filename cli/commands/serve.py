@@ -18,7 +18,7 @@ from .warm import InexactOption, ThreadsOption
 
 # The server's own defaults, repeated here so that `serve --help` works without the server extra.
 DEFAULT_MAX_TOKENS = 1024
-DEFAULT_PARALLEL = 1
+DEFAULT_PARALLEL = 4
 BATCH_MODES = ("batched", "exact")
 _NO_SERVER = (
     "snapcache serve needs llama-cpp-python's server packages: pip install 'snapcache[server]' ({missing})"

@@ -67,7 +67,7 @@ class ServeOptions:
     priority: int = 0
     exact: bool = True
     max_tokens_default: int | None = DEFAULT_MAX_TOKENS
-    parallel: int = 1
+    parallel: int = 4
     batch_mode: Mode = "batched"
 
 
@@ -128,7 +128,7 @@ def create_app(llm: llama_cpp.Llama, store: SnapshotStore, options: ServeOptions
     app = FastAPI(title="snapcache", version=snapcache.__version__, lifespan=lifespan)
     app.include_router(extras_router())  # first: its routes answer before llama-cpp-python's
     app.include_router(llama_server.router)
-    app.include_router(snapcache_router(hook, monitor, turns, parallel.scheduler if parallel else None))
+    app.include_router(snapcache_router(hook, monitor, turns, parallel))
     unlock_routes(app, parallel is not None)
     app.add_middleware(SnapcacheMiddleware, checks=checks)
     document_errors(app)

@@ -22,7 +22,9 @@ from fastapi import FastAPI
 from llama_cpp.server import app as llama_server
 from starlette.concurrency import run_in_threadpool
 
+from snapcache.fingerprint_notes import FingerprintNotes
 from snapcache.llama.batch import BatchedLlama, Mode, Scheduler, unbatched_reason
+from snapcache.llama.miss import MissExplanation, explain_prompt
 from snapcache.llama.reports import CompletionListener
 from snapcache.server.request import current_scope
 from snapcache.store import SnapshotStore
@@ -39,10 +41,12 @@ _LOCKED_PROXY = llama_server.get_llama_proxy  # llama-cpp-python's: one request 
 class ParallelModel:
     """The Llama to llama-cpp-python's routes, but for completions, which a `BatchedLlama` runs."""
 
-    def __init__(self, batched: BatchedLlama) -> None:
+    def __init__(self, batched: BatchedLlama, store: SnapshotStore) -> None:
         self.batched = batched
         self.scheduler = batched.scheduler
         self.llm = batched.llm
+        self._store = store
+        self._notes = FingerprintNotes(store.directory)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.llm, name)
@@ -65,6 +69,25 @@ class ParallelModel:
             return self.batched.create_chat_completion(messages, **kwargs)
 
         return handler
+
+    def explain(self, scope: str) -> MissExplanation | None:
+        """Why the scope's latest batched completion restored what it did; None if none ran."""
+        last = self.batched.last_request(scope)
+        fingerprint = self.scheduler.fingerprint
+        if last is None or fingerprint is None:
+            return None
+        request, submitted_at = last
+        restored = request.restore.restored_tokens if request.restore is not None else 0
+        return explain_prompt(
+            self.llm,
+            self._store,
+            self._notes,
+            fingerprint,
+            scope,
+            request.prompt,
+            restored,
+            stored_before=submitted_at,
+        )
 
     def close(self) -> None:
         self.scheduler.close()
@@ -92,7 +115,7 @@ def parallel_model(
         return None
     scheduler = Scheduler(llm, store, n_seq=n_seq, mode=mode, priority=priority)
     _log.info("%d requests at once (%s mode), %d tokens each", n_seq, mode, scheduler.n_ctx)
-    return ParallelModel(BatchedLlama(scheduler, scope=current_scope, listener=listener))
+    return ParallelModel(BatchedLlama(scheduler, scope=current_scope, listener=listener), store)
 
 
 async def _unlocked_proxy() -> AsyncIterator[Any]:

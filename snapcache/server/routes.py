@@ -21,13 +21,12 @@ from starlette.concurrency import run_in_threadpool
 
 from snapcache.errors import InvalidArgument
 from snapcache.key import DEFAULT_SCOPE
-from snapcache.llama.batch import Scheduler
 from snapcache.llama.hook import CacheHook
 from snapcache.llama.reports import WarmResult
 from snapcache.server.checks import DETOKENIZE_PATH
 from snapcache.server.errors import error_document
 from snapcache.server.monitor import ServeMonitor
-from snapcache.server.parallel import ModelTurns
+from snapcache.server.parallel import ModelTurns, ParallelModel
 
 __all__ = ["WarmRequest", "extras_router", "snapcache_router"]
 
@@ -46,9 +45,10 @@ class WarmRequest(BaseModel):
 
 
 def snapcache_router(
-    hook: CacheHook, monitor: ServeMonitor, turns: ModelTurns, scheduler: Scheduler | None = None
+    hook: CacheHook, monitor: ServeMonitor, turns: ModelTurns, parallel: ParallelModel | None = None
 ) -> APIRouter:
-    """`scheduler`: the one running completions several at once (its load goes into the stats)."""
+    """`parallel`: the model running completions several at once (its load goes into the stats, its
+    completions are explained before those of the Llama's own context)."""
     router = APIRouter(tags=["snapcache"], dependencies=[Depends(authenticate)])
 
     @router.post("/snapcache/warm")
@@ -67,7 +67,9 @@ def snapcache_router(
     async def why(scope: str = DEFAULT_SCOPE) -> Response:
         """Why the last completion in `scope` restored what it did."""
         try:
-            explanation = await turns.run(lambda: hook.explain(scope))
+            explanation = None if parallel is None else await run_in_threadpool(parallel.explain, scope)
+            if explanation is None:
+                explanation = await turns.run(lambda: hook.explain(scope))
         except InvalidArgument as exc:
             return JSONResponse(error_document(str(exc), param="scope"), status_code=400)
         if explanation is None:
@@ -78,7 +80,8 @@ def snapcache_router(
     @router.get("/snapcache/stats")
     async def stats() -> dict[str, Any]:
         result = await run_in_threadpool(monitor.stats)
-        if scheduler is not None:
+        if parallel is not None:
+            scheduler = parallel.scheduler
             running, waiting = scheduler.pending()
             result["parallel"] = {
                 "sequences": scheduler.n_seq,

@@ -20,6 +20,7 @@ import logging
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -40,6 +41,7 @@ __all__ = ["BatchedLlama"]
 _log = logging.getLogger("snapcache")
 
 _UTF8_TAIL = 3  # the bytes a UTF-8 character may still lack
+_REMEMBERED_SCOPES = 64
 
 
 class BatchedLlama:
@@ -48,7 +50,8 @@ class BatchedLlama:
     `scope` is the scope of every call, or a function returning it (a server picks it per request);
     a call's own `scope=` wins. `listener` hears what each completion restored and did, on the
     thread that reads the completion (where a server keeps its request's context). `own_context`
-    is the lock of the Llama's own context, held by the calls that run there.
+    is the lock of the Llama's own context, held by the calls that run there. `last_request`
+    gives each scope's latest batched request (to explain what it restored).
     """
 
     def __init__(
@@ -69,6 +72,8 @@ class BatchedLlama:
         self._renderer = _StandIn(self, DEFAULT_SCOPE, None)
         self._prefixes = ChatPrefixFinder(self._renderer, self._render)  # type: ignore[arg-type]
         self._rendering = threading.Lock()
+        self._last: OrderedDict[str, tuple[Request, float]] = OrderedDict()
+        self._last_lock = threading.Lock()
 
     def create_completion(
         self, prompt: str | Sequence[int], *, scope: str | None = None, **kwargs: Any
@@ -87,6 +92,12 @@ class BatchedLlama:
 
     def _current_scope(self) -> str:
         return self._scope() if callable(self._scope) else self._scope
+
+    def last_request(self, scope: str) -> tuple[Request, float] | None:
+        """The scope's latest request on the batched path and when it was submitted (`time.time()`),
+        for the last 64 scopes seen; None if none."""
+        with self._last_lock:
+            return self._last.get(scope)
 
     # -- one completion -----------------------------------------------------------------------------
 
@@ -110,7 +121,13 @@ class BatchedLlama:
         limit = room if limit is None or limit <= 0 else min(limit, room)
         # llama-cpp-python reads on past max_tokens to finish a UTF-8 character: a few tokens more.
         params = replace(params, max_tokens=min(limit + _UTF8_TAIL, room) if room > 0 else limit)
+        submitted_at = time.time()
         request = self.scheduler.submit(tokens, params, scope=scope, chat_prefix=prefix)
+        with self._last_lock:
+            self._last[scope] = (request, submitted_at)
+            self._last.move_to_end(scope)
+            if len(self._last) > _REMEMBERED_SCOPES:
+                self._last.popitem(last=False)
         text = _Text(llm, request, [s.encode("utf-8") for s in stops if s], limit, criteria, self._listener)
         if stream:
             return text.chunks()

@@ -3,7 +3,8 @@
 Requests wait in one queue, first come first served, and each takes a free sequence between steps
 (continuous batching: a request joins while others generate, and leaves, its sequence cleared, as
 soon as it ends or is cancelled). On joining it restores the longest stored prefix of its prompt
-into its own sequence (`SequenceCache`). One thread runs the steps; a step is
+into its own sequence (`SequenceCache`); a chat whose system part an earlier request of its scope
+is still reading waits for that one to save it, then restores it. One thread runs the steps; a step is
 
 - the next token of every generating sequence: in `batched` mode one `llama_decode` for all of
   them, in `exact` mode one `llama_decode` per sequence;
@@ -35,6 +36,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import llama_cpp
+import numpy as np
 
 from snapcache.errors import InvalidArgument
 from snapcache.key import DEFAULT_SCOPE, Tokens, as_token_array, validate_scope
@@ -206,9 +208,14 @@ class Scheduler:
                     self._drop_cancelled_waiting()
                 if self._closing:
                     return
-                admitted = []
-                while self._waiting and self._free:
-                    admitted.append((self._waiting.popleft(), self._free.pop(0)))
+                admitted: list[tuple[Request, int]] = []
+                for request in list(self._waiting):
+                    if not self._free:
+                        break
+                    if self._follows(request, [r for r, _ in admitted]):
+                        continue
+                    self._waiting.remove(request)
+                    admitted.append((request, self._free.pop(0)))
             try:
                 for request, seq_id in admitted:
                     self._admit(request, seq_id)
@@ -219,6 +226,21 @@ class Scheduler:
                 _log.exception("the scheduler failed a step; its requests end with an error")
                 for slot in list(self._slots.values()):
                     self._finish(slot, "error", exc)
+
+    def _follows(self, request: Request, admitted: list[Request]) -> bool:
+        """Whether `request` should wait for a request ahead of it with the same chat prefix in its
+        scope to finish reading its prompt, and then restore what that one saved instead of reading
+        the prefix itself. It loses no time: prompts are read one at a time, earliest first."""
+        prefix = request.chat_prefix
+        if self._cache is None or prefix is None:
+            return False
+        ahead = [s.request for s in self._slots.values() if s.n_past < len(s.request.prompt)]
+        return any(
+            other.scope == request.scope
+            and other.chat_prefix is not None
+            and np.array_equal(other.chat_prefix, prefix)
+            for other in ahead + admitted
+        )
 
     def _drop_cancelled_waiting(self) -> None:
         if any(r.cancelled for r in self._waiting):

@@ -232,8 +232,11 @@ def launch_for(column: Column, model: Path, cache_dir: Path, example: Path | Non
         config_path.write_text(json.dumps(config, indent=2), encoding="utf-8")
         return Launch([sys.executable, str(example), "-C", str(config_path)], cache_dir, env, port, log)
     env["SNAPCACHE_DIR"] = str(cache_dir)
+    # One request at a time, as the peers here: the answers are compared, text for text, with the
+    # no-cache server's streams, which drop a character split across tokens (the batched path keeps it).
     command = [sys.executable, "-m", "snapcache", "--cache-dir", str(cache_dir), "serve", str(model),
-               "--host", "127.0.0.1", "--port", str(port), "--n-ctx", str(N_CTX), "--threads", str(THREADS)]
+               "--host", "127.0.0.1", "--port", str(port), "--n-ctx", str(N_CTX), "--threads", str(THREADS),
+               "--parallel", "1"]
     return Launch(command, cache_dir, env, port, log)
 
 

@@ -251,6 +251,7 @@ def test_a_client_gone_mid_stream_frees_its_sequence(batched: ServerProcess) -> 
     started = time.monotonic()
     answers = at_once([lambda q=q: ask(batched, q, scope="after-gone") for q in QUESTIONS[:4]])
     assert all(a.completion_tokens > 0 for a in answers)
+    assert answers[0].text != answers[1].text, answers
     assert time.monotonic() - started < 30
 
 
@@ -350,3 +351,27 @@ def _ask_until_killed(server: ServerProcess, system: str, scope: str) -> None:
     # The server dies under it, as intended: openai's or httpx's error.
     with contextlib.suppress(Exception):
         ask(server, QUESTIONS[1], scope=scope, system=system, max_tokens=400)
+
+
+def test_gemma_in_exact_mode_answers_as_one_request_at_a_time(gemma_model_path: Path, tmp_path: Path) -> None:
+    """A real model (sliding windows, a chat template): two chats at once, each as when sent alone."""
+    systems = [
+        "You are a mail triager. Sort each message into urgent, later or spam, and say why in a line.",
+        "You are a calendar agent. Answer with the date and time of the meeting asked about, nothing else.",
+    ]
+    question = "What should I look at first this morning?"
+    with running_server(
+        gemma_model_path,
+        tmp_path / "exact",
+        tmp_path / "exact.log",
+        "--parallel",
+        "2",
+        "--batch-mode",
+        "exact",
+    ) as server:
+        answers = at_once([lambda s=s: ask(server, question, scope="gemma", system=s) for s in systems])
+    with running_server(gemma_model_path, tmp_path / "one", tmp_path / "one.log", "--parallel", "1") as one:
+        expected = [ask(one, question, scope=f"alone-{i}", system=s) for i, s in enumerate(systems)]
+    assert [a.reply for a in answers] == [e.reply for e in expected]
+    assert all(a.completion_tokens > 0 for a in answers)
+    assert answers[0].text != answers[1].text, answers

@@ -251,7 +251,6 @@ def test_a_client_gone_mid_stream_frees_its_sequence(batched: ServerProcess) -> 
     started = time.monotonic()
     answers = at_once([lambda q=q: ask(batched, q, scope="after-gone") for q in QUESTIONS[:4]])
     assert all(a.completion_tokens > 0 for a in answers)
-    assert answers[0].text != answers[1].text, answers
     assert time.monotonic() - started < 30
 
 

@@ -374,3 +374,21 @@ def test_gemma_in_exact_mode_answers_as_one_request_at_a_time(gemma_model_path: 
     assert [a.reply for a in answers] == [e.reply for e in expected]
     assert all(a.completion_tokens > 0 for a in answers)
     assert answers[0].text != answers[1].text, answers
+
+
+def test_a_grammar_takes_the_model_s_own_path_beside_batched_requests(batched: ServerProcess) -> None:
+    scope = fresh("grammar")
+    grammar = 'root ::= "yes" | "no"'
+    answers = at_once(
+        [
+            lambda: ask(batched, QUESTIONS[0], scope=scope, stream=False, extra_body={"grammar": grammar}),
+            lambda: ask(batched, QUESTIONS[1], scope=scope),
+        ]
+    )
+    assert answers[0].text in {"yes", "no"}
+    assert answers[1].completion_tokens > 0
+    # The grammar's request ran on the Llama's own context through the cache hook: it restores too.
+    again = ask(batched, QUESTIONS[2], scope=scope, stream=False, extra_body={"grammar": grammar})
+    assert again.text in {"yes", "no"}
+    assert again.source in {"ram", "context"}
+    assert again.cached_tokens >= 64

@@ -11,6 +11,12 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from tiny_model import write_tiny_llama
 
+# llama.cpp's OpenMP threads spin while idle, one team per thread that decodes; the suite decodes on
+# several threads (servers' request threads, the scheduler's), and spinning idle teams slowed such
+# decodes many times on 2 cores. `snapcache serve` sets the same unless told otherwise. Read once,
+# when llama.cpp is loaded, so it is set before anything imports llama_cpp.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 if TYPE_CHECKING:
     from llama_cpp import Llama
 

@@ -66,6 +66,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     runs = 1 if args.quick else args.runs
     sizes = [256] if args.quick else args.sizes
+    import llama_cpp
+
+    if args.gpu_layers != 0 and not args.quick and not llama_cpp.llama_supports_gpu_offload():
+        # A CPU build would read a 1B model's prompts on the CPU: minutes, and not what this measures.
+        print("bench_gpu_restore: no GPU backend in this llama.cpp; nothing measured (try --gpu-layers 0)")
+        return 0
     table_rows = []
     with tempfile.TemporaryDirectory(prefix="gpu-restore-") as scratch:
         workdir = Path(scratch)
@@ -124,8 +130,6 @@ def main(argv: list[str] | None = None) -> int:
             fmt_ratio(cold, ram),
             "yes" if equal else "no",
         )
-    import llama_cpp
-
     info = llama_cpp.llama_print_system_info().decode("utf-8", "replace").strip()
     table.notes.append(f"llama.cpp: {info}")
     report("bench_gpu_restore", [table], args.json, quick=args.quick)

@@ -282,3 +282,29 @@ def test_bench_window_padding_quick(tmp_path: Path) -> None:
     assert rows["to 256 cells (snapcache)"][6] == "yes"  # logits identical to cold
     assert rows["from position 0"][2] == "0"  # the window cache holds a cell for every position
     assert float(rows["to 256 cells (snapcache)"][4]) <= float(rows["from position 0"][4])
+
+
+def test_bench_extra_buffers_quick(tmp_path: Path) -> None:
+    out = tmp_path / "extra.json"
+    proc = _run("bench_extra_buffers.py", "--quick", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    payload = _load_json(out, "bench_extra_buffers")
+    labels = [row[0] for row in payload["tables"][0]["rows"]]
+    assert labels == ["model load", "cold: first token", "restored: first token", "generated tokens/s"]
+
+
+def test_serve_burst_quick(tmp_path: Path) -> None:
+    out = tmp_path / "burst.json"
+    proc = _run("serve_burst.py", "--quick", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    payload = _load_json(out, "serve_burst")
+    assert [row[0] for row in payload["tables"][0]["rows"]] == ["--parallel 1", "--parallel 4"]
+
+
+def test_bench_gpu_restore_quick(tmp_path: Path) -> None:
+    out = tmp_path / "gpu.json"
+    proc = _run("bench_gpu_restore.py", "--quick", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    payload = _load_json(out, "bench_gpu_restore")
+    # The restored greedy tokens are those of a cold run.
+    assert [row[-1] for row in payload["tables"][0]["rows"]] == ["yes"]

@@ -24,7 +24,7 @@ from typing import Any
 import llama_cpp
 import llama_cpp.llama_cpp as llama_cpp_bindings
 
-from snapcache.llama.build_flags import AMX_FLAGS, GGML_OPTIONS, read_cpu_flags
+from snapcache.llama.build_flags import AMX_FLAGS, instruction_set_options, read_cpu_flags
 from snapcache.llama.fingerprint import llama_system_info
 
 __all__ = ["AmxCondition", "amx_condition", "loading_without_extra_buffers", "rebuild_command", "warn_once"]
@@ -61,7 +61,8 @@ def amx_condition(system_info: str | None = None, cpu_flags: frozenset[str] | No
 def rebuild_command(cpu_flags: frozenset[str] | None = None) -> str:
     """The pip command that rebuilds this llama-cpp-python without AMX, keeping the CPU's other kernels."""
     flags = read_cpu_flags() if cpu_flags is None else cpu_flags
-    options = ["-DGGML_NATIVE=OFF"] + [f"-D{option}=ON" for flag, option in GGML_OPTIONS if flag in flags]
+    # The AMX options are left unnamed: with GGML_NATIVE off they default to off.
+    options = instruction_set_options(flags)
     try:
         version = metadata.version("llama-cpp-python")
     except metadata.PackageNotFoundError:

@@ -76,10 +76,16 @@ def cmake_args_for(machine: str, flags: frozenset[str]) -> str:
     """The CMAKE_ARGS snapcache builds llama.cpp with: none (native) unless an x86-64 CPU has AMX."""
     if machine.lower() not in _X86_64 or not has_amx(flags):
         return ""
+    return " ".join(
+        [*instruction_set_options(flags), "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"]
+    )
+
+
+def instruction_set_options(flags: frozenset[str]) -> list[str]:
+    """A build without GGML_NATIVE that turns on exactly the instruction sets in `flags` (AMX aside)."""
     options = ["-DGGML_NATIVE=OFF"]
     options += [f"-D{option}={'ON' if flag in flags else 'OFF'}" for flag, option in GGML_OPTIONS]
-    options += ["-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"]
-    return " ".join(options)
+    return options
 
 
 def chosen_cmake_args(environ: Mapping[str, str], machine: str, flags: frozenset[str]) -> str:

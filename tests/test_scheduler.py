@@ -139,9 +139,45 @@ def test_cancel_frees_the_sequence_at_once(llm: llama_cpp.Llama, scheduler: Any)
     assert long.finish_reason == "cancelled"
     assert len(long.tokens) < 1000
     deadline = time.monotonic() + 10
-    while occupied(s, 0) and time.monotonic() < deadline:
+    while s.pending() != (0, 0) and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert not occupied(s, 0)
+    assert s.pending() == (0, 0)
+
+
+def test_a_finished_request_leaves_its_prompt_for_the_next_of_its_scope(
+    llm: llama_cpp.Llama, scheduler: Any
+) -> None:
+    """The next request sharing the prompt's start reuses the cells in place, on the alignment, and
+    answers as cold; a request of another scope does not."""
+    first, second = prompts(llm, 2, SYSTEM)
+    s = scheduler(n_seq=1, mode="exact")
+    assert s.submit(first, GREEDY).result(60) == solo(llm, first)
+    again = s.submit(second, GREEDY)
+    assert again.result(60) == solo(llm, second)
+    assert again.restore is not None
+    assert again.restore.source == "context"
+    shared = next(i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b)
+    assert 0 < again.restore.restored_tokens <= shared
+    assert again.restore.restored_tokens % 64 == 0  # without a store: the coarsest alignment
+    other = s.submit(second, GREEDY, scope="someone-else")
+    assert other.result(60) == solo(llm, second)
+    assert other.restore is not None
+    assert other.restore.restored_tokens == 0
+
+
+def test_a_request_copies_the_prefix_another_sequence_holds(llm: llama_cpp.Llama, scheduler: Any) -> None:
+    """While one request generates, the next with the same start copies its cells into its own sequence."""
+    first, second = prompts(llm, 2, SYSTEM)
+    s = scheduler(n_seq=2, mode="exact")
+    long = s.submit(first, SamplingParams(temperature=0.0, max_tokens=1000))
+    assert isinstance(next(iter(long)), int)  # it has read its prompt
+    copied = s.submit(second, GREEDY)
+    answer = copied.result(60)
+    long.cancel()
+    assert copied.restore is not None
+    assert copied.restore.source == "context"
+    assert copied.restore.restored_tokens > 0
+    assert answer == solo(llm, second)
 
 
 def test_a_waiting_request_cancelled_never_runs(llm: llama_cpp.Llama, scheduler: Any) -> None:

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from test_scheduler import GREEDY, N_CTX, SYSTEM, prompts, solo
 
+from snapcache.key import DEFAULT_SCOPE
 from snapcache.llama import capture_sequence
 from snapcache.llama.batch import SamplingParams, Scheduler
 from snapcache.llama.batch._context import SequenceContext
@@ -42,17 +43,30 @@ def scheduler(llm: llama_cpp.Llama, store: SnapshotStore) -> Iterator[Any]:
 
 def test_a_later_request_restores_what_an_earlier_one_saved(llm: llama_cpp.Llama, scheduler: Any) -> None:
     first, second = prompts(llm, 2, SYSTEM)
-    s = scheduler(n_seq=2, mode="exact")
-    one = s.submit(first, GREEDY)
+    one = scheduler(n_seq=2, mode="exact").submit(first, GREEDY)
     assert one.result(60) == solo(llm, first)
     assert one.restore is not None
     assert one.restore.restored_tokens == 0
-    two = s.submit(second, GREEDY)
+    two = scheduler(n_seq=2, mode="exact").submit(second, GREEDY)  # nothing live: from the store
     assert two.result(60) == solo(llm, second)
     assert two.restore is not None
     assert two.restore.restored_tokens >= 64
     assert two.restore.source == "ram"
     assert two.restore.cached_tokens == two.restore.restored_tokens
+
+
+def test_a_longer_stored_prefix_beats_a_shorter_live_one(
+    llm: llama_cpp.Llama, scheduler: Any, store: SnapshotStore
+) -> None:
+    first, second = prompts(llm, 2, SYSTEM)
+    s = scheduler(n_seq=1, mode="exact")
+    assert s.submit(first, GREEDY).result(60)  # its sequence holds the system part of `second`
+    CachedLlama(llm, store, DEFAULT_SCOPE).warm(list(second[:-2]))
+    two = s.submit(second, GREEDY)
+    assert two.result(60) == solo(llm, second)
+    assert two.restore is not None
+    assert two.restore.source == "ram"
+    assert two.restore.restored_tokens >= len(second) - 2 - 64
 
 
 def test_each_request_restores_into_its_own_sequence(

@@ -161,8 +161,11 @@ def test_four_concurrent_streams_all_get_complete_answers(batched: ServerProcess
         assert answer.finish_reason in {"stop", "length"}
         assert answer.completion_tokens >= MAX_TOKENS or answer.finish_reason == "stop"
         assert answer.text
-    # One reads the shared system prompt; the others wait for it to be saved, then restore it.
-    assert sorted(a.source for a in answers) == ["none", "ram", "ram", "ram"]
+    # One reads the shared system prompt; the others wait for it to be read, then copy its cells
+    # from that request's sequence (or restore what it saved).
+    sources = sorted(a.source for a in answers)
+    assert sources[-1] == "none"
+    assert set(sources[:3]) <= {"context", "ram"}
     assert sum(a.cached_tokens >= 64 for a in answers) == 3
     assert stats(batched)["scopes"][scope]["requests"] == 4
 
@@ -184,7 +187,7 @@ def test_a_request_alone_answers_as_the_cold_single_sequence_run(
     first = ask(batched, QUESTIONS[0], scope=scope, stream=False)
     second = ask(batched, QUESTIONS[1], scope=scope)
     assert (first.source, first.cached_tokens) == ("none", 0)
-    assert second.source == "ram"
+    assert second.source == "context"  # the sequence the first left holds its prompt
     assert second.cached_tokens >= 64
     assert second.restored_tokens >= second.cached_tokens
     assert first.reply == cold(single, QUESTIONS[0], stream=False).reply
@@ -201,13 +204,13 @@ def test_scopes_stay_isolated_when_their_requests_run_at_once(batched: ServerPro
             lambda: ask(batched, QUESTIONS[3], scope=c, stream=False),
         ]
     )
-    assert answers[0].source == "ram"
+    assert answers[0].source == "context"
     assert answers[0].cached_tokens >= 64
     assert [(x.source, x.cached_tokens) for x in answers[1:]] == [("none", 0), ("none", 0)]
     again = at_once(
         [lambda: ask(batched, QUESTIONS[4], scope=b), lambda: ask(batched, QUESTIONS[4], scope=c)]
     )
-    assert all(x.source == "ram" and x.cached_tokens >= 64 for x in again)
+    assert all(x.source == "context" and x.cached_tokens >= 64 for x in again)
     status, why, _ = http_json("GET", f"{batched.base_url}/snapcache/why?scope={b}")
     assert status == 200
     assert why["restored_tokens"] == again[0].restored_tokens

@@ -118,6 +118,26 @@ class SequenceContext:
     def last_position(self, seq_id: int) -> int:
         return int(llama_cpp.llama_memory_seq_pos_max(self._memory, seq_id))
 
+    def first_position(self, seq_id: int) -> int:
+        return int(llama_cpp.llama_memory_seq_pos_min(self._memory, seq_id))
+
+    def copy(self, source: int, target: int) -> bool:
+        """Make `target` hold what `source` holds (its state, in this context's own layout)."""
+        size = int(llama_cpp.llama_state_seq_get_size_ext(self.ctx, source, _FLAGS))
+        if size <= 0:
+            return False
+        buffer = np.empty(size, dtype=np.uint8)
+        pointer = buffer.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
+        written = int(llama_cpp.llama_state_seq_get_data_ext(self.ctx, pointer, size, source, _FLAGS))
+        self.clear(target)
+        if written <= 0 or written > size:
+            return False
+        loaded = int(llama_cpp.llama_state_seq_set_data_ext(self.ctx, pointer, written, target, _FLAGS))
+        if loaded <= 0 or self.last_position(target) != self.last_position(source):
+            self.clear(target)
+            return False
+        return True
+
     def capture(self, seq_id: int, tokens: TokenArray) -> CapturedState:
         """The sequence's state, in the 1-stream layout, keyed by `tokens` (all it holds)."""
         if self.last_position(seq_id) != len(tokens) - 1:

@@ -59,24 +59,27 @@ class SequenceCache:
         self._pad_windows = pads_windows(llm)
 
     def restore(
-        self, context: SequenceContext, seq_id: int, tokens: TokenArray, scope: str
-    ) -> tuple[int, Source | None]:
+        self, context: SequenceContext, seq_id: int, tokens: TokenArray, scope: str, *, longer_than: int = 0
+    ) -> tuple[int, Source | None, bool]:
         """Restore the longest stored prefix of `tokens` (short of its last token, which the request
-        reads for its logits) into `seq_id`: (its length, the tier it came from), (0, None) on a miss."""
+        reads for its logits) into `seq_id` when it is longer than `longer_than` tokens: (its length,
+        the tier it came from, whether its window cache was padded), (0, None, False) otherwise."""
         if self.uncacheable is not None:
-            return 0, None
+            return 0, None, False
         query = tokens[:-1]
-        while len(query) > 0:
+        while len(query) > longer_than:
             found = self._states.find(
                 query, scope, blocks_alone=self.one_capture, pad_windows=self._pad_windows
             )
             if found is None:
                 break
             n = found.snapshot.key.token_count
+            if n <= longer_than:
+                break
             if context.restore(seq_id, found.snapshot, window_padded=found.window_padded):
-                return n, found.source
+                return n, found.source, found.window_padded
             query = tokens[: n - 1]
-        return 0, None
+        return 0, None, False
 
     def plan(self, tokens: TokenArray, reused: int, chat_prefix: TokenArray | None) -> list[RestorePoint]:
         """The restore points `tokens` should leave behind, past the `reused` ones, ascending."""

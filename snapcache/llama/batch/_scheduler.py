@@ -1,10 +1,13 @@
 """Several requests at once on one Llama: a scheduler over one context of N sequences.
 
 Requests wait in one queue, first come first served, and each takes a free sequence between steps
-(continuous batching: a request joins while others generate, and leaves, its sequence cleared, as
-soon as it ends or is cancelled). On joining it restores the longest stored prefix of its prompt
-into its own sequence (`SequenceCache`); a chat whose system part an earlier request of its scope
-is still reading waits for that one to save it, then restores it. One thread runs the steps; a step is
+(continuous batching: a request joins while others generate, and leaves as soon as it ends or is
+cancelled). A sequence a request left keeps the prompt it read, for the next request of the same
+scope. On joining, a request reuses the longest prefix of its prompt that a sequence of its scope
+holds (its own sequence cut back, or another one's copied in: "context"), or restores a longer one
+from the store (`SequenceCache`); live prefixes are cut on the model's split alignment, where reading
+on is bit for bit a cold read. A chat whose system part an earlier request of its scope is still
+reading waits for that one to save it, then restores it. One thread runs the steps; a step is
 
 - the next token of every generating sequence: in `batched` mode one `llama_decode` for all of
   them, in `exact` mode one `llama_decode` per sequence;
@@ -39,13 +42,15 @@ import llama_cpp
 import numpy as np
 
 from snapcache.errors import InvalidArgument
-from snapcache.key import DEFAULT_SCOPE, Tokens, as_token_array, validate_scope
+from snapcache.key import DEFAULT_SCOPE, TokenArray, Tokens, as_token_array, validate_scope
 from snapcache.llama.adapters import adapter_settings
 from snapcache.llama.batch._context import Chunk, SequenceContext
 from snapcache.llama.batch._prefix import SequenceCache
 from snapcache.llama.batch._request import FinishReason, Request, SchedulerError
 from snapcache.llama.batch._sampling import SamplerChain, SamplingParams
+from snapcache.llama.checkpoints import CHECKPOINT_ALIGN, align_down
 from snapcache.llama.reports import RestoreInfo
+from snapcache.llama.state import can_truncate
 from snapcache.llama.stored_states import RestorePoint
 from snapcache.store import SnapshotStore
 
@@ -73,6 +78,21 @@ class _Slot:
     next_token: int = -1
     generated: int = 0
     checkpoints: int = 0
+    floor: int = 0  # the shortest length its sequence may be cut back to (see _Held)
+
+
+@dataclass(slots=True)
+class _Held:
+    """The prompt tokens a sequence holds, read as a prompt (or restored) for `scope`.
+
+    `floor`: the shortest length it may be cut back to (a state restored with a padded window
+    cache keeps only the window of its last token); `used`: when a request last held it.
+    """
+
+    scope: str
+    tokens: TokenArray
+    floor: int
+    used: int
 
 
 class Scheduler:
@@ -113,7 +133,11 @@ class Scheduler:
         self._context = SequenceContext(llm, n_seq)
         self._waiting: deque[Request] = deque()
         self._slots: dict[int, _Slot] = {}
+        self._held: dict[int, _Held] = {}
         self._free = list(range(n_seq))
+        self._truncates = can_truncate(llm)
+        self._uses = 0
+        self._alignment = CHECKPOINT_ALIGN if self._cache is None else self._cache.alignment
         self._admitted = 0
         self._closing = False
         self._cond = threading.Condition()
@@ -215,7 +239,9 @@ class Scheduler:
                     if self._follows(request, [r for r, _ in admitted]):
                         continue
                     self._waiting.remove(request)
-                    admitted.append((request, self._free.pop(0)))
+                    seq_id = self._choose_sequence(request)
+                    self._free.remove(seq_id)
+                    admitted.append((request, seq_id))
             try:
                 for request, seq_id in admitted:
                     self._admit(request, seq_id)
@@ -248,20 +274,97 @@ class Scheduler:
                 self._waiting.remove(request)
                 request.finish("cancelled")
 
+    def _choose_sequence(self, request: Request) -> int:
+        """The free sequence `request` takes: the one holding the longest prefix of its prompt for its
+        scope, else an empty one, else the one least recently used."""
+        best, best_cut = -1, 0
+        for seq_id in self._free:
+            held = self._held.get(seq_id)
+            cut = 0 if held is None else self._reusable(held, request)
+            if cut > best_cut:
+                best, best_cut = seq_id, cut
+        if best >= 0:
+            return best
+        empty = [seq_id for seq_id in self._free if seq_id not in self._held]
+        if empty:
+            return empty[0]
+        return min(self._free, key=lambda seq_id: self._held[seq_id].used)
+
+    def _reusable(self, held: _Held, request: Request) -> int:
+        """How many leading tokens of the request's prompt `held` can give it: as many as they share
+        (short of the prompt's last token, read for its logits), cut down on the split alignment."""
+        if held.scope != request.scope:
+            return 0
+        tokens = request.prompt[:-1]
+        n = min(len(held.tokens), len(tokens))
+        differ = np.flatnonzero(held.tokens[:n] != tokens[:n])
+        cut = align_down(int(differ[0]) if len(differ) else n, self._alignment)
+        return cut if cut > 0 and cut >= held.floor else 0
+
+    def _holdings(self) -> dict[int, _Held]:
+        """What every sequence holds as prompt: the free ones' and the running requests' so far."""
+        holdings = dict(self._held)
+        for seq_id, slot in self._slots.items():
+            read = min(slot.n_past, len(slot.request.prompt))
+            holdings[seq_id] = _Held(slot.request.scope, slot.request.prompt[:read], slot.floor, self._uses)
+        return holdings
+
+    def _live_prefix(self, request: Request, seq_id: int) -> tuple[int, int, int]:
+        """(the sequence holding the longest reusable prefix of the request's prompt, its length, the
+        floor it keeps); the request's own sequence wins a tie, as it needs no copy."""
+        best, best_cut, floor = -1, 0, 0
+        for other, held in self._holdings().items():
+            cut = self._reusable(held, request)
+            if cut > best_cut or (cut == best_cut > 0 and other == seq_id):
+                best, best_cut, floor = other, cut, held.floor
+        return best, best_cut, floor
+
+    def _take_live(self, source: int, seq_id: int, n_tokens: int) -> bool:
+        """Make `seq_id` hold the first `n_tokens` that `source` holds; False (cleared) where it cannot."""
+        context = self._context
+        if source != seq_id and not context.copy(source, seq_id):
+            return False
+        if n_tokens <= context.last_position(seq_id):
+            # A window cache is cut back only while it holds the sequence's cells from position 0.
+            cuttable = self._truncates or context.first_position(seq_id) == 0
+            if not (cuttable and context.cut(seq_id, n_tokens)):
+                context.clear(seq_id)
+                return False
+        return True
+
     def _admit(self, request: Request, seq_id: int) -> None:
         started = time.perf_counter()
         context = self._context
-        context.clear(seq_id)
         tokens = request.prompt
         try:
             sampler = SamplerChain(request.params, self.llm)
         except Exception as exc:
+            self._held.pop(seq_id, None)
+            context.clear(seq_id)
             self._release(seq_id)
             request.finish("error", exc)
             return
+        live_source, live, live_floor = self._live_prefix(request, seq_id)
+        self._held.pop(seq_id, None)
+        if live_source != seq_id:
+            context.clear(seq_id)
+        reused, source, floor = 0, None, 0
         cache = self._cache
-        reused, source = (0, None) if cache is None else cache.restore(context, seq_id, tokens, request.scope)
-        slot = _Slot(request, seq_id, sampler, self._admitted, reused, reused)
+        if cache is not None:
+            restored, tier, padded = cache.restore(context, seq_id, tokens, request.scope, longer_than=live)
+            if restored > 0:
+                reused, source, floor = restored, tier, restored - 1 if padded else 0
+            elif live_source == seq_id and context.last_position(seq_id) < 0:
+                live = 0  # a refused restore cleared the sequence that held the live prefix
+        if reused == 0 and live > 0:
+            if self._take_live(live_source, seq_id, live):
+                reused, source, floor = live, "context", live_floor
+            elif cache is not None:  # the live prefix could not be cut: the store's, however short
+                restored, tier, padded = cache.restore(context, seq_id, tokens, request.scope)
+                reused, source, floor = restored, tier, restored - 1 if padded else 0
+        if reused == 0:
+            context.clear(seq_id)
+        slot = _Slot(request, seq_id, sampler, self._admitted, reused, reused, floor=floor)
         self._admitted += 1
         if cache is not None:
             points = cache.plan(tokens, reused, request.chat_prefix)
@@ -353,11 +456,17 @@ class Scheduler:
             self._finish(slot, "error", error)
 
     def _finish(self, slot: _Slot, reason: FinishReason, error: BaseException | None = None) -> None:
-        self._context.clear(slot.seq_id)
+        request = slot.request
+        if reason == "error":
+            self._context.clear(slot.seq_id)
+        else:
+            # The sequence keeps the prompt it read for the next request of the scope (see _Held).
+            self._uses += 1
+            read = request.prompt[: min(slot.n_past, len(request.prompt))]
+            self._held[slot.seq_id] = _Held(request.scope, read, slot.floor, self._uses)
         slot.sampler.close()
         self._slots.pop(slot.seq_id, None)
         self._release(slot.seq_id)
-        request = slot.request
         request.finish(reason, error)
 
     def _release(self, seq_id: int) -> None:

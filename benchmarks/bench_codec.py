@@ -27,7 +27,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from snapcache import codec  # noqa: E402
+from snapcache.formats import codec  # noqa: E402
 
 STATE_CACHE = Path(tempfile.gettempdir()) / "snapcache-bench-states"
 GGML_TYPE_Q8_0 = 8  # ggml_type enum: llama_cpp.GGML_TYPE_Q8_0
@@ -85,7 +85,7 @@ def cached_state(name: str, model_path: Path, n_tokens: int, fresh: bool, **kwar
 
 
 def gemma_path() -> Path | None:
-    from snapcache.demo_model import default_model_path
+    from snapcache.llama.demo_model import default_model_path
 
     return default_model_path()
 

@@ -36,10 +36,10 @@ import numpy as np
 import xxhash
 from _common import Table, make_parser, report
 
-from snapcache import _disk_format, codec
-from snapcache._disk_files import FILES_DIR, decode_buffer, read_file  # the disk tier's own
-from snapcache._threads import map_in_parallel
-from snapcache.disk_tier import DiskTier
+from snapcache.disk.files import FILES_DIR, decode_buffer, read_file  # the disk tier's own
+from snapcache.disk.tier import DiskTier
+from snapcache.formats import codec, snapshot_file
+from snapcache.formats.threads import map_in_parallel
 from snapcache.key import BLOCK_TOKENS, SnapshotKey, TokenArray, block_keys
 from snapcache.llama._state_layout import pad_window, parse_sections
 from snapcache.llama.blocks import KIND_PREFIX, Assembly, SplitState, split_state
@@ -54,14 +54,14 @@ LONG_TOKENS = 9344
 GEMMA_VOCABULARY = 262_144  # one row of logits is stored with each snapshot
 
 
-def encode_format_2(snapshot: Snapshot, mac_secret: bytes | None) -> _disk_format.EncodedFile:
-    return _disk_format.encode(snapshot, store_id=STORE_ID, level=1, shuffle=True, mac_secret=mac_secret)
+def encode_format_2(snapshot: Snapshot, mac_secret: bytes | None) -> snapshot_file.EncodedFile:
+    return snapshot_file.encode(snapshot, store_id=STORE_ID, level=1, shuffle=True, mac_secret=mac_secret)
 
 
 def encode_format_1(snapshot: Snapshot, mac_secret: bytes | None) -> bytes:
     """The file snapcache 0.1.0 wrote: format 2's head with format 1's codec and digests."""
     parts = encode_format_2(snapshot, mac_secret).parts
-    prelude = _disk_format._PRELUDE
+    prelude = snapshot_file._PRELUDE
     _, _, flags, length = prelude.unpack_from(parts[0])
     header = json.loads(bytes(parts[0][prelude.size : prelude.size + length]))
     payload = codec.compress_zstd_frame(snapshot.state, level=1, shuffle=True)
@@ -72,7 +72,7 @@ def encode_format_1(snapshot: Snapshot, mac_secret: bytes | None) -> bytes:
     if header.pop("payload_blake3", None) is not None:
         header["payload_sha256"] = hashlib.sha256(payload).hexdigest()
     raw = json.dumps(header, separators=(",", ":")).encode()
-    head = prelude.pack(_disk_format.MAGIC, 1, flags, len(raw)) + raw
+    head = prelude.pack(snapshot_file.MAGIC, 1, flags, len(raw)) + raw
     checks = hashlib.sha256(head).digest()
     if mac_secret is not None:
         checks += hmac.digest(mac_secret, head, "sha256")
@@ -88,11 +88,11 @@ def snapshot_of(state: bytes, n_tokens: int, n_logits: int) -> Snapshot:
 def hit_row(
     table: Table, name: str, snapshot: Snapshot, version: int, secret: bytes | None, repeat: int
 ) -> dict[str, Any]:
-    mac_secret = None if secret is None else _disk_format.mac_key(secret)
+    mac_secret = None if secret is None else snapshot_file.mac_key(secret)
     if version == 1:
         data = encode_format_1(snapshot, mac_secret)
     else:
-        encoded = _disk_format.encode(
+        encoded = snapshot_file.encode(
             snapshot, store_id=STORE_ID, level=1, shuffle=True, mac_secret=mac_secret
         )
         data = b"".join(bytes(p) for p in encoded.parts)
@@ -105,7 +105,7 @@ def hit_row(
             start, start_cpu = time.perf_counter(), time.process_time()
             view = read_file(path)
             read = time.perf_counter()
-            got = _disk_format.decode(view, key=snapshot.key, store_id=STORE_ID, mac_secret=mac_secret)
+            got = snapshot_file.decode(view, key=snapshot.key, store_id=STORE_ID, mac_secret=mac_secret)
             end = time.perf_counter()
             cpus.append(time.process_time() - start_cpu)  # every thread of the process
             reads.append(read - start)
@@ -136,7 +136,7 @@ _FIRST_HIT = """
 import json, sys, time
 started = time.perf_counter()
 import numpy as np
-from snapcache import _disk_format  # numpy, zstandard, xxhash, blake3; blosc2 on a thread
+from snapcache.formats import snapshot_file  # numpy, zstandard, xxhash, blake3; blosc2 on a thread
 from snapcache.key import SnapshotKey
 imported = time.perf_counter()
 path, key, store_id, wait, model = json.loads(sys.argv[1])
@@ -150,7 +150,7 @@ waited = time.perf_counter()
 with open(path, "rb", buffering=0) as file:  # as read_file() does
     view = np.empty(int(sys.argv[2]), dtype=np.uint8).data
     assert file.readinto(view) == view.nbytes
-snapshot = _disk_format.decode(view, key=SnapshotKey(*key), store_id=store_id, mac_secret=None)
+snapshot = snapshot_file.decode(view, key=SnapshotKey(*key), store_id=store_id, mac_secret=None)
 done = time.perf_counter()
 print(json.dumps([imported - started, waited - loaded, done - waited, len(snapshot.state)]))
 """
@@ -332,7 +332,7 @@ path, n, cores, repeat, blocks_alone = json.loads(sys.argv[1])
 os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:cores])  # before snapcache counts its cores
 import numpy as np
 from pathlib import Path
-from snapcache import codec
+from snapcache.formats import codec
 from snapcache.llama.stored_states import StoredStates
 from snapcache.store import SnapshotStore
 

@@ -39,7 +39,7 @@ def choose_model(option: str | None) -> ModelChoice:
     elif os.environ.get(MODEL_ENV):
         choice = ModelChoice(Path(os.environ[MODEL_ENV]).expanduser(), MODEL_ENV)
     else:
-        from snapcache import demo_model
+        from snapcache.llama import demo_model
 
         path = demo_model.default_model_path()
         if path is None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-from snapcache._disk_format import FORMAT_VERSION as SNAPSHOT_FILE_FORMAT_VERSION
 from snapcache.errors import (
     CorruptSnapshot,
     InsecureDirectory,
@@ -16,20 +15,20 @@ from snapcache.errors import (
     SnapcacheError,
     StoreUnavailable,
 )
+from snapcache.formats.snapshot_file import FORMAT_VERSION as SNAPSHOT_FILE_FORMAT_VERSION
 from snapcache.key import DEFAULT_SCOPE, SnapshotKey, prefix_hash
-from snapcache.savings import SavingsLedger, ScopeSavings
 from snapcache.snapshot import Snapshot
 from snapcache.tier import EntryInfo
 
 if TYPE_CHECKING:
-    from snapcache.bundle import export_bundle, import_bundle
+    from snapcache.llama.bundle import export_bundle, import_bundle
     from snapcache.llama.cached import CachedLlama, attach, detach
     from snapcache.llama.fingerprint import model_fingerprint
     from snapcache.llama.hook import CacheHook
     from snapcache.llama.loader import load_llama
     from snapcache.llama.miss import MissExplanation
     from snapcache.llama.reports import RestoreInfo
-    from snapcache.store import SnapshotStore, StoreStats
+    from snapcache.store import SavingsLedger, ScopeSavings, SnapshotStore, StoreStats
 
 __version__ = "0.1.0"
 
@@ -68,6 +67,8 @@ __all__ = [
 _LAZY = {
     "SnapshotStore": "snapcache.store",
     "StoreStats": "snapcache.store",
+    "SavingsLedger": "snapcache.store",
+    "ScopeSavings": "snapcache.store",
     "CachedLlama": "snapcache.llama.cached",
     "attach": "snapcache.llama.cached",
     "detach": "snapcache.llama.cached",
@@ -76,8 +77,8 @@ _LAZY = {
     "MissExplanation": "snapcache.llama.miss",
     "model_fingerprint": "snapcache.llama.fingerprint",
     "load_llama": "snapcache.llama.loader",
-    "export_bundle": "snapcache.bundle",
-    "import_bundle": "snapcache.bundle",
+    "export_bundle": "snapcache.llama.bundle",
+    "import_bundle": "snapcache.llama.bundle",
 }
 
 

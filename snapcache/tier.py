@@ -11,6 +11,10 @@ from snapcache.snapshot import Snapshot
 
 TierName = Literal["ram", "disk"]
 
+# token_count, prefix_hash, rolling_hash (unsigned): a row of a tier's lookup catalog, what a
+# longest-prefix lookup needs of an entry
+CatalogRow = tuple[int, str, int]
+
 
 @dataclass(frozen=True, slots=True)
 class EntryInfo:

@@ -113,7 +113,7 @@ def tiny_model_path_other_seed(tmp_path_factory: pytest.TempPathFactory) -> Path
 def gemma_model_path() -> Path:
     """The Gemma-3-270M demo model; skips when its optional package is not installed (a failure under
     SNAPCACHE_REQUIRE_ALL=1)."""
-    from snapcache.demo_model import DEMO_MODEL_NAME, default_model_path
+    from snapcache.llama.demo_model import DEMO_MODEL_NAME, default_model_path
 
     path = default_model_path()
     if path is None:

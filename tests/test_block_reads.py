@@ -10,8 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from snapcache import _threads, codec
-from snapcache.disk_tier import FILES_DIR, DiskTier, Miss
+from snapcache.disk.tier import FILES_DIR, DiskTier, Miss
+from snapcache.formats import codec
+from snapcache.formats import threads as _threads
 from snapcache.key import SnapshotKey, block_keys
 from snapcache.snapshot import Snapshot
 from snapcache.store import SnapshotStore

@@ -248,9 +248,9 @@ def test_a_damaged_block_serves_a_shorter_prefix_never_wrong_bytes(make_llama, t
 
 def _pack_member(directory, key):
     """The pack file holding block `key` in the store at `directory`, and where the block lies in it."""
-    from snapcache._disk_files import FILES_DIR, INDEX_NAME
-    from snapcache._disk_index import DiskIndex
-    from snapcache._pack_format import read_pack_head
+    from snapcache.disk.files import FILES_DIR, INDEX_NAME
+    from snapcache.disk.index import DiskIndex
+    from snapcache.formats.pack_file import read_pack_head
 
     index = DiskIndex(directory / INDEX_NAME)
     try:

@@ -17,8 +17,8 @@ import pytest
 from chat_support import GREEDY, N_CTX, SYSTEM, chat, chat_reply, cold_chat, context_of
 
 from snapcache import export_bundle, import_bundle
-from snapcache.bundle import BundleError, BundleRefused, CorruptBundle
 from snapcache.key import BLOCK_TOKENS, block_keys
+from snapcache.llama.bundle import BundleError, BundleRefused, CorruptBundle
 from snapcache.llama.cached import CachedLlama
 from snapcache.llama.fingerprint import model_fingerprint
 from snapcache.store import SnapshotStore

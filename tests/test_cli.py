@@ -452,7 +452,7 @@ def test_unwritable_cache_directory_for_warm(tmp_path):
 
 
 def test_no_model_anywhere_names_the_three_ways(tmp_path, monkeypatch):
-    from snapcache import demo_model
+    from snapcache.llama import demo_model
 
     monkeypatch.delenv("SNAPCACHE_MODEL", raising=False)
     monkeypatch.setattr(demo_model, "default_model_path", lambda: None)  # the optional package is absent

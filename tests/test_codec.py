@@ -11,8 +11,8 @@ import zstandard
 from hypothesis import given
 from hypothesis import strategies as st
 
-from snapcache import codec
 from snapcache.errors import CorruptSnapshot, InvalidArgument, SnapcacheError
+from snapcache.formats import codec
 
 
 def f16_kv_like(n_values: int, seed: int = 0) -> bytes:
@@ -292,7 +292,7 @@ import sys
 import threading
 sys.path[:0] = [sys.argv[1]]
 atexit.register(lambda: print([t.name for t in threading.enumerate() if t.name.startswith("snapcache")]))
-import snapcache.codec
+import snapcache.formats.codec
 """
 
 

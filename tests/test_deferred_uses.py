@@ -13,10 +13,9 @@ from pathlib import Path
 import pytest
 from test_block_reads import block_snapshots
 
-from snapcache import _deferred_uses
-from snapcache._disk_files import INDEX_NAME
+from snapcache.disk.files import INDEX_NAME
 from snapcache.key import SnapshotKey
-from snapcache.store import SnapshotStore
+from snapcache.store import SnapshotStore, deferred_uses
 
 
 def last_uses(directory: Path) -> dict[SnapshotKey, float]:
@@ -100,10 +99,10 @@ def test_a_use_made_while_another_process_writes_is_recorded_once_it_lets_go(tmp
 
 
 def test_uses_pile_up_into_batches_recorded_oldest_first(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_deferred_uses, "_BATCH_KEYS", 2)
+    monkeypatch.setattr(deferred_uses, "_BATCH_KEYS", 2)
     a, b, c, d = (key for key in block_snapshots_keys(4))
     # Three uses, the oldest first; c was used again last.
-    batches = _deferred_uses._batches([[a, b], [c], [d, c]])
+    batches = deferred_uses._batches([[a, b], [c], [d, c]])
     # Recorded in this order, so a later batch counts as more recent: d and c last, d the most recent.
     assert batches == [[a, b], [d, c]]
 

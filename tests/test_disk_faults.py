@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from small_filesystem import mounted
 
-from snapcache import _disk_files as disk_files
-from snapcache._disk_index import DiskIndex
-from snapcache.disk_tier import FILES_DIR, DiskTier
+from snapcache.disk import files as disk_files
+from snapcache.disk.index import DiskIndex
+from snapcache.disk.tier import FILES_DIR, DiskTier
 from snapcache.errors import StoreUnavailable
 from snapcache.key import SnapshotKey
 from snapcache.snapshot import Snapshot

@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 import xxhash
 
-from snapcache import _disk_format, codec
-from snapcache.disk_tier import FILES_DIR, INDEX_NAME, DiskTier
+from snapcache.disk.tier import FILES_DIR, INDEX_NAME, DiskTier
 from snapcache.errors import CorruptSnapshot
+from snapcache.formats import codec, snapshot_file
 from snapcache.key import SnapshotKey
 from snapcache.snapshot import Snapshot
 
 DATA = Path(__file__).parent / "data"
-PRELUDE = _disk_format._PRELUDE
+PRELUDE = snapshot_file._PRELUDE
 MB = 1 << 20
 
 # What the format-1 fixtures hold: written by snapcache 0.1.0's encode from these values.
@@ -41,7 +41,7 @@ def v1_file(name: str) -> bytes:
 
 
 def secret_of(name: str) -> bytes | None:
-    return _disk_format.mac_key(V1_SECRET) if name == "mac" else None
+    return snapshot_file.mac_key(V1_SECRET) if name == "mac" else None
 
 
 def make_snapshot(seed: int = 1, state_bytes: int = 300_000) -> Snapshot:
@@ -54,7 +54,7 @@ def make_snapshot(seed: int = 1, state_bytes: int = 300_000) -> Snapshot:
 
 
 def encoded(snapshot: Snapshot, mac_secret: bytes | None = None) -> bytes:
-    parts = _disk_format.encode(snapshot, store_id="s", level=1, shuffle=True, mac_secret=mac_secret).parts
+    parts = snapshot_file.encode(snapshot, store_id="s", level=1, shuffle=True, mac_secret=mac_secret).parts
     return b"".join(bytes(part) for part in parts)
 
 
@@ -73,7 +73,7 @@ def rewritten(
     edit(header)
     raw = json.dumps(header, separators=(",", ":")).encode()
     head = (
-        PRELUDE.pack(_disk_format.MAGIC, old_version if version is None else version, flags, len(raw)) + raw
+        PRELUDE.pack(snapshot_file.MAGIC, old_version if version is None else version, flags, len(raw)) + raw
     )
     return head + hashlib.sha256(head).digest() + body
 
@@ -89,7 +89,7 @@ def payload_offset(header: dict[str, Any], data: bytes) -> int:
 def test_a_format_1_file_decodes_to_its_snapshot(name: str) -> None:
     data = v1_file(name)
     assert PRELUDE.unpack_from(data)[1] == 1
-    snapshot = _disk_format.decode(data, key=V1_KEY, store_id=V1_STORE_ID, mac_secret=secret_of(name))
+    snapshot = snapshot_file.decode(data, key=V1_KEY, store_id=V1_STORE_ID, mac_secret=secret_of(name))
     assert bytes(snapshot.state) == v1_state()
     assert np.array_equal(snapshot.tokens, V1_TOKENS)
     assert snapshot.priority == 3
@@ -99,8 +99,8 @@ def test_a_format_1_file_decodes_to_its_snapshot(name: str) -> None:
 
 
 def test_a_format_1_file_under_another_secret_is_a_mac_mismatch() -> None:
-    with pytest.raises(_disk_format.MacMismatch):
-        _disk_format.decode(v1_file("mac"), key=V1_KEY, store_id=V1_STORE_ID, mac_secret=None)
+    with pytest.raises(snapshot_file.MacMismatch):
+        snapshot_file.decode(v1_file("mac"), key=V1_KEY, store_id=V1_STORE_ID, mac_secret=None)
 
 
 @pytest.mark.parametrize("name", ["plain", "mac"])
@@ -108,7 +108,7 @@ def test_a_damaged_format_1_file_is_refused(name: str) -> None:
     data = bytearray(v1_file(name))
     data[-200] ^= 0x04  # inside the zstd frame
     with pytest.raises(CorruptSnapshot):
-        _disk_format.decode(bytes(data), key=V1_KEY, store_id=V1_STORE_ID, mac_secret=secret_of(name))
+        snapshot_file.decode(bytes(data), key=V1_KEY, store_id=V1_STORE_ID, mac_secret=secret_of(name))
 
 
 @pytest.mark.parametrize("name", ["plain", "mac"])
@@ -128,12 +128,12 @@ def test_a_format_1_file_in_a_store_directory_is_served(
     _, _, header, rest = split(v1_file(name))
     header["store_id"] = store_id
     raw = json.dumps(header, separators=(",", ":")).encode()
-    head = PRELUDE.pack(_disk_format.MAGIC, version, flags, len(raw)) + raw
+    head = PRELUDE.pack(snapshot_file.MAGIC, version, flags, len(raw)) + raw
     checks = hashlib.sha256(head).digest()
     if secret is not None:
         import hmac
 
-        checks += hmac.digest(_disk_format.mac_key(secret), head, "sha256")
+        checks += hmac.digest(snapshot_file.mac_key(secret), head, "sha256")
         rest = rest[32:]
     (directory / FILES_DIR / f"{V1_KEY.id}-{'0' * 12}.snap").write_bytes(head + checks + rest)
     (directory / INDEX_NAME).unlink()
@@ -156,21 +156,21 @@ def test_a_format_1_file_in_a_store_directory_is_served(
 @pytest.mark.parametrize("secret", [None, b"k"])
 def test_new_files_are_format_2_with_the_digest_their_mode_needs(secret: bytes | None) -> None:
     snapshot = make_snapshot()
-    mac_secret = None if secret is None else _disk_format.mac_key(secret)
+    mac_secret = None if secret is None else snapshot_file.mac_key(secret)
     data = encoded(snapshot, mac_secret)
     _, version, flags, length = PRELUDE.unpack_from(data)
     header = json.loads(data[PRELUDE.size : PRELUDE.size + length])
-    assert version == _disk_format.FORMAT_VERSION == 2
+    assert version == snapshot_file.FORMAT_VERSION == 2
     assert header["codec"] == {"name": "blosc2-zstd", "level": 1, "shuffle": 2}
     payload = data[len(data) - header["payload_bytes"] :]
     if secret is None:
         assert header["payload_xxh3"] == xxhash.xxh3_128_hexdigest(payload)
         assert "payload_blake3" not in header
     else:
-        assert flags & _disk_format.FLAG_MAC
+        assert flags & snapshot_file.FLAG_MAC
         assert len(bytes.fromhex(header["payload_blake3"])) == 32
         assert "payload_xxh3" not in header
-    back = _disk_format.decode(data, key=snapshot.key, store_id="s", mac_secret=mac_secret)
+    back = snapshot_file.decode(data, key=snapshot.key, store_id="s", mac_secret=mac_secret)
     assert bytes(back.state) == bytes(snapshot.state)
     assert back.logits is not None
     assert snapshot.logits is not None
@@ -180,7 +180,7 @@ def test_new_files_are_format_2_with_the_digest_their_mode_needs(secret: bytes |
 def test_a_state_of_several_chunks_round_trips(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(codec, "CHUNK_BYTES", 64 << 10)
     snapshot = make_snapshot(state_bytes=300_002)  # four full chunks and a short one
-    back = _disk_format.decode(encoded(snapshot), key=snapshot.key, store_id="s", mac_secret=None)
+    back = snapshot_file.decode(encoded(snapshot), key=snapshot.key, store_id="s", mac_secret=None)
     assert bytes(back.state) == bytes(snapshot.state)
 
 
@@ -190,7 +190,7 @@ def test_a_damaged_payload_is_refused_before_it_is_decompressed(
     monkeypatch: pytest.MonkeyPatch, secret: bytes | None, where: str
 ) -> None:
     snapshot = make_snapshot()
-    mac_secret = None if secret is None else _disk_format.mac_key(secret)
+    mac_secret = None if secret is None else snapshot_file.mac_key(secret)
     data = bytearray(encoded(snapshot, mac_secret))
     start = len(data) - len(codec.compress(snapshot.state))
     offset = {"first byte": start, "middle": (start + len(data)) // 2, "last byte": len(data) - 1}[where]
@@ -198,7 +198,7 @@ def test_a_damaged_payload_is_refused_before_it_is_decompressed(
     calls: list[int] = []
     monkeypatch.setattr(codec, "decompress", lambda *a, **k: calls.append(1))
     with pytest.raises(CorruptSnapshot, match="payload checksum"):
-        _disk_format.decode(bytes(data), key=snapshot.key, store_id="s", mac_secret=mac_secret)
+        snapshot_file.decode(bytes(data), key=snapshot.key, store_id="s", mac_secret=mac_secret)
     assert calls == []
 
 
@@ -219,7 +219,7 @@ def test_a_chunk_that_lies_about_its_size_is_refused(declared: int) -> None:
     snapshot = make_snapshot()
     forged = lie_about_state_size(encoded(snapshot), declared)
     with pytest.raises(CorruptSnapshot, match="blosc2 chunk declares"):
-        _disk_format.decode(forged, key=snapshot.key, store_id="s", mac_secret=None)
+        snapshot_file.decode(forged, key=snapshot.key, store_id="s", mac_secret=None)
 
 
 def test_a_chunk_that_lies_about_its_size_is_a_logged_miss_in_a_tier(
@@ -240,7 +240,7 @@ def test_a_chunk_that_lies_about_its_size_is_a_logged_miss_in_a_tier(
 def test_an_unknown_format_version_is_refused(version: int) -> None:
     snapshot = make_snapshot()
     with pytest.raises(CorruptSnapshot, match=f"unsupported snapshot format version {version}"):
-        _disk_format.decode(
+        snapshot_file.decode(
             rewritten(encoded(snapshot), version=version), key=snapshot.key, store_id="s", mac_secret=None
         )
 
@@ -248,13 +248,13 @@ def test_an_unknown_format_version_is_refused(version: int) -> None:
 def test_a_format_2_file_labelled_format_1_is_refused() -> None:
     snapshot = make_snapshot()
     with pytest.raises(CorruptSnapshot, match="unknown codec"):
-        _disk_format.decode(
+        snapshot_file.decode(
             rewritten(encoded(snapshot), version=1), key=snapshot.key, store_id="s", mac_secret=None
         )
 
 
 def test_a_format_1_file_labelled_format_2_is_refused() -> None:
     with pytest.raises(CorruptSnapshot, match="unknown codec"):
-        _disk_format.decode(
+        snapshot_file.decode(
             rewritten(v1_file("plain"), version=2), key=V1_KEY, store_id=V1_STORE_ID, mac_secret=None
         )

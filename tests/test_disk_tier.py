@@ -18,9 +18,8 @@ import numpy as np
 import pytest
 from reliability_workers.disk_files import garbage_inside, garbage_over
 
-from snapcache import _disk_format
-from snapcache.cache_dir import default_cache_dir, prepare_cache_dir
-from snapcache.disk_tier import FILES_DIR, INDEX_NAME, TEMP_PREFIX, DiskTier
+from snapcache.disk.cache_dir import default_cache_dir, prepare_cache_dir
+from snapcache.disk.tier import FILES_DIR, INDEX_NAME, TEMP_PREFIX, DiskTier
 from snapcache.errors import (
     InsecureDirectory,
     InvalidArgument,
@@ -28,6 +27,7 @@ from snapcache.errors import (
     SnapcacheError,
     StoreUnavailable,
 )
+from snapcache.formats import snapshot_file
 from snapcache.key import SnapshotKey, rolling_hash
 from snapcache.snapshot import Snapshot
 
@@ -222,7 +222,7 @@ def test_data_version_ignores_reads_and_their_last_use(tmp_path: Path) -> None:
 
 
 def test_on_change_reports_each_transaction_exactly(tmp_path: Path) -> None:
-    from snapcache.disk_tier import Change
+    from snapcache.disk.tier import Change
 
     changes: list[Change] = []
     size = file_size(tmp_path)
@@ -529,7 +529,7 @@ def test_secret_files_carry_a_mac_and_other_secrets_miss(
     assert with_secret.put(snap)
     path = file_of(with_secret, snap)
     raw = path.read_bytes()
-    assert int.from_bytes(raw[10:12], "little") & _disk_format.FLAG_MAC
+    assert int.from_bytes(raw[10:12], "little") & snapshot_file.FLAG_MAC
     assert_same(with_secret.get(snap.key), snap)
     with_secret.close()
 
@@ -699,7 +699,7 @@ import sys
 from pathlib import Path
 sys.path[:0] = [sys.argv[4], sys.argv[5]]
 from test_disk_tier import make_snapshot
-from snapcache.disk_tier import DiskTier
+from snapcache.disk.tier import DiskTier
 tier = DiskTier(Path(sys.argv[1]), int(sys.argv[2]))
 first = int(sys.argv[3])
 for seed in range(first, first + 15):
@@ -834,7 +834,7 @@ def test_forged_header_is_a_miss(tier: DiskTier, forgery: str, caplog: pytest.Lo
 
 
 def test_decode_checks_sizes_before_decompressing(tier: DiskTier, monkeypatch: pytest.MonkeyPatch) -> None:
-    from snapcache import codec
+    from snapcache.formats import codec
 
     snap = make_snapshot(1)
     tier.put(snap)
@@ -899,7 +899,7 @@ def fill_and_close(directory: Path, snaps: list[Snapshot], secret: bytes | None 
 def test_a_damaged_or_lost_index_is_rebuilt_from_the_files(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, damage: str
 ) -> None:
-    from snapcache.disk_tier import QUARANTINE_DIR
+    from snapcache.disk.tier import QUARANTINE_DIR
 
     directory = tmp_path / "c"
     snaps = [make_snapshot(i, priority=i, logits=i % 2 == 1, n_tokens=20 + i) for i in range(6)]
@@ -998,7 +998,7 @@ _OPENER = """
 import sys
 from pathlib import Path
 sys.path[:0] = [sys.argv[2]]
-from snapcache.disk_tier import DiskTier
+from snapcache.disk.tier import DiskTier
 tier = DiskTier(Path(sys.argv[1]), 1 << 30)
 print(len(tier))
 tier.close()
@@ -1009,7 +1009,7 @@ def test_processes_opening_a_damaged_index_together_rebuild_it_once(tmp_path: Pa
     import subprocess
     import sys
 
-    from snapcache.disk_tier import QUARANTINE_DIR
+    from snapcache.disk.tier import QUARANTINE_DIR
 
     directory = tmp_path / "c"
     snaps = [make_snapshot(i) for i in range(8)]
@@ -1085,9 +1085,9 @@ def test_a_hit_is_served_when_the_index_is_read_only(
 
 def forge(snapshot: Snapshot, store_id: str, edit: Callable[[bytes], bytes] = lambda h: h) -> bytes:
     """A file for `snapshot` (tokens unchecked) whose header `edit` changed, with a fresh header digest."""
-    encoded = _disk_format.encode(snapshot, store_id=store_id, level=3, shuffle=True, mac_secret=None)
+    encoded = snapshot_file.encode(snapshot, store_id=store_id, level=3, shuffle=True, mac_secret=None)
     data = b"".join(bytes(part) for part in encoded.parts)
-    prelude = _disk_format._PRELUDE
+    prelude = snapshot_file._PRELUDE
     magic, version, flags, length = prelude.unpack_from(data)
     header = edit(data[prelude.size : prelude.size + length])
     head = prelude.pack(magic, version, flags, len(header)) + header

@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 from test_block_reads import block_snapshots
 
-from snapcache import _disk_index
-from snapcache._disk_files import FILES_DIR, INDEX_NAME, is_pack_name
-from snapcache._disk_format import MacMismatch, mac_key
-from snapcache._pack_format import decode_member, encode_pack, read_member_tokens, read_pack_head
-from snapcache.disk_tier import PACK_MEMBERS, DiskTier, Miss
+from snapcache.disk import index
+from snapcache.disk.files import FILES_DIR, INDEX_NAME, is_pack_name
+from snapcache.disk.tier import PACK_MEMBERS, DiskTier, Miss
 from snapcache.errors import CorruptSnapshot
+from snapcache.formats.pack_file import decode_member, encode_pack, read_member_tokens, read_pack_head
+from snapcache.formats.snapshot_file import MacMismatch, mac_key
 from snapcache.key import MAX_SCOPE_LENGTH, block_keys
 from snapcache.snapshot import Snapshot
 from snapcache.store import SnapshotStore
@@ -254,7 +254,7 @@ def test_an_index_of_schema_1_is_migrated_with_its_rows(tmp_path: Path) -> None:
     tier.close()
     with sqlite3.connect(tmp_path / INDEX_NAME) as conn:  # back to how 0.1-0.3 laid it out
         conn.execute(
-            _disk_index._ENTRIES_TABLE.format(name="v1").replace(
+            index._ENTRIES_TABLE.format(name="v1").replace(
                 "file_name TEXT NOT NULL", "file_name TEXT NOT NULL UNIQUE"
             )
         )

@@ -6,8 +6,8 @@ import pytest
 
 from snapcache.errors import InvalidArgument
 from snapcache.key import SnapshotKey, as_token_array
-from snapcache.ram_tier import RamTier
 from snapcache.snapshot import Snapshot
+from snapcache.store.ram import RamTier
 
 
 def snap(n: int, *, priority: int = 0, size: int = 100) -> Snapshot:

@@ -14,7 +14,7 @@ from reliability_workers.disk_files import files_of_key, snapshot_files
 from reliability_workers.payload import FINGERPRINT, SCOPE, problem_with, query_for, state_for, tokens_for
 
 from snapcache import Snapshot, SnapshotKey, SnapshotStore
-from snapcache._disk_format import FLAG_MAC, encode, mac_key
+from snapcache.formats.snapshot_file import FLAG_MAC, encode, mac_key
 
 INDICES = [0, 4, 8, 1]
 DISK_BYTES = 4 << 20
@@ -180,7 +180,7 @@ def _forge_longest(directory: Path, reader_secret: bytes | None) -> None:
     The forger can write the directory and the index, and read the files (they are not encrypted),
     but does not know the secret: the forgery carries no MAC.
     """
-    from snapcache._disk_format import decode
+    from snapcache.formats.snapshot_file import decode
 
     files = sorted((directory / "snapshots").glob("*.snap"), key=lambda p: p.stat().st_size)
     target = files[-1]

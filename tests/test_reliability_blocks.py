@@ -37,9 +37,9 @@ from small_filesystem import mounted
 from tiny_model import write_tiny_model
 
 from snapcache import CachedLlama, Snapshot, SnapshotKey, SnapshotStore, model_fingerprint
-from snapcache._disk_files import FILES_DIR
-from snapcache._disk_format import FLAG_MAC, decode, encode, mac_key
-from snapcache._pack_format import decode_member, encode_pack, read_pack_head
+from snapcache.disk.files import FILES_DIR
+from snapcache.formats.pack_file import decode_member, encode_pack, read_pack_head
+from snapcache.formats.snapshot_file import FLAG_MAC, decode, encode, mac_key
 from snapcache.key import BLOCK_TOKENS, as_token_array, block_keys
 from snapcache.llama import capture_sequence
 from snapcache.llama.blocks import split_state

@@ -15,8 +15,8 @@ from snapcache import (
     SnapshotKey,
     SnapshotStore,
     StoreUnavailable,
-    cache_dir,
 )
+from snapcache.disk import cache_dir
 
 posix_only = pytest.mark.skipif(os.name != "posix", reason="POSIX permission bits")
 

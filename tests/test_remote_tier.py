@@ -15,10 +15,10 @@ redis = pytest.importorskip("redis", reason="the remote tier needs the redis cli
 
 from redis_server import RedisServer, find_redis_server  # noqa: E402
 
-from snapcache._disk_format import encode  # noqa: E402
-from snapcache._remote_writes import RemoteWrites  # noqa: E402
+from snapcache.formats.snapshot_file import encode  # noqa: E402
 from snapcache.key import SnapshotKey, as_token_array, block_keys, rolling_hash  # noqa: E402
-from snapcache.remote_tier import RemoteTier  # noqa: E402
+from snapcache.remote.tier import RemoteTier  # noqa: E402
+from snapcache.remote.writes import RemoteWrites  # noqa: E402
 from snapcache.snapshot import Snapshot  # noqa: E402
 
 SECRET = b"team secret"
@@ -520,7 +520,7 @@ def test_a_machine_with_another_secret_reads_the_prompt_itself(server, tmp_path,
 
 
 def test_store_with_a_dead_redis_keeps_working_locally(server, tmp_path):
-    from snapcache.remote_tier import RemoteTier
+    from snapcache.remote.tier import RemoteTier
 
     server.kill()
     remote = RemoteTier(server.url, secret=SECRET, backoff_s=60)
@@ -607,7 +607,7 @@ def test_store_reads_the_remote_from_the_environment(server, tmp_path, monkeypat
 
 
 def test_store_survives_redis_killed_and_restarted_amid_puts_and_lookups(server, tmp_path):
-    from snapcache.remote_tier import RemoteTier
+    from snapcache.remote.tier import RemoteTier
 
     remote = RemoteTier(server.url, secret=SECRET, backoff_s=0.2)
     errors: list[BaseException] = []

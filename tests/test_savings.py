@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from snapcache.savings import MIN_TIMED_TOKENS, SavingsLedger
+from snapcache.store.savings import MIN_TIMED_TOKENS, SavingsLedger
 
 
 def test_totals_add_up_across_ledgers_on_one_directory(tmp_path: Path) -> None:

@@ -587,7 +587,7 @@ def test_lookup_with_tier_of_a_disk_only_store_says_disk(directory: Path) -> Non
 def test_a_transient_disk_read_failure_does_not_hide_the_entry(
     directory: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from snapcache import _disk_files as disk_files
+    from snapcache.disk import files as disk_files
 
     with SnapshotStore(directory, ram_bytes=0, background_writes=False) as store:
         add(store, 30)

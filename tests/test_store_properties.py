@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from snapcache import key as key_module
 from snapcache.key import SnapshotKey, as_token_array, rolling_hash, rolling_prefix_hashes
-from snapcache.prefix_index import PrefixIndex, iter_prefix_matches
 from snapcache.store import SnapshotStore
+from snapcache.store.prefix_index import PrefixIndex, iter_prefix_matches
 
 FP = "fp-prop"
 _rng = np.random.default_rng(7)

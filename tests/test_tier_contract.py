@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from snapcache.disk_tier import DiskTier
+from snapcache.disk.tier import DiskTier
 from snapcache.key import SnapshotKey, as_token_array
-from snapcache.ram_tier import RamTier
 from snapcache.snapshot import Snapshot
+from snapcache.store.ram import RamTier
 from snapcache.tier import Tier
 
 STATE_BYTES = 4_000

@@ -20,7 +20,7 @@ from ..formatting import format_size, render_pairs
 from ..settings import Settings, settings_of
 
 if TYPE_CHECKING:
-    from snapcache.cache_dir import DirectoryReport
+    from snapcache.store import DirectoryReport
 
 Status = Literal["ok", "warn", "fail"]
 _PACKAGES = (
@@ -246,7 +246,7 @@ def _plural(count: int, noun: str) -> str:
 
 def _model_check() -> Check:
     """Which model `warm` and `bench` use without --model; the demo model is not assembled here."""
-    from snapcache import demo_model
+    from snapcache.llama import demo_model
 
     from ..errors import CliError
     from ..model_source import MODEL_ENV, ModelChoice, check_gguf

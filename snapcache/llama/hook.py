@@ -32,7 +32,6 @@ import llama_cpp
 from llama_cpp import llama_chat_format
 
 from snapcache.errors import InvalidArgument
-from snapcache.fingerprint_notes import FingerprintNotes
 from snapcache.key import DEFAULT_SCOPE, TokenArray, as_token_array, validate_priority, validate_scope
 from snapcache.llama.amx import warn_once
 from snapcache.llama.chat_prefix import (
@@ -46,6 +45,7 @@ from snapcache.llama.chat_prefix import (
 from snapcache.llama.checkpoints import MIN_PREFIX_TOKENS, align_down
 from snapcache.llama.completion import Completion, CompletionCache
 from snapcache.llama.fingerprint import model_fingerprint
+from snapcache.llama.fingerprint_notes import FingerprintNotes
 from snapcache.llama.miss import MissExplanation, explain_prompt
 from snapcache.llama.prefix_loader import PrefixLoader, Progress
 from snapcache.llama.readiness import Readiness

@@ -15,9 +15,9 @@ from typing import Any
 import llama_cpp
 import numpy as np
 
-from snapcache.fingerprint_notes import FingerprintNotes
 from snapcache.key import SnapshotKey, TokenArray
 from snapcache.llama.chat_prefix import common_prefix
+from snapcache.llama.fingerprint_notes import FingerprintNotes
 from snapcache.store import SnapshotStore
 
 __all__ = ["MissExplanation", "explain_prompt"]

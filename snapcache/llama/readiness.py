@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import llama_cpp
 
-from snapcache.fingerprint_notes import FingerprintNotes
 from snapcache.llama import alignment
 from snapcache.llama.fingerprint import fingerprint_of, fingerprint_parts
+from snapcache.llama.fingerprint_notes import FingerprintNotes
 from snapcache.llama.prefix_loader import PrefixLoader
 from snapcache.llama.support import unsupported_reason
 

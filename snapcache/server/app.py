@@ -31,7 +31,6 @@ from snapcache.llama.batch import Mode
 from snapcache.llama.cached import attach, detach
 from snapcache.llama.fingerprint import model_fingerprint
 from snapcache.llama.hook import CacheHook
-from snapcache.savings import SavingsLedger
 from snapcache.server.checks import ModelLimits, RequestChecks
 from snapcache.server.errors import answer_client_errors
 from snapcache.server.middleware import SnapcacheMiddleware
@@ -40,7 +39,7 @@ from snapcache.server.openapi import document_errors
 from snapcache.server.parallel import ModelTurns, parallel_model, unlock_routes
 from snapcache.server.request import current_scope
 from snapcache.server.routes import extras_router, snapcache_router
-from snapcache.store import SnapshotStore
+from snapcache.store import SavingsLedger, SnapshotStore
 
 __all__ = ["DEFAULT_MAX_TOKENS", "ServeOptions", "create_app", "serve"]
 

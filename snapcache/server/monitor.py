@@ -22,9 +22,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from snapcache.llama.reports import CompletionReport, RestoreInfo
-from snapcache.savings import MIN_TIMED_TOKENS, SavingsLedger, ScopeSavings
 from snapcache.server.request import current_record
-from snapcache.store import SnapshotStore
+from snapcache.store import MIN_TIMED_TOKENS, SavingsLedger, ScopeSavings, SnapshotStore
 
 __all__ = ["ScopeTotals", "ServeMonitor"]
 

@@ -22,8 +22,8 @@ from fastapi import FastAPI
 from llama_cpp.server import app as llama_server
 from starlette.concurrency import run_in_threadpool
 
-from snapcache.fingerprint_notes import FingerprintNotes
 from snapcache.llama.batch import BatchedLlama, Mode, Scheduler, unbatched_reason
+from snapcache.llama.fingerprint_notes import FingerprintNotes
 from snapcache.llama.miss import MissExplanation, explain_prompt
 from snapcache.llama.reports import CompletionListener
 from snapcache.server.request import current_scope

@@ -16,12 +16,12 @@ import logging
 import llama_cpp
 
 from snapcache.errors import SnapcacheError
-from snapcache.fingerprint_notes import FingerprintNotes
 from snapcache.key import BLOCK_TOKENS, TokenArray
 from snapcache.llama.batch._context import SequenceContext
 from snapcache.llama.blocks import KIND_PREFIX, KIND_PROMPT_END
 from snapcache.llama.checkpoints import checkpoint_plan, final_point
 from snapcache.llama.fingerprint import model_fingerprint
+from snapcache.llama.fingerprint_notes import FingerprintNotes
 from snapcache.llama.prefix_loader import PrefixLoader
 from snapcache.llama.readiness import Readiness
 from snapcache.llama.reports import Source

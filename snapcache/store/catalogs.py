@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING
 
 from snapcache.errors import InvalidArgument, StoreUnavailable
 from snapcache.key import SnapshotKey
-from snapcache.prefix_index import PrefixIndex
+from snapcache.store.prefix_index import PrefixIndex
 
 if TYPE_CHECKING:
-    from snapcache.disk_tier import Change, DiskTier
+    from snapcache.disk import Change, DiskTier
 
 log = logging.getLogger("snapcache")
 

@@ -11,15 +11,15 @@ import logging
 import threading
 from typing import TYPE_CHECKING
 
-from snapcache._disk_catalogs import DiskCatalogs
-from snapcache._store_reads import disk_call
-from snapcache._store_report import Counters
 from snapcache.errors import StoreUnavailable
 from snapcache.key import SnapshotKey
 from snapcache.snapshot import Snapshot
+from snapcache.store.catalogs import DiskCatalogs
+from snapcache.store.reads import disk_call
+from snapcache.store.report import Counters
 
 if TYPE_CHECKING:
-    from snapcache.disk_tier import DiskTier
+    from snapcache.disk import DiskTier
 
 log = logging.getLogger("snapcache")
 

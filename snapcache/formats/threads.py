@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from snapcache import codec
+from snapcache.formats import codec
 
 __all__ = ["map_in_parallel"]
 

@@ -6,16 +6,17 @@ then commits the row; files it replaced or evicted are deleted after the commit.
 file vanishing under them (a miss). A file that fails verification is deleted, logged, and a miss;
 an intact file authenticated under another secret (or none) is a miss that stays, since processes
 configured otherwise may share the directory. Opening the tier (under the directory's lock) rebuilds
-a damaged or missing index from the files and reclaims debris of interrupted writes (_disk_repair).
-The directory's layout is in _disk_files; the file formats in _disk_format and _pack_format; reading
-a file back and checking it in _disk_reads, and what a failed read does to the index's rows in
-_disk_index_reads; checking a put and cutting a save into packs in _disk_puts. This module holds
-what ties them to the index: the puts' transactions, the budget, the uses recorded, and checks.
+a damaged or missing index from the files and reclaims debris of interrupted writes (disk.repair).
+The directory's layout is in disk.files; the file formats in formats.snapshot_file and
+formats.pack_file; reading a file back and checking it in disk.reads, and what a failed read does to
+the index's rows in disk.index_reads; checking a put and cutting a save into packs in disk.puts. This
+module holds what ties them to the index: the puts' transactions, the budget, the uses recorded, and
+checks.
 
 `put_many` writes the blocks of one save (block keys, one priority, no logits) into pack files of up
-to PACK_MEMBERS blocks (_pack_format): one file, one fsync and one header for many blocks, so that a
+to PACK_MEMBERS blocks (formats.pack_file): one file, one fsync and one header for many blocks, so that a
 restore opens, reads and checks one header per pack rather than per block. A damaged block drops its
-own row; its pack goes with its last row, and eviction frees whole files (_disk_index).
+own row; its pack goes with its last row, and eviction frees whole files (disk.index).
 """
 
 from __future__ import annotations
@@ -27,16 +28,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from snapcache import _disk_files as files
-from snapcache import codec
-from snapcache._disk_auth import OtherAuthentication
-from snapcache._disk_files import FILES_DIR, INDEX_NAME, LOCK_NAME, QUARANTINE_DIR, TEMP_PREFIX
-from snapcache._disk_format import EncodedFile, encode, mac_key
-from snapcache._disk_index import CatalogRow, Change, DiskIndex, IndexRow
-from snapcache._disk_index_reads import IndexedReads, Miss
-from snapcache._disk_puts import checked, pack_rows, pack_runs
-from snapcache._disk_reads import StoredFiles
-from snapcache._disk_repair import (
+from snapcache.disk import files
+from snapcache.disk.auth import OtherAuthentication
+from snapcache.disk.cache_dir import prepare_cache_dir
+from snapcache.disk.files import FILES_DIR, INDEX_NAME, LOCK_NAME, QUARANTINE_DIR, TEMP_PREFIX
+from snapcache.disk.index import Change, DiskIndex, IndexRow
+from snapcache.disk.index_reads import IndexedReads, Miss
+from snapcache.disk.puts import checked, pack_rows, pack_runs
+from snapcache.disk.reads import StoredFiles
+from snapcache.disk.repair import (
     DEFAULT_GRACE_S,
     CheckReport,
     open_or_rebuild,
@@ -44,18 +44,19 @@ from snapcache._disk_repair import (
     report_of,
     survey,
 )
-from snapcache._pack_format import (
+from snapcache.errors import InvalidArgument, StoreUnavailable
+from snapcache.formats import codec
+from snapcache.formats.pack_file import (
     PACK_MEMBERS,
     PACK_STATE_BYTES,
     EncodedPack,
     PackTooLarge,
     encode_pack,
 )
-from snapcache.cache_dir import prepare_cache_dir
-from snapcache.errors import InvalidArgument, StoreUnavailable
+from snapcache.formats.snapshot_file import EncodedFile, encode, mac_key
 from snapcache.key import SnapshotKey, TokenArray, rolling_hash, validate_budget
 from snapcache.snapshot import Snapshot
-from snapcache.tier import EntryInfo, TierName
+from snapcache.tier import CatalogRow, EntryInfo, TierName
 
 logger = logging.getLogger("snapcache")
 
@@ -318,7 +319,7 @@ class DiskTier:
     def touch(self, keys: list[SnapshotKey], *, patient: bool = False) -> None:
         """Record a use of each of `keys` in one transaction, the first as the most recent. A writer
         in another process makes it give up after a short wait (50 ms); `patient` tries again for up
-        to 2 s, for a caller that nothing waits for (see `_deferred_uses`)."""
+        to 2 s, for a caller that nothing waits for (see `store.deferred_uses`)."""
         index = self._open_index()
         now = time.time()
         rows = index.get_many([key.id for key in keys])

@@ -11,7 +11,7 @@ from snapcache.snapshot import Snapshot
 from snapcache.tier import EntryInfo, TierName
 
 if TYPE_CHECKING:
-    from snapcache.ram_tier import RamTier
+    from snapcache.store.ram import RamTier
 
 
 @dataclass(frozen=True, slots=True)

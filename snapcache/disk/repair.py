@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Literal
 
-from snapcache import _disk_files as files
-from snapcache._disk_format import FileHeader, read_header
-from snapcache._disk_index import DiskIndex, IndexDamaged, IndexRow
-from snapcache._pack_format import read_member_tokens, read_pack_head
+from snapcache.disk import files
+from snapcache.disk.index import DiskIndex, IndexDamaged, IndexRow
 from snapcache.errors import CorruptSnapshot, StoreUnavailable
+from snapcache.formats.pack_file import read_member_tokens, read_pack_head
+from snapcache.formats.snapshot_file import FileHeader, read_header
 from snapcache.key import SnapshotKey, TokenArray, rolling_hash
 
 logger = logging.getLogger("snapcache")

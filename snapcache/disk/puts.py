@@ -1,6 +1,6 @@
 """What a disk tier's puts write: each snapshot checked, a `put_many`'s blocks cut into the runs that
 share one pack file, and the index rows of a pack. The writing itself, the budget and the index
-transaction are the tier's (`disk_tier.DiskTier`)."""
+transaction are the tier's (`disk.tier.DiskTier`)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import dataclasses
 import math
 from collections.abc import Collection, Iterator, Sequence
 
-from snapcache._disk_index import IndexRow
-from snapcache._pack_format import PACK_MEMBERS, EncodedPack
+from snapcache.disk.index import IndexRow
 from snapcache.errors import InvalidArgument, KeyMismatch
+from snapcache.formats.pack_file import PACK_MEMBERS, EncodedPack
 from snapcache.key import SnapshotKey, rolling_hash, validate_priority
 from snapcache.snapshot import Snapshot
 

@@ -12,11 +12,11 @@ import os
 import threading
 from pathlib import Path
 
-from snapcache import _disk_files as files
-from snapcache._disk_format import read_header
-from snapcache._disk_index import IndexRow
-from snapcache._pack_format import read_pack_head
+from snapcache.disk import files
+from snapcache.disk.index import IndexRow
 from snapcache.errors import CorruptSnapshot
+from snapcache.formats.pack_file import read_pack_head
+from snapcache.formats.snapshot_file import read_header
 
 logger = logging.getLogger("snapcache")
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import platformdirs
 
-from snapcache._disk_files import FILES_DIR, INDEX_NAME, PACK_SUFFIX, SNAPSHOT_SUFFIX
+from snapcache.disk.files import FILES_DIR, INDEX_NAME, PACK_SUFFIX, SNAPSHOT_SUFFIX
 from snapcache.errors import InsecureDirectory, StoreUnavailable
 
 ENV_DIR = "SNAPCACHE_DIR"

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from snapcache._store_report import Counters, memory_row
-from snapcache._write_behind import PendingWrite, WriteBehind
 from snapcache.key import SnapshotKey, rolling_hash
-from snapcache.prefix_index import PrefixIndex
-from snapcache.ram_tier import RamTier
 from snapcache.snapshot import Snapshot
+from snapcache.store.prefix_index import PrefixIndex
+from snapcache.store.ram import RamTier
+from snapcache.store.report import Counters, memory_row
+from snapcache.store.write_behind import PendingWrite, WriteBehind
 from snapcache.tier import EntryInfo
 
 

@@ -1,18 +1,18 @@
 """The remote tier: snapshots in a Redis (or Valkey) server that several machines share.
 
-A value is exactly the bytes of a local snapshot file (`_disk_format`): the same header, checksums
+A value is exactly the bytes of a local snapshot file (`formats.snapshot_file`): the same header, checksums
 and, with a secret, HMAC, verified before anything is used. The header names the remote namespace
 (`remote:<prefix>`) where a local file names its directory's store id, so a local file copied into
 Redis is refused like a value copied from another key. Without a secret anyone who can write to the
 Redis can plant a state that decodes as valid: the tier then logs a warning once.
 
 Keys are `<prefix>:<model fingerprint>:<scope>:<key id>`, so one Redis serves several models and
-teams (blocks sit under their prompt's scope); the budget's bookkeeping is in `_remote_budget`.
+teams (blocks sit under their prompt's scope); the budget's bookkeeping is in `remote.budget`.
 
 Nothing a remote fault does reaches the caller: every call is bounded by short socket timeouts
 (no retries), a connection failure or a timeout makes the tier skip Redis for `backoff_s` seconds
 (logged once per outage), and every failure is a miss or a write not made, counted in `stats()`.
-Puts only queue (`_remote_writes`): a slow Redis never holds up a completion.
+Puts only queue (`remote.writes`): a slow Redis never holds up a completion.
 """
 
 from __future__ import annotations
@@ -29,14 +29,14 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from snapcache import codec
-from snapcache._disk_format import MacMismatch, decode, encode, mac_key
-from snapcache._remote_budget import FORGET, PUT, TOUCH, BudgetKeys, now_ms
-from snapcache._remote_writes import RemoteWrites
 from snapcache.errors import CorruptSnapshot, InvalidArgument
+from snapcache.formats import codec
+from snapcache.formats.snapshot_file import MacMismatch, decode, encode, mac_key
 from snapcache.key import SnapshotKey, rolling_hash, validate_budget
-from snapcache.prefix_index import CatalogRow
+from snapcache.remote.budget import FORGET, PUT, TOUCH, BudgetKeys, now_ms
+from snapcache.remote.writes import RemoteWrites
 from snapcache.snapshot import Snapshot
+from snapcache.tier import CatalogRow
 
 log = logging.getLogger("snapcache")
 

@@ -26,7 +26,7 @@ DEFAULT_DIRECTORY = Default.DIRECTORY
 def store_path(directory: str | os.PathLike[str] | Default | None) -> Path | None:
     """The disk tier's directory: the default one, a given path, or None for RAM only."""
     if directory is DEFAULT_DIRECTORY:
-        from snapcache.cache_dir import default_cache_dir
+        from snapcache.disk import default_cache_dir
 
         return Path(default_cache_dir())
     if directory is None:

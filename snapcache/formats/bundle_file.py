@@ -6,7 +6,7 @@ Layout (all integers little-endian)::
     manifest  UTF-8 JSON object, at most MAX_MANIFEST_BYTES
     digest    SHA-256 of prelude + manifest
     mac       HMAC-SHA256 of prelude + manifest under the secret (only with FLAG_MAC)
-    entries   each entry a snapshot file as the disk tier writes it (see _disk_format), back to back
+    entries   each entry a snapshot file as the disk tier writes it (see formats.snapshot_file), back to back
 
 The manifest names every entry (its key, kind, priority, sizes) with the BLAKE3 of its bytes in the
 bundle and the BLAKE3 of its content (tokens, logits and state). The digest, and with a secret the

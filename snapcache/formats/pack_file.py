@@ -11,9 +11,9 @@ Layout (all integers little-endian)::
 
 A restore of many blocks then opens, reads and checks one header for many of them: per block only its
 bytes are read and its digest checked. A member's digest (XXH3-128, or BLAKE3 with a secret, as in
-_disk_format) covers its tokens and payload, so the checked header reaches every byte of the file.
+formats.snapshot_file) covers its tokens and payload, so the checked header reaches every byte of the file.
 Members carry no logits. In the index each block has its own row, whose bytes are its share of the
-pack (see _disk_index): the pack is deleted with its last row.
+pack (see disk.index): the pack is deleted with its last row.
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ import blake3
 import numpy as np
 import xxhash
 
-from snapcache import codec
-from snapcache._disk_format import (
+from snapcache.errors import CorruptSnapshot
+from snapcache.formats import codec
+from snapcache.formats.snapshot_file import (
     _DIGEST_BYTES,
     _PRELUDE,
     FLAG_MAC,
@@ -47,7 +48,6 @@ from snapcache._disk_format import (
     checked_time_and_priority,
     decoded_state,
 )
-from snapcache.errors import CorruptSnapshot
 from snapcache.key import SnapshotKey, TokenArray
 from snapcache.snapshot import Buffer, Snapshot
 

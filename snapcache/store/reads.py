@@ -3,7 +3,7 @@ then the remote tier (if any), whose hits are copied into the local tiers.
 
 Exact gets, longest-prefix lookups and the reads of shared blocks, with the hits and misses each
 counts. Arguments arrive checked (the store's façade checks them); a disk that fails to answer is a
-logged miss, never an exception, and so is a remote tier (see remote_tier).
+logged miss, never an exception, and so is a remote tier (see remote.tier).
 """
 
 from __future__ import annotations
@@ -15,20 +15,20 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from snapcache._deferred_uses import DeferredUses
-from snapcache._disk_catalogs import DiskCatalogs
-from snapcache._store_memory import StoreMemory
-from snapcache._store_report import Counters
-from snapcache._threads import map_in_parallel
 from snapcache.errors import StoreUnavailable
+from snapcache.formats.threads import map_in_parallel
 from snapcache.key import SnapshotKey, TokenArray, rolling_prefix_hashes
-from snapcache.prefix_index import PrefixHashes, PrefixIndex, iter_prefix_matches
 from snapcache.snapshot import Snapshot
+from snapcache.store.catalogs import DiskCatalogs
+from snapcache.store.deferred_uses import DeferredUses
+from snapcache.store.memory import StoreMemory
+from snapcache.store.prefix_index import PrefixHashes, PrefixIndex, iter_prefix_matches
+from snapcache.store.report import Counters
 from snapcache.tier import TierName
 
 if TYPE_CHECKING:
-    from snapcache.disk_tier import DiskTier, Miss
-    from snapcache.remote_tier import RemoteTier
+    from snapcache.disk import DiskTier, Miss
+    from snapcache.remote import RemoteTier
 
 log = logging.getLogger("snapcache")
 

@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 from snapcache.errors import StoreUnavailable
 from snapcache.key import SnapshotKey
-from snapcache.tier import EVICTION_ORDER
+from snapcache.tier import EVICTION_ORDER, CatalogRow
 
 _T = TypeVar("_T")
 
@@ -162,9 +162,6 @@ class IndexRow:
             self.last_used_at,
         )
 
-
-# token_count, prefix_hash, rolling_hash (unsigned): what a lookup needs
-CatalogRow = tuple[int, str, int]
 
 
 class IndexDamaged(StoreUnavailable):

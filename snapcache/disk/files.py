@@ -5,7 +5,7 @@ Directory layout::
     index.sqlite3          one row per snapshot; a committed row is the commit point of a put
     index.sqlite3.lock     held while a process opens (and, if need be, repairs) the index
     snapshots/<key id>-<random>.snap   one snapshot
-    snapshots/pack-<random>.pack       the blocks of one save (_pack_format)
+    snapshots/pack-<random>.pack       the blocks of one save (formats.pack_file)
     snapshots/.tmp-<random>.partial    a write in flight (or left by a crash)
     quarantine/index.sqlite3.<time>    a damaged index, moved aside
 """
@@ -29,8 +29,8 @@ import numpy as np
 from snapcache.errors import StoreUnavailable
 
 if TYPE_CHECKING:
-    from snapcache._disk_format import EncodedFile
-    from snapcache._pack_format import EncodedPack
+    from snapcache.formats.pack_file import EncodedPack
+    from snapcache.formats.snapshot_file import EncodedFile
     from snapcache.key import SnapshotKey
 
 logger = logging.getLogger("snapcache")

@@ -38,8 +38,8 @@ import blake3
 import numpy as np
 import xxhash
 
-from snapcache import codec
 from snapcache.errors import CorruptSnapshot
+from snapcache.formats import codec
 from snapcache.key import SnapshotKey, TokenArray
 from snapcache.snapshot import MAX_PRIORITY, Buffer, Snapshot
 

@@ -1,10 +1,10 @@
 """SnapshotStore: the façade over the RAM and disk tiers — put, get, longest-prefix lookup, spill, promote.
 
-The façade checks arguments (once, with _store_inputs), opens and closes the store, and steps through
-its pieces: what memory holds and on what terms (_store_memory: the RAM tier, the write-behind queue
-to the disk, admission and spills), reads across the tiers with their promotions (_store_reads), the
-writes to the disk (_disk_writes), the disk tier (disk_tier) and the store's copies of its catalogs
-(_disk_catalogs), and what it reports (_store_report).
+The façade checks arguments (once, with store.inputs), opens and closes the store, and steps through
+its pieces: what memory holds and on what terms (store.memory: the RAM tier, the write-behind queue
+to the disk, admission and spills), reads across the tiers with their promotions (store.reads), the
+writes to the disk (store.disk_writes), the disk tier (disk.tier) and the store's copies of its catalogs
+(store.catalogs), and what it reports (store.report).
 """
 
 from __future__ import annotations
@@ -24,31 +24,8 @@ from typing import TYPE_CHECKING, TypeVar
 
 import numpy.typing as npt
 
-from snapcache._deferred_uses import DeferredUses
-from snapcache._disk_catalogs import DiskCatalogs
-from snapcache._disk_writes import DiskWrites
-from snapcache._pack_format import PACK_MEMBERS, PACK_STATE_BYTES
-from snapcache._store_inputs import (
-    DEFAULT_DIRECTORY,
-    Default,
-    copy_logits,
-    copy_state,
-    resolve_remote,
-    resolve_secret,
-    store_path,
-)
-from snapcache._store_memory import StoreMemory
-from snapcache._store_reads import TierReads, disk_call
-from snapcache._store_report import (
-    Counters,
-    DiskFigures,
-    StoreEntry,
-    StoreStats,
-    merge_entries,
-    store_stats,
-)
-from snapcache._write_behind import WriteBehind
 from snapcache.errors import InvalidArgument, KeyMismatch, StoreUnavailable
+from snapcache.formats.pack_file import PACK_MEMBERS, PACK_STATE_BYTES
 from snapcache.key import (
     SnapshotKey,
     TokenArray,
@@ -60,13 +37,34 @@ from snapcache.key import (
     validate_scope,
 )
 from snapcache.snapshot import Buffer, Snapshot
+from snapcache.store.catalogs import DiskCatalogs
+from snapcache.store.deferred_uses import DeferredUses
+from snapcache.store.disk_writes import DiskWrites
+from snapcache.store.inputs import (
+    DEFAULT_DIRECTORY,
+    Default,
+    copy_logits,
+    copy_state,
+    resolve_remote,
+    resolve_secret,
+    store_path,
+)
+from snapcache.store.memory import StoreMemory
+from snapcache.store.reads import TierReads, disk_call
+from snapcache.store.report import (
+    Counters,
+    DiskFigures,
+    StoreEntry,
+    StoreStats,
+    merge_entries,
+    store_stats,
+)
+from snapcache.store.write_behind import WriteBehind
 from snapcache.tier import EntryInfo, TierName, in_eviction_order
 
 if TYPE_CHECKING:
-    from snapcache._disk_repair import CheckReport
-    from snapcache.cache_dir import DirectoryReport
-    from snapcache.disk_tier import Change, DiskTier
-    from snapcache.remote_tier import RemoteStats, RemoteTier
+    from snapcache.disk import Change, CheckReport, DirectoryReport, DiskTier
+    from snapcache.remote import RemoteStats, RemoteTier
 
 _E = TypeVar("_E", bound=EntryInfo)
 
@@ -110,7 +108,7 @@ class SnapshotStore:
     `RemoteTier` for other settings (the store closes it). Every put is also sent there in the
     background; a get or lookup that misses locally asks it, and a remote hit is copied into the
     local tiers. `held_priority`, `stored_tokens` and `entries` answer for the local tiers alone.
-    A remote fault is a miss (see `remote_tier`), never an exception.
+    A remote fault is a miss (see `remote.tier`), never an exception.
     """
 
     def __init__(
@@ -153,7 +151,7 @@ class SnapshotStore:
         self._writes: WriteBehind | None = None
         self._disk_writes: DiskWrites | None = None
         if path is not None:
-            from snapcache.disk_tier import DiskTier
+            from snapcache.disk import DiskTier
 
             self._disk = DiskTier(
                 path,
@@ -202,7 +200,7 @@ class SnapshotStore:
     def default_directory() -> Path:
         """Where a store opened without a directory keeps its files: $SNAPCACHE_DIR, else the user
         cache directory."""
-        from snapcache.cache_dir import default_cache_dir
+        from snapcache.disk import default_cache_dir
 
         return Path(default_cache_dir())
 
@@ -212,7 +210,7 @@ class SnapshotStore:
     ) -> DirectoryReport:
         """What `directory` (default: `default_directory()`) holds and whether a store could open
         there, found without creating or changing anything."""
-        from snapcache.cache_dir import inspect_store_dir
+        from snapcache.disk import inspect_store_dir
 
         path = SnapshotStore.default_directory() if directory is None else Path(directory)
         return inspect_store_dir(path, allow_shared_dir)
@@ -572,7 +570,7 @@ def _packs_of(snapshots: list[Snapshot]) -> Iterator[list[Snapshot]]:
 def _open_remote(url: str, secret: bytes | None) -> RemoteTier:
     """A remote tier on `url`; InvalidArgument when the redis client is missing or the URL is bad."""
     try:
-        from snapcache.remote_tier import RemoteTier
+        from snapcache.remote import RemoteTier
     except ImportError as exc:
         raise InvalidArgument(
             f"a remote tier needs the redis client: pip install 'snapcache[remote]' ({exc})"

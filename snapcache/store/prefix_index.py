@@ -17,11 +17,10 @@ import numpy.typing as npt
 
 from snapcache.errors import InvalidArgument
 from snapcache.key import SnapshotKey, TokenArray, prefix_hash_of_array, rolling_prefix_hashes
+from snapcache.tier import CatalogRow
 
 GroupId = tuple[str, str]  # (model fingerprint, scope)
 PrefixHashes = npt.NDArray[np.uint64]
-# token_count, prefix_hash, rolling_hash: a row of the disk tier's catalog
-CatalogRow = tuple[int, str, int]
 _NO_BUCKETS: dict[int, list[SnapshotKey]] = {}
 
 

@@ -1,5 +1,5 @@
 """A disk tier's reads through its index: a key's row looked up, the file it names read and checked
-(_disk_reads), and what a failed read does to the rows.
+(disk.reads), and what a failed read does to the rows.
 
 A file that vanished under a read is read again from the row a concurrent put replaced it with, or
 its rows are dropped (a miss). A file that fails verification is discarded (its row dropped, the
@@ -15,14 +15,14 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
-from snapcache import _disk_files as files
-from snapcache._disk_auth import OtherAuthentication
-from snapcache._disk_format import MacMismatch
-from snapcache._disk_index import Change, DiskIndex, IndexRow
-from snapcache._disk_packs import OpenPack
-from snapcache._disk_reads import StoredFiles
-from snapcache._threads import map_in_parallel
+from snapcache.disk import files
+from snapcache.disk.auth import OtherAuthentication
+from snapcache.disk.index import Change, DiskIndex, IndexRow
+from snapcache.disk.packs import OpenPack
+from snapcache.disk.reads import StoredFiles
 from snapcache.errors import CorruptSnapshot, StoreUnavailable
+from snapcache.formats.snapshot_file import MacMismatch
+from snapcache.formats.threads import map_in_parallel
 from snapcache.key import SnapshotKey
 from snapcache.snapshot import Snapshot
 

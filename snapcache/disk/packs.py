@@ -1,5 +1,5 @@
 """Pack files opened for a read of a disk tier: each head read and checked once, then any of its
-blocks read with one positioned read and verified (the format is in _pack_format)."""
+blocks read with one positioned read and verified (the format is in formats.pack_file)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import os
 from pathlib import Path
 from typing import BinaryIO
 
-from snapcache import _disk_files as files
-from snapcache._pack_format import PackHead, decode_member, read_pack_head
+from snapcache.disk import files
 from snapcache.errors import CorruptSnapshot
+from snapcache.formats.pack_file import PackHead, decode_member, read_pack_head
 from snapcache.key import SnapshotKey
 from snapcache.snapshot import Snapshot
 

@@ -4,7 +4,7 @@
 it names, or a whole state. `import_bundle` verifies the whole bundle (format, every checksum, the
 MAC when a secret is configured, the model fingerprint and llama.cpp's state format) before it stores
 anything, then stores what the store does not hold already at the same or a higher priority.
-The file layout is in `_bundle_format`.
+The file layout is in `formats.bundle_file`.
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ from typing import BinaryIO
 import blake3
 import llama_cpp
 
-from snapcache import codec
-from snapcache._bundle_format import (
+from snapcache.errors import CorruptSnapshot, InvalidArgument
+from snapcache.formats import codec
+from snapcache.formats.bundle_file import (
     ENTRY_STORE_ID,
     BundleError,
     BundleRefused,
@@ -35,13 +36,11 @@ from snapcache._bundle_format import (
     encode_head,
     read_head,
 )
-from snapcache._disk_format import decode, encode, mac_key
-from snapcache._store_inputs import resolve_secret
-from snapcache.errors import CorruptSnapshot, InvalidArgument
+from snapcache.formats.snapshot_file import decode, encode, mac_key
 from snapcache.key import SnapshotKey, block_keys
 from snapcache.llama.blocks import is_record, read_record
 from snapcache.snapshot import Buffer, Snapshot
-from snapcache.store import SnapshotStore
+from snapcache.store import SnapshotStore, resolve_secret
 
 __all__ = [
     "BundleError",

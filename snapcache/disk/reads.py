@@ -12,13 +12,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from snapcache import _disk_files as files
-from snapcache._disk_format import MacMismatch, decode, read_header
-from snapcache._disk_index import IndexRow
-from snapcache._disk_packs import OpenPack, OpenPacks, read_member
-from snapcache._disk_repair import Verdict
-from snapcache._pack_format import read_member_tokens, read_pack_head
+from snapcache.disk import files
+from snapcache.disk.index import IndexRow
+from snapcache.disk.packs import OpenPack, OpenPacks, read_member
+from snapcache.disk.repair import Verdict
 from snapcache.errors import CorruptSnapshot, InvalidArgument
+from snapcache.formats.pack_file import read_member_tokens, read_pack_head
+from snapcache.formats.snapshot_file import MacMismatch, decode, read_header
 from snapcache.key import SnapshotKey, TokenArray
 from snapcache.snapshot import Snapshot
 
@@ -40,7 +40,7 @@ class StoredFiles:
     def read(self, row: IndexRow, key: SnapshotKey, *, state_into: memoryview | None = None) -> Snapshot:
         """The snapshot in the file `row` names (a snapshot file, or a pack opened for this read
         alone), verified. Raises FileNotFoundError when the file is gone, OSError when it cannot be
-        read, CorruptSnapshot when it fails. `state_into`: see `_disk_format.decode`."""
+        read, CorruptSnapshot when it fails. `state_into`: see `formats.snapshot_file.decode`."""
         if files.is_pack_name(row.file_name):
             packs = self.open_packs()
             try:

@@ -1,0 +1,7 @@
+"""The remote tier: snapshots in a Redis (or Valkey) server that machines share, under a budget kept there."""
+
+from __future__ import annotations
+
+from snapcache.remote.tier import RemoteStats, RemoteTier
+
+__all__ = ["RemoteStats", "RemoteTier"]

@@ -16,7 +16,7 @@ from snapcache_cli.app import app
 
 pytestmark = pytest.mark.model
 
-EXAMPLE_PROMPT = Path(__file__).resolve().parent.parent / "examples" / "system_prompt.txt"
+EXAMPLE_PROMPT = Path(__file__).resolve().parents[2] / "examples" / "system_prompt.txt"
 QUESTION = "Which tools can you use?"
 runner = CliRunner()
 

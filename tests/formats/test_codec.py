@@ -303,7 +303,7 @@ def test_a_process_that_ends_at_once_does_not_leave_the_background_import_runnin
     import sys
     from pathlib import Path
 
-    repo = str(Path(__file__).resolve().parents[1])
+    repo = str(Path(__file__).resolve().parents[2])
     for _ in range(3):
         done = subprocess.run(
             [sys.executable, "-c", _EXIT_AT_ONCE, repo], capture_output=True, text=True, timeout=120

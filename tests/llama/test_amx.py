@@ -25,7 +25,7 @@ from snapcache.llama.fingerprint import llama_system_info
 from snapcache_cli.app import app
 from snapcache_cli.commands.doctor import amx_check
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BUILD_FLAGS = REPO / "snapcache" / "llama" / "build_flags.py"
 
 # Flags of the two kinds of machine seen: an Intel Sapphire Rapids Xeon and an AMD EPYC (Zen 4).

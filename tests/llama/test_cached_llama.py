@@ -221,7 +221,7 @@ def test_new_process_restores_from_the_disk_store(tmp_path, tiny_model_path):
                                   "reply": reply["choices"][0]["message"]["content"]}))
         """
     )
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     env_path = str(root)
 
     def run(step: str) -> dict[str, Any]:

@@ -697,7 +697,7 @@ def test_index_row_naming_a_path_outside_is_ignored(tier: DiskTier, caplog: pyte
 _WRITER = """
 import sys
 from pathlib import Path
-sys.path[:0] = [sys.argv[4], sys.argv[5]]
+sys.path[:0] = sys.argv[4:]
 from test_disk_tier import make_snapshot
 from snapcache.disk.tier import DiskTier
 tier = DiskTier(Path(sys.argv[1]), int(sys.argv[2]))
@@ -718,7 +718,7 @@ def test_processes_sharing_a_directory_never_overshoot_the_budget(tmp_path: Path
     budget = int(size * 5.5)
     directory = tmp_path / "shared"
     DiskTier(directory, budget).close()
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     procs = [
         subprocess.Popen(
             [
@@ -729,7 +729,8 @@ def test_processes_sharing_a_directory_never_overshoot_the_budget(tmp_path: Path
                 str(budget),
                 str(100 * i + 1),
                 str(repo),
-                str(Path(__file__).parent),
+                str(Path(__file__).resolve().parent),
+                str(Path(__file__).resolve().parents[1]),
             ],
             stderr=subprocess.PIPE,
             text=True,
@@ -1015,7 +1016,7 @@ def test_processes_opening_a_damaged_index_together_rebuild_it_once(tmp_path: Pa
     snaps = [make_snapshot(i) for i in range(8)]
     fill_and_close(directory, snaps)
     garbage_over(directory / INDEX_NAME)
-    repo = str(Path(__file__).resolve().parents[1])
+    repo = str(Path(__file__).resolve().parents[2])
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", _OPENER, str(directory), repo],

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_block_reads import block_snapshots
+from block_snapshots import block_snapshots
 
 from snapcache.disk import index
 from snapcache.disk.files import FILES_DIR, INDEX_NAME, is_pack_name

@@ -11,7 +11,7 @@ from multiprocessing import Queue
 from pathlib import Path
 
 import pytest
-from test_block_reads import block_snapshots
+from block_snapshots import block_snapshots
 
 from snapcache.disk.files import INDEX_NAME
 from snapcache.key import SnapshotKey

@@ -19,7 +19,7 @@ from snapcache.formats import codec, snapshot_file
 from snapcache.key import SnapshotKey
 from snapcache.snapshot import Snapshot
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 PRELUDE = snapshot_file._PRELUDE
 MB = 1 << 20
 

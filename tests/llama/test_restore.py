@@ -29,8 +29,9 @@ from snapcache.snapshot import Snapshot
 
 pytestmark = pytest.mark.model
 
-ROOT = Path(__file__).resolve().parents[1]
-TESTS = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+TESTS = HERE.parent
 N_GENERATED = 16
 
 _TINY_PREFIX = "You are a careful assistant. Answer in one short line.\n" * 3
@@ -369,7 +370,8 @@ def _first_cache_data_offset(snapshot: Snapshot) -> int:
 
 def _run_python(script: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(TESTS), *filter(None, [env.get("PYTHONPATH", "")])])
+    paths = [str(ROOT), str(TESTS), str(HERE), *filter(None, [env.get("PYTHONPATH", "")])]
+    env["PYTHONPATH"] = os.pathsep.join(paths)
     return subprocess.run(
         [sys.executable, "-c", script, *args],
         capture_output=True,

@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.model, pytest.mark.gemma, pytest.mark.slow]
 N_CTX = 2048
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16)
 # About 700 Gemma tokens: longer than the 512-token sliding window.
-SYSTEM = (Path(__file__).resolve().parents[1] / "examples" / "system_prompt.txt").read_text()[:2900]
+SYSTEM = (Path(__file__).resolve().parents[2] / "examples" / "system_prompt.txt").read_text()[:2900]
 QUESTIONS = ("What should I do first today?", "Summarize the rules in one line.", "Who are you?")
 
 

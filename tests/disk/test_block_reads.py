@@ -7,33 +7,15 @@ import multiprocessing
 import threading
 from pathlib import Path
 
-import numpy as np
 import pytest
+from block_snapshots import block_snapshots
 
 from snapcache.disk.tier import FILES_DIR, DiskTier, Miss
 from snapcache.formats import codec
 from snapcache.formats import threads as _threads
-from snapcache.key import SnapshotKey, block_keys
+from snapcache.key import SnapshotKey
 from snapcache.snapshot import Snapshot
 from snapcache.store import SnapshotStore
-
-BLOCK_BYTES = 30_000
-
-
-def block_snapshots(n: int, *, seed: int = 0, priority: int = 0) -> list[Snapshot]:
-    """`n` blocks of one prompt, each with its own state bytes."""
-    rng = np.random.default_rng(seed)
-    tokens = rng.integers(0, 32_000, 64 * n, dtype=np.int32)
-    keys = block_keys("fp-a", "default", tokens, n)
-    return [
-        Snapshot(
-            key,
-            tokens[64 * i : 64 * (i + 1)],
-            rng.integers(0, 256, BLOCK_BYTES, dtype=np.uint8).tobytes(),
-            priority=priority,
-        )
-        for i, key in enumerate(keys)
-    ]
 
 
 def file_of(tier: DiskTier, key: SnapshotKey) -> Path:

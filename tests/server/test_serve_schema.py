@@ -21,7 +21,8 @@ from server_process import ServerProcess, http_json, running_server
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
-TESTS = Path(__file__).parent
+HERE = Path(__file__).resolve().parent
+TESTS = HERE.parent
 CHECKS = "not_a_server_error,response_schema_conformance,status_code_conformance,content_type_conformance"
 QUICK_SEED = 34
 # The tiny model's answers are random bytes, and llama-cpp-python's streaming decoder retries every
@@ -62,7 +63,7 @@ def run_schemathesis(server: ServerProcess, report: Path, *, phases: str, seed: 
         *("--no-color", "--generation-database", "none", "--report", "junit", "--report-dir", str(report)),
     ]
     launcher = "import sys; from schemathesis.cli import schemathesis; sys.exit(schemathesis())"
-    path = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
+    path = os.pathsep.join(filter(None, [str(HERE), str(TESTS), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "SCHEMATHESIS_HOOKS": Path(__file__).stem, "PYTHONPATH": path}
     done = subprocess.run(
         [sys.executable, "-c", launcher, *command],

@@ -39,6 +39,7 @@ bench: install
 lint: $(STAMP)
 	$(BIN)/ruff check snapcache cli tests benchmarks examples
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 # The documentation site (docs/, mkdocs.yml) into build/site; broken links and references fail.
 docs: $(STAMP)

@@ -18,7 +18,9 @@ size and threads, and a fresh cache directory per scenario:
   prefix itself (a `/v1/completions` request of the prefix tokens and max_tokens=0) before the agent
   first asks; the source distribution of the installed version is fetched with `pip download` into
   benchmarks/results/, and the columns are skipped, saying why, when that fails;
-- `snapcache serve`, as it is, and with each system prompt warmed by `POST /snapcache/warm`.
+- `snapcache serve` one request at a time (`--parallel 1`), as it is and with each system prompt warmed
+  by `POST /snapcache/warm`, and with `--parallel 4` (the batched path; requests come one at a time
+  here, so each runs alone; several at once: `serve_concurrency.py`).
 
 Gemma-3-270M's GGUF carries no chat template; every server reads a copy of it (written once into
 benchmarks/results/) with Gemma 3's template, so that they all render the same prompt tokens.
@@ -76,6 +78,7 @@ class Column:
     server: str  # "llama_cpp.server", "example" or "snapcache"
     cache: str | None = None  # llama_cpp.server's --cache_type
     client_prefix: bool = False  # the client stores (example) or warms (snapcache) each system prompt
+    parallel: int = 1  # snapcache serve --parallel
 
 
 COLUMNS = [
@@ -86,6 +89,7 @@ COLUMNS = [
     Column("example-prefix", "example + client prefixes", "example", client_prefix=True),
     Column("snapcache", "snapcache serve", "snapcache"),
     Column("snapcache-warm", "snapcache serve + warm", "snapcache", client_prefix=True),
+    Column("snapcache-batched", "snapcache serve --parallel 4", "snapcache", parallel=4),
 ]
 BY_KEY = {column.key: column for column in COLUMNS}
 PEERS = ("ram", "disk", "example")  # the peers as they come, for "the best peer"
@@ -232,11 +236,12 @@ def launch_for(column: Column, model: Path, cache_dir: Path, example: Path | Non
         config_path.write_text(json.dumps(config, indent=2), encoding="utf-8")
         return Launch([sys.executable, str(example), "-C", str(config_path)], cache_dir, env, port, log)
     env["SNAPCACHE_DIR"] = str(cache_dir)
-    # One request at a time, as the peers here: the answers are compared, text for text, with the
-    # no-cache server's streams, which drop a character split across tokens (the batched path keeps it).
+    # One request at a time, as the peers here, unless the column says otherwise: the answers are
+    # compared, text for text, with the no-cache server's streams, which drop a character split across
+    # tokens (the batched path keeps it).
     command = [sys.executable, "-m", "snapcache", "--cache-dir", str(cache_dir), "serve", str(model),
                "--host", "127.0.0.1", "--port", str(port), "--n-ctx", str(N_CTX), "--threads", str(THREADS),
-               "--parallel", "1"]
+               "--parallel", str(column.parallel)]
     return Launch(command, cache_dir, env, port, log)
 
 
@@ -575,6 +580,8 @@ def build_tables(runs: dict[str, ColumnRun], agents: list[str], model_name: str,
     peers = {k: v for k, v in peers.items() if v is not None}
     best_peer = min(peers, key=lambda k: peers[k]) if peers else None
     check("restart: snapcache serve / no cache", "snapcache", "none", "restart", 0.1, "≤ 1/10")
+    check("restart: snapcache serve --parallel 4 / no cache", "snapcache-batched", "none", "restart", 0.1,
+          "≤ 1/10")
     if best_peer is not None:
         check(f"restart: snapcache serve / best peer ({runs[best_peer].column.label})", "snapcache",
               best_peer, "restart", 0.5, "≤ 1/2")

@@ -254,3 +254,20 @@ def test_requests_from_many_threads(llm: llama_cpp.Llama, scheduler: Any) -> Non
     for t in threads:
         t.join(120)
     assert [answers[i] for i in range(6)] == [solo(llm, p) for p in batch]
+
+
+def test_a_request_sharing_little_does_not_cut_down_a_held_prompt(
+    llm: llama_cpp.Llama, scheduler: Any
+) -> None:
+    """With a sequence free, a request sharing only a few tokens copies them and leaves the held
+    prompt whole for the next request of its conversation."""
+    first, second = prompts(llm, 2, SYSTEM)
+    s = scheduler(n_seq=2, mode="exact")
+    assert s.submit(first, GREEDY).result(60) == solo(llm, first)
+    other = llm.tokenize((SYSTEM[:100] + " Or rather: you are someone else entirely. Why?").encode())
+    assert s.submit(other, GREEDY).result(60) == solo(llm, other)
+    again = s.submit(second, GREEDY)
+    assert again.result(60) == solo(llm, second)
+    assert again.restore is not None
+    assert again.restore.source == "context"
+    assert again.restore.restored_tokens >= len(llm.tokenize(SYSTEM.encode())) - 64 > 100

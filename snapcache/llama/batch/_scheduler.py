@@ -276,12 +276,14 @@ class Scheduler:
 
     def _choose_sequence(self, request: Request) -> int:
         """The free sequence `request` takes: the one holding the longest prefix of its prompt for its
-        scope, else an empty one, else the one least recently used."""
+        scope where that is at least half of what it holds (a sequence is not cut down to a few shared
+        tokens while another is free: its prompt may come again), else an empty one, else the one least
+        recently used. Any shorter live prefix is still copied in (`_live_prefix`)."""
         best, best_cut = -1, 0
         for seq_id in self._free:
             held = self._held.get(seq_id)
             cut = 0 if held is None else self._reusable(held, request)
-            if cut > best_cut:
+            if cut > best_cut and held is not None and 2 * cut >= len(held.tokens):
                 best, best_cut = seq_id, cut
         if best >= 0:
             return best

@@ -1,4 +1,4 @@
-"""The contract both storage tiers honour: the row they describe entries with, and who gets evicted."""
+"""The contract the storage tiers honour: the row they describe entries with, and who gets evicted."""
 
 from __future__ import annotations
 
@@ -9,7 +9,16 @@ from typing import Literal, Protocol, TypeVar
 from snapcache.key import SnapshotKey
 from snapcache.snapshot import Snapshot
 
-TierName = Literal["ram", "disk"]
+TierName = Literal["ram", "disk", "remote"]
+# The tiers from the fastest to the slowest, the order the store walks them in.
+TIER_ORDER: tuple[TierName, ...] = ("ram", "disk", "remote")
+
+
+def slowest(tiers: Iterable[TierName], default: TierName) -> TierName:
+    """The slowest of `tiers` (what a restore served by all of them waited for); `default` if none."""
+    found = [TIER_ORDER.index(tier) for tier in tiers]
+    return TIER_ORDER[max(found)] if found else default
+
 
 # token_count, prefix_hash, rolling_hash (unsigned): a row of a tier's lookup catalog, what a
 # longest-prefix lookup needs of an entry

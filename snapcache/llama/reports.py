@@ -9,15 +9,16 @@ from snapcache.key import SnapshotKey
 
 __all__ = ["CompletionListener", "CompletionReport", "RestoreInfo", "Source", "WarmResult"]
 
-Source = Literal["ram", "disk", "context"]
+Source = Literal["ram", "disk", "remote", "context"]
 
 
 @dataclass(frozen=True, slots=True)
 class RestoreInfo:
     """What the last completion reused of its prompt.
 
-    `restored_tokens` came from a snapshot (`source` "ram" or "disk") or were already in the Llama's
-    context ("context"); `evaluated_tokens` were read by llama.cpp. A prompt exactly as long as its
+    `restored_tokens` came from a snapshot (`source` "ram", "disk" or "remote": the slowest tier that
+    served part of it) or were already in the Llama's context ("context"); `evaluated_tokens` were
+    read by llama.cpp. A prompt exactly as long as its
     snapshot evaluates its last token again (a state carries no logits), so the two can add up to one
     more than `prompt_tokens`. `checkpoints` counts the states saved while reading the prompt.
     `restore_seconds` is the time spent finding that prefix and handing it to llama.cpp (on a miss,

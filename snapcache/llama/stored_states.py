@@ -26,7 +26,7 @@ from snapcache.llama.reports import Source
 from snapcache.llama.state import CapturedState
 from snapcache.snapshot import Snapshot
 from snapcache.store import SnapshotStore
-from snapcache.tier import TierName
+from snapcache.tier import TierName, slowest
 
 __all__ = ["Found", "RestorePoint", "StoredStates"]
 
@@ -187,7 +187,7 @@ class StoredStates:
                     best = from_blocks
         return best
 
-    def _from_record(self, snapshot: Snapshot, tier: Source, pad_windows: bool = False) -> Found | None:
+    def _from_record(self, snapshot: Snapshot, tier: TierName, pad_windows: bool = False) -> Found | None:
         if not is_record(snapshot.state):
             return Found(snapshot, tier, None, None)  # a whole state
         try:
@@ -204,7 +204,7 @@ class StoredStates:
             if len(served) < record.n_blocks:
                 _log.debug("record %s lacks some of its %d blocks", snapshot.key.id[:12], record.n_blocks)
             return None
-        source: Source = "disk" if "disk" in served else tier
+        source: Source = slowest([*served, tier], tier)  # the record's tier, or a slower block's
         restored = Snapshot(snapshot.key, snapshot.tokens, state, snapshot.logits, snapshot.priority)
         return Found(restored, source, snapshot.key, record.kind, padded)
 
@@ -226,7 +226,7 @@ class StoredStates:
             return None
         prefix = tokens[: run * BLOCK_TOKENS]
         key = SnapshotKey.for_tokens(self.fingerprint, scope, prefix)
-        return Found(Snapshot(key, prefix, state), "disk" if "disk" in served else "ram", None, None)
+        return Found(Snapshot(key, prefix, state), slowest(served, "ram"), None, None)
 
     def _assemble(
         self, keys: Sequence[SnapshotKey], record: Record | None, pad_window: bool = False

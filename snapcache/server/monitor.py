@@ -37,6 +37,7 @@ class ScopeTotals:
     cached_tokens: int = 0
     restored_from_ram: int = 0
     restored_from_disk: int = 0
+    restored_from_remote: int = 0
     reused_context: int = 0
     misses: int = 0
     restore_seconds: float = 0.0  # finding prefixes and handing them to llama.cpp, misses included
@@ -117,6 +118,8 @@ class ServeMonitor:
                 totals.restored_from_ram += 1
             elif restore.source == "disk":
                 totals.restored_from_disk += 1
+            elif restore.source == "remote":
+                totals.restored_from_remote += 1
             elif restore.source == "context":
                 totals.reused_context += 1
             else:
@@ -195,7 +198,7 @@ class _StoreCollector(Collector):
         lookups = CounterMetricFamily(
             "snapcache_store_lookups", "Store lookups by tier and result.", labels=["tier", "result"]
         )
-        for tier in _TIERS:
+        for tier in _LOOKUP_TIERS:
             lookups.add_metric([tier, "hit"], stats[f"{tier}_hits"])
             lookups.add_metric([tier, "miss"], stats[f"{tier}_misses"])
         yield lookups
@@ -209,6 +212,8 @@ class _StoreCollector(Collector):
 # From a context reused (well under a millisecond) to a long prompt restored from disk (seconds).
 _RESTORE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _TIERS = ("ram", "disk")
+# Lookups are counted for the remote tier too (its sizes are in `snapcache stats --remote`).
+_LOOKUP_TIERS = (*_TIERS, "remote")
 # (family, metric name, help, the StoreStats field of each tier)
 _PER_TIER: tuple[tuple[type[GaugeMetricFamily] | type[CounterMetricFamily], str, str, str], ...] = (
     (GaugeMetricFamily, "snapcache_store_bytes", "Bytes held per tier.", "{tier}_used_bytes"),

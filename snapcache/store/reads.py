@@ -139,7 +139,7 @@ class TierReads:
         for key in itertools.islice(matches, _MAX_REMOTE_TRIES):
             snapshot = self._get_remote(key)
             if snapshot is not None:
-                return snapshot, "disk"
+                return snapshot, "remote"
         return None
 
     def _get_remote(self, key: SnapshotKey) -> Snapshot | None:
@@ -147,6 +147,11 @@ class TierReads:
         if self._remote is None:
             return None
         snapshot = self._remote.get(key)
+        with self._lock:
+            if snapshot is None:
+                self._counters.remote_misses += 1
+            else:
+                self._counters.remote_hits += 1
         if snapshot is not None and self._copy_in is not None:
             self._copy_in(snapshot)
         return snapshot
@@ -207,7 +212,7 @@ class TierReads:
             remote = self._get_remote(key)
             if remote is None:
                 break
-            blocks.append((remote, "disk"))
+            blocks.append((remote, "remote"))
         return blocks
 
     def copy_blocks(
@@ -256,7 +261,7 @@ class TierReads:
                 if remote is None:
                     break
                 copy(i, memoryview(remote.state))
-                tier = "disk"
+                tier = "remote"
             served.append(tier)
         if served:
             self.touch_blocks(list(keys[: len(served)]))

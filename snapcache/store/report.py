@@ -38,6 +38,8 @@ class StoreStats:
     dropped: int
     write_errors: int
     pending_write_bytes: int  # snapshots waiting for their disk write that RAM does not hold
+    remote_hits: int = 0  # gets, lookups and blocks the remote tier served
+    remote_misses: int = 0  # reads the remote tier was asked and could not serve
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +67,8 @@ class Counters:
     promotions: int = 0
     dropped: int = 0
     write_errors: int = 0
+    remote_hits: int = 0
+    remote_misses: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +108,8 @@ def store_stats(
         dropped=c.dropped,
         write_errors=c.write_errors,
         pending_write_bytes=pending_write_bytes,
+        remote_hits=c.remote_hits,
+        remote_misses=c.remote_misses,
     )
 
 

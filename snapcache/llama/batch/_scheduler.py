@@ -9,10 +9,12 @@ from the store (`SequenceCache`); live prefixes are cut on the model's split ali
 on is bit for bit a cold read. A chat whose system part an earlier request of its scope is still
 reading waits for that one to save it, then restores it. One thread runs the steps; a step is
 
+- first, every prompt with at most `SHORT_READ` tokens left to read (a question after a restored
+  prefix), each read whole, alone, earliest first, so that its first token waits for no step;
 - the next token of every generating sequence: in `batched` mode one `llama_decode` for all of
   them, in `exact` mode one `llama_decode` per sequence;
 - then one chunk (at most `n_batch` tokens, cut at restore points) of the prompt of the earliest
-  request still reading its prompt, decoded alone.
+  request still reading a longer prompt, decoded alone.
 
 Prompts are always read alone, in the chunks a single-sequence Llama reads them in: a prompt's
 KV cells, its first token and the states saved from it are those of a cold single-sequence run
@@ -61,6 +63,8 @@ _log = logging.getLogger("snapcache")
 Mode = Literal["batched", "exact"]
 MODES: tuple[Mode, ...] = ("batched", "exact")
 DEFAULT_MIN_TOKENS = 32
+# A prompt with at most this many tokens left to read is read at once, before the next generation step.
+SHORT_READ = 128
 
 
 @dataclass(slots=True)
@@ -379,6 +383,12 @@ class Scheduler:
         self._slots[seq_id] = slot
 
     def _step(self) -> None:
+        # Prompts with little left to read (a question after a restored prefix) are read first, each
+        # alone, earliest first: their first tokens come without waiting a generation step each.
+        # A longer read goes one chunk per step, so that it does not hold the others' answers back.
+        for slot in sorted(self._slots.values(), key=lambda s: s.order):
+            while slot.seq_id in self._slots and 0 < len(slot.request.prompt) - slot.n_past <= SHORT_READ:
+                self._read(slot)
         slots = list(self._slots.values())
         generating = [s for s in slots if s.n_past >= len(s.request.prompt)]
         if generating:

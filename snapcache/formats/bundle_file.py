@@ -2,10 +2,8 @@
 
 Layout (all integers little-endian)::
 
-    prelude   magic (8) | format version (u16) | flags (u16) | manifest length (u32)
-    manifest  UTF-8 JSON object, at most MAX_MANIFEST_BYTES
-    digest    SHA-256 of prelude + manifest
-    mac       HMAC-SHA256 of prelude + manifest under the secret (only with FLAG_MAC)
+    envelope  prelude (magic "\\x89SNAPB\\r\\n", format version 1), the manifest (JSON, at most
+              MAX_MANIFEST_BYTES), SHA-256, MAC (see formats.envelope)
     entries   each entry a snapshot file as the disk tier writes it (see formats.snapshot_file), back to back
 
 The manifest names every entry (its key, kind, priority, sizes) with the BLAKE3 of its bytes in the
@@ -16,10 +14,6 @@ digest before it is decompressed.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import json
-import struct
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Literal, cast
 
@@ -27,14 +21,12 @@ import blake3
 import numpy as np
 
 from snapcache.errors import InvalidArgument, SnapcacheError
+from snapcache.formats.envelope import Envelope
 from snapcache.key import SnapshotKey, validate_priority
 from snapcache.snapshot import Snapshot
 
 MAGIC = b"\x89SNAPB\r\n"
 FORMAT_VERSION = 1
-FLAG_MAC = 1
-_PRELUDE = struct.Struct("<8sHHI")
-_DIGEST_BYTES = 32
 MAX_MANIFEST_BYTES = 64 << 20
 MAX_ENTRY_BYTES = 1 << 38
 # Every entry is stored under this store id: a bundle belongs to no store.
@@ -54,6 +46,11 @@ class CorruptBundle(BundleError):
 
 class BundleRefused(BundleError):
     """An intact bundle this side will not import: another model or state format, or no valid MAC."""
+
+
+BUNDLE = Envelope(
+    MAGIC, (FORMAT_VERSION,), MAX_MANIFEST_BYTES, "bundle", damaged=CorruptBundle, header_name="manifest"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,15 +111,7 @@ def encode_head(manifest: Manifest, mac_secret: bytes | None) -> bytes:
         "created_at": manifest.created_at,
         "entries": [_entry_json(entry) for entry in manifest.entries],
     }
-    text = json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
-    if len(text) > MAX_MANIFEST_BYTES:
-        raise BundleError(f"the manifest would exceed {MAX_MANIFEST_BYTES} bytes: export fewer snapshots")
-    flags = FLAG_MAC if mac_secret is not None else 0
-    head = _PRELUDE.pack(MAGIC, FORMAT_VERSION, flags, len(text)) + text
-    checks = hashlib.sha256(head).digest()
-    if mac_secret is not None:
-        checks += hmac.digest(mac_secret, head, "sha256")
-    return head + checks
+    return BUNDLE.head(FORMAT_VERSION, body, mac_secret, too_large=BundleError)
 
 
 def read_head(file: BinaryIO, file_bytes: int, mac_secret: bytes | None) -> Head:
@@ -132,40 +121,16 @@ def read_head(file: BinaryIO, file_bytes: int, mac_secret: bytes | None) -> Head
     (BundleRefused); without, a MAC is not checked (`authenticated` is False). Damage is
     CorruptBundle.
     """
-    prelude = file.read(_PRELUDE.size)
-    if len(prelude) < _PRELUDE.size:
-        raise CorruptBundle("not a snapcache bundle: shorter than its prelude")
-    magic, version, flags, manifest_len = _PRELUDE.unpack(prelude)
-    if magic != MAGIC:
-        raise CorruptBundle("not a snapcache bundle (bad magic)")
-    if version != FORMAT_VERSION:
-        raise CorruptBundle(
-            f"unsupported bundle format version {version} (this snapcache reads {FORMAT_VERSION})"
-        )
-    if flags & ~FLAG_MAC:
-        raise CorruptBundle(f"unknown bundle flags {flags:#x}")
-    if manifest_len > MAX_MANIFEST_BYTES:
-        raise CorruptBundle(f"manifest length {manifest_len} exceeds {MAX_MANIFEST_BYTES}")
-    has_mac = bool(flags & FLAG_MAC)
-    entries_start = _PRELUDE.size + manifest_len + _DIGEST_BYTES * (2 if has_mac else 1)
-    if file_bytes < entries_start:
-        raise CorruptBundle(f"truncated: {file_bytes} bytes, shorter than its manifest")
-    text = file.read(manifest_len)
-    checks = file.read(entries_start - _PRELUDE.size - manifest_len)
-    head = prelude + text
-    if not hmac.compare_digest(hashlib.sha256(head).digest(), checks[:_DIGEST_BYTES]):
-        raise CorruptBundle("manifest checksum mismatch")
-    if mac_secret is not None:
-        if not has_mac:
-            raise BundleRefused("bundle carries no MAC, and a secret is configured (SNAPCACHE_SECRET)")
-        if not hmac.compare_digest(hmac.digest(mac_secret, head, "sha256"), checks[_DIGEST_BYTES:]):
-            raise BundleRefused("bundle MAC mismatch: made under another secret, or tampered with")
-    manifest = _parse_manifest(text)
+    # Without a secret a MAC is not checked: the bundle is read, but not `authenticated`.
+    checked = BUNDLE.read(file, mac_secret, refuse=None if mac_secret is None else BundleRefused)
+    entries_start = checked.body_start
+    manifest = _parse_manifest(checked.header)
     described = entries_start + manifest.payload_bytes
     if file_bytes != described:
         what = "truncated" if file_bytes < described else "longer than its manifest describes"
         raise CorruptBundle(f"{what}: {file_bytes} bytes, its manifest describes {described}")
-    return Head(manifest, entries_start, has_mac, authenticated=has_mac and mac_secret is not None)
+    authenticated = checked.has_mac and mac_secret is not None
+    return Head(manifest, entries_start, checked.has_mac, authenticated=authenticated)
 
 
 def _entry_json(entry: ManifestEntry) -> dict[str, Any]:
@@ -185,19 +150,13 @@ def _entry_json(entry: ManifestEntry) -> dict[str, Any]:
     }
 
 
-def _parse_manifest(text: bytes) -> Manifest:
-    try:
-        body = json.loads(text.decode("utf-8"))
-    except (ValueError, RecursionError) as exc:
-        raise CorruptBundle(f"malformed manifest: {exc}") from None
-    if not isinstance(body, dict):
-        raise CorruptBundle("malformed manifest: not a JSON object")
-    if _field(body, "bundle_format", int) != FORMAT_VERSION:
+def _parse_manifest(body: dict[str, Any]) -> Manifest:
+    if BUNDLE.field(body, "bundle_format", int) != FORMAT_VERSION:
         raise CorruptBundle("the manifest's format version differs from its prelude's")
-    fingerprints = _field(body, "model_fingerprints", list)
+    fingerprints = BUNDLE.field(body, "model_fingerprints", list)
     if not all(isinstance(f, str) for f in fingerprints):
         raise CorruptBundle("malformed manifest: model_fingerprints")
-    rows = _field(body, "entries", list)
+    rows = BUNDLE.field(body, "entries", list)
     entries: list[ManifestEntry] = []
     offset = 0
     for row in rows:
@@ -212,10 +171,10 @@ def _parse_manifest(text: bytes) -> Manifest:
         raise CorruptBundle("malformed manifest: its model fingerprints differ from its entries'")
     if len({e.key for e in entries}) != len(entries):
         raise CorruptBundle("malformed manifest: an entry appears twice")
-    created_at = _field(body, "created_at", float, int)
+    created_at = BUNDLE.field(body, "created_at", float, int)
     return Manifest(
-        snapcache_version=_field(body, "snapcache_version", str),
-        state_seq_version=_field(body, "llama_state_seq_version", int),
+        snapcache_version=BUNDLE.field(body, "snapcache_version", str),
+        state_seq_version=BUNDLE.field(body, "llama_state_seq_version", int),
         model_fingerprints=tuple(fingerprints),
         created_at=float(created_at),
         entries=tuple(entries),
@@ -225,21 +184,21 @@ def _parse_manifest(text: bytes) -> Manifest:
 def _parse_entry(row: dict[str, Any]) -> ManifestEntry:
     try:
         key = SnapshotKey(
-            _field(row, "model_fingerprint", str),
-            _field(row, "scope", str),
-            _field(row, "token_count", int),
-            _field(row, "prefix_hash", str),
+            BUNDLE.field(row, "model_fingerprint", str),
+            BUNDLE.field(row, "scope", str),
+            BUNDLE.field(row, "token_count", int),
+            BUNDLE.field(row, "prefix_hash", str),
         )
-        priority = validate_priority(_field(row, "priority", int))
+        priority = validate_priority(BUNDLE.field(row, "priority", int))
     except InvalidArgument as exc:
         raise CorruptBundle(f"malformed manifest entry: {exc}") from None
-    kind = _field(row, "kind", str)
+    kind = BUNDLE.field(row, "kind", str)
     if kind not in KINDS or (kind == "block") != key.is_block:
         raise CorruptBundle(f"malformed manifest entry: kind {kind!r}")
-    sizes = [_field(row, name, int) for name in ("state_bytes", "offset", "length")]
+    sizes = [BUNDLE.field(row, name, int) for name in ("state_bytes", "offset", "length")]
     if any(size < 0 or size > MAX_ENTRY_BYTES for size in sizes):
         raise CorruptBundle("malformed manifest entry: a size out of range")
-    digests = [_field(row, name, str) for name in ("file_blake3", "content_blake3")]
+    digests = [BUNDLE.field(row, name, str) for name in ("file_blake3", "content_blake3")]
     if not all(len(d) == 64 and all(c in "0123456789abcdef" for c in d) for d in digests):
         raise CorruptBundle("malformed manifest entry: a digest")
     return ManifestEntry(
@@ -252,10 +211,3 @@ def _parse_entry(row: dict[str, Any]) -> ManifestEntry:
         file_blake3=digests[0],
         content_blake3=digests[1],
     )
-
-
-def _field(obj: dict[str, Any], name: str, *types: type) -> Any:
-    value = obj.get(name)
-    if isinstance(value, bool) or not isinstance(value, types):
-        raise CorruptBundle(f"malformed manifest: field {name!r}")
-    return value

@@ -2,11 +2,10 @@
 
 Layout (all integers little-endian)::
 
-    prelude   magic (8) | format version 3 (u16) | flags (u16) | header length (u32)
-    header    UTF-8 JSON: what the members share (store, fingerprint, priority, time, codec) and,
-              per member, its scope, token count, prefix hash, state and payload sizes and digest
-    digest    SHA-256 of prelude + header
-    mac       HMAC-SHA256 of prelude + header under the secret (only with FLAG_MAC)
+    envelope  prelude (the snapshot file's magic, format version 3), JSON header, SHA-256, MAC (see
+              formats.envelope); the header holds what the members share (store, fingerprint,
+              priority, time, codec) and, per member, its scope, token count, prefix hash, state and
+              payload sizes and digest
     body      per member, in order: tokens (int32) | payload (blosc2 chunks, see codec)
 
 A restore of many blocks then opens, reads and checks one header for many of them: per block only its
@@ -18,9 +17,7 @@ pack (see disk.index): the pack is deleted with its last row.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
-import json
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -30,23 +27,15 @@ import xxhash
 
 from snapcache.errors import CorruptSnapshot
 from snapcache.formats import codec
+from snapcache.formats.envelope import CheckedHead, Envelope, MacMismatch, read_exactly
 from snapcache.formats.snapshot_file import (
-    _DIGEST_BYTES,
-    _PRELUDE,
-    FLAG_MAC,
+    MAGIC,
     MAX_HEADER_BYTES,
     MAX_STATE_BYTES,
     MAX_TOKENS,
-    MacMismatch,
-    _bounded,
-    _digest_field,
-    _field,
-    _file_tokens,
-    _parse_header,
-    check_prelude,
-    checked_head,
     checked_time_and_priority,
     decoded_state,
+    file_tokens,
 )
 from snapcache.key import SnapshotKey, TokenArray
 from snapcache.snapshot import Buffer, Snapshot
@@ -58,6 +47,7 @@ MAX_MEMBERS = 128
 # an eighth of its budget: eviction frees whole packs, so they stay small beside the budget).
 PACK_MEMBERS = 64
 PACK_STATE_BYTES = 16 << 20
+PACK = Envelope(MAGIC, (PACK_VERSION,), MAX_HEADER_BYTES, "pack")
 
 
 class PackTooLarge(ValueError):
@@ -156,10 +146,7 @@ def encode_pack(
         "digest": "xxh3_128" if mac_secret is None else "blake3",
         "members": members,
     }
-    header_bytes = json.dumps(header, separators=(",", ":"), allow_nan=False).encode()
-    if len(header_bytes) > MAX_HEADER_BYTES:
-        raise PackTooLarge("a pack header would exceed its size limit: pack fewer snapshots")
-    head = checked_head(PACK_VERSION, header_bytes, mac_secret)
+    head = PACK.head(PACK_VERSION, header, mac_secret, too_large=PackTooLarge)
     head_bytes = len(head)
     return EncodedPack(
         parts=(head, *body),
@@ -181,59 +168,51 @@ def read_pack_head(file: BinaryIO, file_bytes: int, *, mac_secret: bytes | None)
     A MAC that does not verify is reported in `authenticated`, not raised; everything else raises
     CorruptSnapshot.
     """
-    prelude = _read_exactly(file, _PRELUDE.size)
-    header_len = check_prelude(prelude, versions=(PACK_VERSION,))
-    rest = _read_exactly(file, header_len + 2 * _DIGEST_BYTES)
-    return parse_pack_head(prelude + rest, file_bytes, mac_secret=mac_secret)
+    return _pack_head(PACK.read(file, mac_secret), file_bytes)
 
 
 def parse_pack_head(data: Buffer, file_bytes: int, *, mac_secret: bytes | None) -> PackHead:
     """Check the head at the start of `data` (the head at least) of a pack of `file_bytes` bytes."""
-    view = memoryview(data).cast("B")
-    header_len = check_prelude(view[: _PRELUDE.size], versions=(PACK_VERSION,))
-    flags = _PRELUDE.unpack_from(view)[2]
-    has_mac = bool(flags & FLAG_MAC)
-    head_end = _PRELUDE.size + header_len
-    body_start = head_end + _DIGEST_BYTES * (2 if has_mac else 1)
-    if view.nbytes < body_start:
-        raise CorruptSnapshot("pack is truncated inside its header")
-    head = view[:head_end]
-    if not hmac.compare_digest(hashlib.sha256(head).digest(), view[head_end : head_end + _DIGEST_BYTES]):
-        raise CorruptSnapshot("pack header checksum mismatch")
-    authenticated = (mac_secret is not None) == has_mac and (
-        mac_secret is None
-        or hmac.compare_digest(hmac.digest(mac_secret, head, "sha256"), view[head_end + 32 : body_start])
-    )
-    header = _parse_header(view[_PRELUDE.size : head_end])
-    codec_info = _field(header, "codec", dict)
-    if _field(codec_info, "name", str) != codec.NAME or _field(codec_info, "shuffle", int) not in (0, 2):
+    return _pack_head(PACK.check(data, mac_secret), file_bytes)
+
+
+def _pack_head(checked: CheckedHead, file_bytes: int) -> PackHead:
+    """The members a checked head lists, checked against each other and against `file_bytes`."""
+    header = checked.header
+    has_mac = checked.has_mac
+    codec_info = PACK.field(header, "codec", dict)
+    if PACK.field(codec_info, "name", str) != codec.NAME or PACK.field(codec_info, "shuffle", int) not in (
+        0,
+        2,
+    ):
         raise CorruptSnapshot("unknown codec")
-    if _field(header, "digest", str) != ("blake3" if has_mac else "xxh3_128"):
+    if PACK.field(header, "digest", str) != ("blake3" if has_mac else "xxh3_128"):
         raise CorruptSnapshot("pack names the wrong member digest")
     priority, created_at = checked_time_and_priority(header)
-    store_id: str = _field(header, "store_id", str)
-    fingerprint: str = _field(header, "model_fingerprint", str)
-    listed = _field(header, "members", list)
+    store_id: str = PACK.field(header, "store_id", str)
+    fingerprint: str = PACK.field(header, "model_fingerprint", str)
+    listed = PACK.field(header, "members", list)
     if not 0 < len(listed) <= MAX_MEMBERS:
         raise CorruptSnapshot(f"a pack lists 1 to {MAX_MEMBERS} members, not {len(listed)}")
     members: list[PackMember] = []
+    body_start = checked.body_start
     offset = body_start
     for fields in listed:
         if not isinstance(fields, dict):
             raise CorruptSnapshot("a pack member is not a JSON object")
-        token_count = _bounded(fields, "token_count", MAX_TOKENS)
+        token_count = PACK.bounded(fields, "token_count", MAX_TOKENS)
         try:
             key = SnapshotKey(
                 fingerprint,
-                _field(fields, "scope", str),
+                PACK.field(fields, "scope", str),
                 token_count,
-                _field(fields, "prefix_hash", str),
+                PACK.field(fields, "prefix_hash", str),
             )
         except ValueError as exc:
             raise CorruptSnapshot(f"a pack member's key is invalid: {exc}") from None
-        size = 4 * token_count + _bounded(fields, "payload_bytes", MAX_STATE_BYTES)
-        digest = _digest_field(fields, "digest", 32 if has_mac else 16)
-        state_bytes = _bounded(fields, "state_bytes", MAX_STATE_BYTES)
+        size = 4 * token_count + PACK.bounded(fields, "payload_bytes", MAX_STATE_BYTES)
+        digest = PACK.digest_field(fields, "digest", 32 if has_mac else 16)
+        state_bytes = PACK.bounded(fields, "state_bytes", MAX_STATE_BYTES)
         members.append(PackMember(key, offset, size, state_bytes, digest))
         offset += size
     by_key = {member.key: member for member in members}
@@ -248,7 +227,7 @@ def parse_pack_head(data: Buffer, file_bytes: int, *, mac_secret: bytes | None) 
         members=tuple(members),
         file_bytes=offset,
         has_mac=has_mac,
-        authenticated=authenticated,
+        authenticated=checked.mac_problem is None,
         shares=member_shares(body_start, [member.size for member in members]),
         by_key=by_key,
     )
@@ -273,7 +252,7 @@ def decode_member(
     if not hmac.compare_digest(digest, member.digest):
         raise CorruptSnapshot("pack member checksum mismatch")
     tokens_end = 4 * member.key.token_count
-    tokens = _file_tokens(view[:tokens_end])
+    tokens = file_tokens(view[:tokens_end])
     if not member.key.matches(tokens):
         raise CorruptSnapshot("a pack block's tokens do not hash to its key")
     state = decoded_state(view[tokens_end:], member.state_bytes, state_into)
@@ -290,23 +269,10 @@ def read_member_tokens(file: BinaryIO, member: PackMember) -> TokenArray:
     """The tokens of `member`, read from its open pack file and checked against its key (a
     read-only copy); CorruptSnapshot when the file ends inside them or they do not hash to it."""
     file.seek(member.offset)
-    raw = _read_exactly(file, 4 * member.key.token_count)
+    raw = read_exactly(file, 4 * member.key.token_count)
     if len(raw) != 4 * member.key.token_count:
         raise CorruptSnapshot("pack is truncated inside a block's tokens")
-    tokens = _file_tokens(raw)
+    tokens = file_tokens(raw)
     if not member.key.matches(tokens):
         raise CorruptSnapshot("a pack block's tokens do not hash to its key")
     return tokens
-
-
-def _read_exactly(file: BinaryIO, size: int) -> bytes:
-    """`size` bytes of `file` from where it stands, fewer only where it ends: a read of an unbuffered
-    file (a pack opened for many reads) may return fewer before then, on a network filesystem."""
-    pieces = []
-    while size > 0:
-        piece = file.read(size)
-        if not piece:
-            break
-        pieces.append(piece)
-        size -= len(piece)
-    return b"".join(pieces)

@@ -1,11 +1,8 @@
-"""The snapshot file: a checked header, then tokens, logits and the compressed state.
+"""The snapshot file: a checked envelope, then tokens, logits and the compressed state.
 
 Layout (all integers little-endian)::
 
-    prelude   magic (8) | format version (u16) | flags (u16) | header length (u32)
-    header    UTF-8 JSON object, at most MAX_HEADER_BYTES
-    digest    SHA-256 of prelude + header
-    mac       HMAC-SHA256 of prelude + header under the secret (only with FLAG_MAC)
+    envelope  prelude, JSON header (at most MAX_HEADER_BYTES), SHA-256, MAC (see formats.envelope)
     body      tokens (int32) | logits (float32) | payload (blosc2 chunks, see codec)
 
 The header holds what the rest of the file must hash to, so its digest (or MAC) covers the whole
@@ -28,9 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import math
-import struct
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -40,16 +35,12 @@ import xxhash
 
 from snapcache.errors import CorruptSnapshot
 from snapcache.formats import codec
+from snapcache.formats.envelope import FLAG_MAC, PRELUDE, CheckedHead, Envelope, MacMismatch, mac_key
 from snapcache.key import SnapshotKey, TokenArray
 from snapcache.snapshot import MAX_PRIORITY, Buffer, Snapshot
 
 MAGIC = b"\x89SNAPC\r\n"
 FORMAT_VERSION = 2
-_READABLE_VERSIONS = (1, FORMAT_VERSION)
-FLAG_MAC = 1
-_KNOWN_FLAGS = FLAG_MAC
-_PRELUDE = struct.Struct("<8sHHI")
-_DIGEST_BYTES = 32
 _V1_FRAME_CHECKSUM_BYTES = 4  # the last bytes of a zstd frame written with a content checksum
 _CODEC_NAMES = {1: "zstd", FORMAT_VERSION: codec.NAME}
 
@@ -57,14 +48,29 @@ MAX_HEADER_BYTES = 64 << 10
 MAX_TOKENS = 1 << 24
 MAX_LOGITS = 1 << 28
 MAX_STATE_BYTES = 1 << 38
-_MAC_PERSON = b"snapcache.mac1"
+SNAPSHOT = Envelope(MAGIC, (1, FORMAT_VERSION), MAX_HEADER_BYTES, "snapshot")
 
-
-class MacMismatch(CorruptSnapshot):
-    """An intact file authenticated under another secret (or none, or without one when one is set).
-
-    Not damage: another process, configured otherwise, may share the directory and read it.
-    """
+__all__ = [
+    "FLAG_MAC",
+    "FORMAT_VERSION",
+    "MAGIC",
+    "MAX_HEADER_BYTES",
+    "MAX_LOGITS",
+    "MAX_STATE_BYTES",
+    "MAX_TOKENS",
+    "PRELUDE",
+    "SNAPSHOT",
+    "EncodedFile",
+    "FileHeader",
+    "MacMismatch",
+    "checked_time_and_priority",
+    "decode",
+    "decoded_state",
+    "encode",
+    "file_tokens",
+    "mac_key",
+    "read_header",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +99,7 @@ class _Head:
     state_bytes: int
     priority: int
     created_at: float
-    mac_problem: str | None  # why the MAC does not verify, when _read_head was told to go on
+    mac_problem: str | None  # why the MAC does not verify (read_header goes on; decode raises)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,11 +109,6 @@ class EncodedFile:
     parts: tuple[Buffer, ...]
     size: int
     state_bytes: int
-
-
-def mac_key(secret: bytes) -> bytes:
-    """The HMAC key derived from a user secret of any length."""
-    return hashlib.blake2b(secret, digest_size=32, person=_MAC_PERSON).digest()
 
 
 def encode(
@@ -148,27 +149,14 @@ def encode(
     else:
         # XXH3 is no authentication: a cryptographic digest lets the MAC reach the payload.
         header["payload_blake3"] = blake3.blake3(payload).hexdigest()
-    header_bytes = json.dumps(header, separators=(",", ":"), allow_nan=False).encode()
-    if len(header_bytes) > MAX_HEADER_BYTES:
-        raise CorruptSnapshot("snapshot header would exceed its size limit")
     parts: tuple[Buffer, ...] = (
-        checked_head(FORMAT_VERSION, header_bytes, mac_secret),
+        SNAPSHOT.head(FORMAT_VERSION, header, mac_secret, too_large=CorruptSnapshot),
         tokens,
         logits,
         payload,
     )
     size = sum(memoryview(p).nbytes for p in parts)
     return EncodedFile(parts=parts, size=size, state_bytes=state.nbytes)
-
-
-def checked_head(version: int, header_bytes: bytes, mac_secret: bytes | None) -> bytes:
-    """A file's head: its prelude and header, their SHA-256 and, with a secret, their HMAC."""
-    flags = FLAG_MAC if mac_secret is not None else 0
-    head = _PRELUDE.pack(MAGIC, version, flags, len(header_bytes)) + header_bytes
-    checks = hashlib.sha256(head).digest()
-    if mac_secret is not None:
-        checks += hmac.digest(mac_secret, head, "sha256")
-    return head + checks
 
 
 def decode(
@@ -189,7 +177,8 @@ def decode(
     Raises MacMismatch for an intact file authenticated otherwise, CorruptSnapshot for the rest.
     """
     view = memoryview(data).cast("B")
-    head = _read_head(view, mac_secret, max_state_bytes, expected_key=key)
+    checked = SNAPSHOT.check(view, mac_secret, refuse=MacMismatch)
+    head = _checked_fields(checked, max_state_bytes, expected_key=key)
     header = head.header
     if header["store_id"] != store_id:
         raise CorruptSnapshot("file belongs to another store")
@@ -198,13 +187,13 @@ def decode(
     body_start = head.body_start
     tokens_end = body_start + 4 * key.token_count
     logits_end = tokens_end + 4 * head.logits_count
-    expected_body = _digest_field(header, "body_sha256", 32)
+    expected_body = SNAPSHOT.digest_field(header, "body_sha256", 32)
     if not hmac.compare_digest(hashlib.sha256(view[body_start:logits_end]).digest(), expected_body):
         raise CorruptSnapshot("tokens or logits checksum mismatch")
     payload = view[logits_end:]
     _verify_payload(head, payload)
 
-    tokens = _file_tokens(view[body_start:tokens_end])
+    tokens = file_tokens(view[body_start:tokens_end])
     if not key.matches(tokens):
         raise CorruptSnapshot("tokens do not hash to the key")
     logits = None
@@ -212,7 +201,7 @@ def decode(
     if isinstance(shape, list):
         logits = np.frombuffer(bytes(view[tokens_end:logits_end]), dtype="<f4").reshape(shape)
     if head.version == 1:  # zstd checks the frame checksum (XXH64 of the state) while decoding
-        shuffle = _field(header, "codec", dict)["shuffle"] == 2
+        shuffle = SNAPSHOT.field(header, "codec", dict)["shuffle"] == 2
         state = codec.decompress_zstd_frame(payload, expected_size=head.state_bytes, shuffle=shuffle)
     else:
         state = decoded_state(payload, head.state_bytes, state_into)
@@ -239,21 +228,23 @@ def _verify_payload(head: _Head, payload: memoryview) -> None:
     """Check the payload against the digest in the (verified) header, before it is decompressed."""
     header = head.header
     if head.version == 1:
-        checksum = _field(header, "payload_checksum", str)
+        checksum = SNAPSHOT.field(header, "payload_checksum", str)
         if payload.nbytes < _V1_FRAME_CHECKSUM_BYTES or (
             payload[-_V1_FRAME_CHECKSUM_BYTES:].hex() != checksum
         ):
             raise CorruptSnapshot("payload checksum differs from the header")
         if head.has_mac and not hmac.compare_digest(
-            hashlib.sha256(payload).digest(), _digest_field(header, "payload_sha256", 32)
+            hashlib.sha256(payload).digest(), SNAPSHOT.digest_field(header, "payload_sha256", 32)
         ):
             raise CorruptSnapshot("payload checksum mismatch")
     elif head.has_mac:
         if not hmac.compare_digest(
-            blake3.blake3(payload).digest(), _digest_field(header, "payload_blake3", 32)
+            blake3.blake3(payload).digest(), SNAPSHOT.digest_field(header, "payload_blake3", 32)
         ):
             raise CorruptSnapshot("payload checksum mismatch (BLAKE3)")
-    elif not hmac.compare_digest(xxhash.xxh3_128_digest(payload), _digest_field(header, "payload_xxh3", 16)):
+    elif not hmac.compare_digest(
+        xxhash.xxh3_128_digest(payload), SNAPSHOT.digest_field(header, "payload_xxh3", 16)
+    ):
         raise CorruptSnapshot("payload checksum differs from the header (XXH3-128)")
 
 
@@ -265,13 +256,7 @@ def read_header(file: BinaryIO, file_bytes: int, *, mac_secret: bytes | None) ->
     snapshot is read. A MAC that does not verify is reported in `authenticated`, not raised;
     everything else raises CorruptSnapshot.
     """
-    prefix = file.read(_PRELUDE.size)
-    if len(prefix) == _PRELUDE.size:
-        header_len = _PRELUDE.unpack(prefix)[3]
-        if header_len <= MAX_HEADER_BYTES:
-            prefix += file.read(header_len + 2 * _DIGEST_BYTES)
-    view = memoryview(prefix)
-    head = _read_head(view, mac_secret, MAX_STATE_BYTES, raise_mac=False)
+    head = _checked_fields(SNAPSHOT.read(file, mac_secret), MAX_STATE_BYTES)
     if head.file_bytes != file_bytes:
         raise CorruptSnapshot(f"file is {file_bytes} bytes, its header describes {head.file_bytes}")
     key = head.key
@@ -279,12 +264,12 @@ def read_header(file: BinaryIO, file_bytes: int, *, mac_secret: bytes | None) ->
     raw = file.read(4 * key.token_count)
     if len(raw) != 4 * key.token_count:
         raise CorruptSnapshot("file is truncated inside its tokens")
-    tokens = _file_tokens(raw)
+    tokens = file_tokens(raw)
     if not key.matches(tokens):
         raise CorruptSnapshot("tokens do not hash to the key")
     return FileHeader(
         key=key,
-        store_id=_field(head.header, "store_id", str),
+        store_id=SNAPSHOT.field(head.header, "store_id", str),
         priority=head.priority,
         created_at=head.created_at,
         state_bytes=head.state_bytes,
@@ -294,90 +279,46 @@ def read_header(file: BinaryIO, file_bytes: int, *, mac_secret: bytes | None) ->
     )
 
 
-def _read_head(
-    view: memoryview,
-    mac_secret: bytes | None,
-    max_state_bytes: int,
-    *,
-    raise_mac: bool = True,
-    expected_key: SnapshotKey | None = None,
+def _checked_fields(
+    checked: CheckedHead, max_state_bytes: int, expected_key: SnapshotKey | None = None
 ) -> _Head:
-    """Check the prelude, the header digest, the MAC (MacMismatch unless not `raise_mac`), the fields,
-    and that the header names `expected_key` when one is given."""
-    header_len = check_prelude(view[: _PRELUDE.size], versions=_READABLE_VERSIONS)
-    _magic, version, flags, _length = _PRELUDE.unpack_from(view)
-    head_end = _PRELUDE.size + header_len
-    has_mac = bool(flags & FLAG_MAC)
-    body_start = head_end + _DIGEST_BYTES * (2 if has_mac else 1)
-    if view.nbytes < body_start:
-        raise CorruptSnapshot("file is truncated inside its header")
-    head = view[:head_end]
-    if not hmac.compare_digest(hashlib.sha256(head).digest(), view[head_end : head_end + 32]):
-        raise CorruptSnapshot("header checksum mismatch")
-    # The head is intact from here on: a failing MAC means another configuration, not damage.
-    mac_problem = None
-    if mac_secret is None and has_mac:
-        mac_problem = "file is authenticated with a secret, and none is configured"
-    elif mac_secret is not None and not has_mac:
-        mac_problem = "file carries no MAC, and a secret is configured"
-    elif mac_secret is not None and not hmac.compare_digest(
-        hmac.digest(mac_secret, head, "sha256"), view[head_end + 32 : body_start]
-    ):
-        mac_problem = "MAC mismatch: written under another secret or tampered with"
-    if mac_problem is not None and raise_mac:
-        raise MacMismatch(mac_problem)
-    header = _parse_header(view[_PRELUDE.size : head_end])
+    """The fields of a checked head, checked (the key `expected_key` when one is given), and the size
+    they describe."""
+    header = checked.header
     key = _header_key(header, expected_key)
-    codec_info = _field(header, "codec", dict)
-    if _field(codec_info, "name", str) != _CODEC_NAMES[version]:
+    codec_info = SNAPSHOT.field(header, "codec", dict)
+    if SNAPSHOT.field(codec_info, "name", str) != _CODEC_NAMES[checked.version]:
         raise CorruptSnapshot("unknown codec")
-    if _field(codec_info, "shuffle", int) not in (0, 2):
+    if SNAPSHOT.field(codec_info, "shuffle", int) not in (0, 2):
         raise CorruptSnapshot(f"unknown shuffle {codec_info['shuffle']}")
-    state_bytes = _bounded(header, "state_bytes", min(max_state_bytes, MAX_STATE_BYTES))
-    payload_bytes = _bounded(header, "payload_bytes", MAX_STATE_BYTES)
+    state_bytes = SNAPSHOT.bounded(header, "state_bytes", min(max_state_bytes, MAX_STATE_BYTES))
+    payload_bytes = SNAPSHOT.bounded(header, "payload_bytes", MAX_STATE_BYTES)
     logits_count = _logits_count(header)
     priority, created_at = checked_time_and_priority(header)
-    _field(header, "store_id", str)
+    SNAPSHOT.field(header, "store_id", str)
+    body_start = checked.body_start
     return _Head(
         header=header,
         key=key,
-        version=version,
-        has_mac=has_mac,
+        version=checked.version,
+        has_mac=checked.has_mac,
         body_start=body_start,
         file_bytes=body_start + 4 * key.token_count + 4 * logits_count + payload_bytes,
         logits_count=logits_count,
         state_bytes=state_bytes,
         priority=priority,
         created_at=created_at,
-        mac_problem=mac_problem,
+        mac_problem=checked.mac_problem,
     )
-
-
-def check_prelude(prelude: Buffer, *, versions: tuple[int, ...]) -> int:
-    """The header length a file's prelude states, once its magic, version (one of `versions`),
-    flags and that length check out; CorruptSnapshot otherwise."""
-    view = memoryview(prelude).cast("B")
-    if view.nbytes < _PRELUDE.size:
-        raise CorruptSnapshot("file is shorter than its prelude")
-    magic, version, flags, header_len = _PRELUDE.unpack_from(view)
-    if magic != MAGIC:
-        raise CorruptSnapshot("not a snapcache snapshot file (bad magic)")
-    if version not in versions:
-        raise CorruptSnapshot(f"unsupported snapshot format version {version}")
-    if flags & ~_KNOWN_FLAGS:
-        raise CorruptSnapshot(f"unknown flags {flags:#x}")
-    if header_len > MAX_HEADER_BYTES:
-        raise CorruptSnapshot(f"header length {header_len} exceeds {MAX_HEADER_BYTES}")
-    return int(header_len)
 
 
 def checked_time_and_priority(header: dict[str, Any]) -> tuple[int, float]:
     """A header's priority and creation time, checked."""
-    priority: int = _field(header, "priority", int)
+    priority: int = SNAPSHOT.field(header, "priority", int)
     if abs(priority) > MAX_PRIORITY:
         raise CorruptSnapshot("priority out of range")
     try:
-        created_at = float(_field(header, "created_at", float, int))
+        created_at = float(SNAPSHOT.field(header, "created_at", float, int))
     except OverflowError:  # an integer beyond any float
         raise CorruptSnapshot("created_at is out of range") from None
     if not math.isfinite(created_at):
@@ -385,7 +326,7 @@ def checked_time_and_priority(header: dict[str, Any]) -> tuple[int, float]:
     return priority, created_at
 
 
-def _file_tokens(raw: Buffer) -> TokenArray:
+def file_tokens(raw: Buffer) -> TokenArray:
     """A read-only copy of the token ids stored in a file; ids no tokenizer produces (negative ones)
     mean a foreign file."""
     tokens = np.frombuffer(raw, dtype="<i4").copy()
@@ -395,44 +336,9 @@ def _file_tokens(raw: Buffer) -> TokenArray:
     return tokens
 
 
-def _parse_header(raw: memoryview) -> dict[str, Any]:
-    try:
-        header = json.loads(bytes(raw).decode("utf-8"))
-    except (ValueError, RecursionError) as exc:
-        raise CorruptSnapshot(f"header is not valid JSON: {exc}") from None
-    if not isinstance(header, dict):
-        raise CorruptSnapshot("header is not a JSON object")
-    return header
-
-
-def _field(mapping: dict[str, Any], name: str, *kinds: type) -> Any:
-    value = mapping.get(name)
-    if isinstance(value, bool) or not isinstance(value, kinds):
-        raise CorruptSnapshot(f"header field {name!r} is missing or malformed")
-    return value
-
-
-def _digest_field(mapping: dict[str, Any], name: str, size: int) -> bytes:
-    text: str = _field(mapping, name, str)
-    try:
-        digest = bytes.fromhex(text)
-    except ValueError:
-        digest = b""
-    if len(digest) != size:
-        raise CorruptSnapshot(f"header field {name!r} is not a {size}-byte digest")
-    return digest
-
-
-def _bounded(mapping: dict[str, Any], name: str, limit: int) -> int:
-    value: int = _field(mapping, name, int)
-    if not 0 <= value <= limit:
-        raise CorruptSnapshot(f"header field {name!r} = {value} is outside 0..{limit}")
-    return value
-
-
 def _header_key(header: dict[str, Any], expected: SnapshotKey | None = None) -> SnapshotKey:
     """The key the header names; CorruptSnapshot when it is malformed or not `expected`."""
-    fields = _field(header, "key", dict)
+    fields = SNAPSHOT.field(header, "key", dict)
     if expected is not None:
         # Comparing with a key already checked is cheaper than checking another (a restore reads
         # hundreds of blocks); `is int` keeps JSON's true from passing for 1.
@@ -442,13 +348,13 @@ def _header_key(header: dict[str, Any], expected: SnapshotKey | None = None) -> 
         if expected.token_count > MAX_TOKENS:
             raise CorruptSnapshot(f"header field 'token_count' = {expected.token_count} is too large")
         return expected
-    token_count = _bounded(fields, "token_count", MAX_TOKENS)
+    token_count = SNAPSHOT.bounded(fields, "token_count", MAX_TOKENS)
     try:
         return SnapshotKey(
-            _field(fields, "model_fingerprint", str),
-            _field(fields, "scope", str),
+            SNAPSHOT.field(fields, "model_fingerprint", str),
+            SNAPSHOT.field(fields, "scope", str),
             token_count,
-            _field(fields, "prefix_hash", str),
+            SNAPSHOT.field(fields, "prefix_hash", str),
         )
     except ValueError as exc:
         raise CorruptSnapshot(f"header key is invalid: {exc}") from None

@@ -1088,7 +1088,7 @@ def forge(snapshot: Snapshot, store_id: str, edit: Callable[[bytes], bytes] = la
     """A file for `snapshot` (tokens unchecked) whose header `edit` changed, with a fresh header digest."""
     encoded = snapshot_file.encode(snapshot, store_id=store_id, level=3, shuffle=True, mac_secret=None)
     data = b"".join(bytes(part) for part in encoded.parts)
-    prelude = snapshot_file._PRELUDE
+    prelude = snapshot_file.PRELUDE
     magic, version, flags, length = prelude.unpack_from(data)
     header = edit(data[prelude.size : prelude.size + length])
     head = prelude.pack(magic, version, flags, len(header)) + header

@@ -20,7 +20,7 @@ from snapcache.key import SnapshotKey
 from snapcache.snapshot import Snapshot
 
 DATA = Path(__file__).resolve().parents[1] / "data"
-PRELUDE = snapshot_file._PRELUDE
+PRELUDE = snapshot_file.PRELUDE
 MB = 1 << 20
 
 # What the format-1 fixtures hold: written by snapcache 0.1.0's encode from these values.

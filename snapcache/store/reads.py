@@ -1,55 +1,54 @@
-"""Finding a snapshot across the tiers: memory first, then the disk, whose hits are promoted into RAM,
-then the remote tier (if any), whose hits are copied into the local tiers.
+"""Finding a snapshot across the tiers, walked in order behind one contract (`store.read_tiers`):
+memory, then the disk (whose hits are promoted into RAM), then the remote tier if any (whose hits
+are copied into the local tiers).
 
 Exact gets, longest-prefix lookups and the reads of shared blocks, with the hits and misses each
-counts. Arguments arrive checked (the store's façade checks them); a disk that fails to answer is a
-logged miss, never an exception, and so is a remote tier (see remote.tier).
+counts. Arguments arrive checked (the store's façade checks them).
+
+The longest prefix is looked for across every tier at once: a longer prefix in Redis beats a shorter
+one on disk. Its cost per lookup is bounded: the remote catalog of the prompt's fingerprint and scope
+is read at most once (one HVALS, then reused for `REMOTE_CATALOG_TTL_S` seconds), and at most
+`_MAX_REMOTE_TRIES` candidates are fetched from Redis (one round trip each) before the lookup gives
+up on the remote tier. A record's blocks missing locally come from Redis in one round trip.
 """
 
 from __future__ import annotations
 
-import functools
-import itertools
-import logging
 import threading
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from snapcache.errors import StoreUnavailable
-from snapcache.formats.threads import map_in_parallel
 from snapcache.key import SnapshotKey, TokenArray, rolling_prefix_hashes
 from snapcache.snapshot import Snapshot
 from snapcache.store.catalogs import DiskCatalogs
 from snapcache.store.deferred_uses import DeferredUses
 from snapcache.store.memory import StoreMemory
-from snapcache.store.prefix_index import PrefixHashes, PrefixIndex, iter_prefix_matches
+from snapcache.store.prefix_index import iter_prefix_matches
+from snapcache.store.read_tiers import (
+    REMOTE_CATALOG_TTL_S,
+    Copy,
+    DiskReads,
+    MemoryReads,
+    ReadTier,
+    RemoteReads,
+    disk_call,
+)
 from snapcache.store.report import Counters
 from snapcache.tier import TierName
 
 if TYPE_CHECKING:
-    from snapcache.disk import DiskTier, Miss
+    from snapcache.disk import DiskTier
     from snapcache.remote import RemoteTier
 
-log = logging.getLogger("snapcache")
+__all__ = ["REMOTE_CATALOG_TTL_S", "TierReads", "disk_call"]
 
 # Remote candidates a longest-prefix lookup reads at most, longest first, before it gives up: each
 # that fails verification (or was evicted meanwhile) costs a round trip.
 _MAX_REMOTE_TRIES = 3
-# Blocks read from disk by restores that are remembered, so that a second read promotes them.
-_LENT_KEYS_REMEMBERED = 1 << 14
-
-
-def disk_call(what: str, call: Callable[..., Any], *args: Any, default: Any) -> Any:
-    """A read of the disk tier: an unavailable disk is a logged miss, never an exception."""
-    try:
-        return call(*args)
-    except (StoreUnavailable, OSError) as exc:
-        log.warning("snapcache: disk %s failed: %s", what, exc)
-        return default
 
 
 class TierReads:
-    """The store's reads: RAM, else a snapshot waiting for its disk write, else the disk."""
+    """The store's reads: the tiers walked fastest first (see the module docstring)."""
 
     def __init__(
         self,
@@ -66,95 +65,122 @@ class TierReads:
         self._lock = lock
         self._memory = memory
         self._disk = disk
-        self._catalogs = catalogs
         self._counters = counters
-        self._remote = remote
-        self._copy_in = copy_in
         self._uses = uses  # of disk entries (None without a disk tier), recorded off the read's path
-        # Blocks a restore read from disk without promoting them, oldest first: see copy_blocks.
-        self._lent_from_disk: dict[str, bool] = {}
+        self._tiers: list[ReadTier] = [MemoryReads(lock, memory)]
+        if disk is not None:
+            self._tiers.append(DiskReads(lock, memory, disk, catalogs, uses))
+        if remote is not None:
+            self._tiers.append(RemoteReads(remote, copy_in))
+
+    @property
+    def tiers(self) -> list[ReadTier]:
+        """The tiers, in the order they are asked."""
+        return list(self._tiers)
 
     def get(self, key: SnapshotKey) -> Snapshot | None:
-        """The snapshot under exactly `key`, counted as a hit or a miss."""
-        with self._lock:
-            snapshot = self._get_memory(key)
+        """The snapshot under exactly `key`, from the first tier that holds it; counted."""
+        epoch = self._epoch()
+        for i, tier in enumerate(self._tiers):
+            snapshot = tier.read(key, epoch)
             if snapshot is not None:
+                self._count(served_by=i)
                 return snapshot
-            epoch = self._memory.remove_epoch
-        snapshot = self._get_disk(key, epoch)
-        if snapshot is None:
-            snapshot = self._get_remote(key)
-            with self._lock:
-                if snapshot is None:
-                    self._counters.misses += 1
-                else:
-                    self._counters.hits += 1
-        return snapshot
+        self._count(served_by=None)
+        return None
 
     def longest_prefix(
         self, model_fingerprint: str, scope: str, query: TokenArray
     ) -> tuple[Snapshot, TierName] | None:
-        """The snapshot of the longest stored prefix of `query` and the tier that served it."""
-        indexes = [self._memory.index]
-        if self._disk is not None:
-            indexes.append(self._catalogs.get(model_fingerprint, scope))
+        """The snapshot of the longest prefix of `query` any tier holds, and the tier that served it.
+
+        A candidate is read from the fastest tier whose catalog offers it; one that fails to read
+        there is tried in the slower ones, then the next longest candidate."""
+        indexes = [tier.index(model_fingerprint, scope) for tier in self._tiers]
         hashes = rolling_prefix_hashes(query)
         tried: set[SnapshotKey] = set()
+        remote_tries = 0
         while True:
             with self._lock:
-                key = None
-                for candidate in iter_prefix_matches(indexes, model_fingerprint, scope, query, hashes):
-                    if candidate not in tried:
-                        key = candidate
-                        break
-                if key is None:
-                    break
-                snapshot = self._get_memory(key, count_miss=False)
-                if snapshot is not None:
-                    return snapshot, self._memory_tier()
+                live = [
+                    index
+                    for tier, index in zip(self._tiers, indexes, strict=True)
+                    if tier.name != "remote" or remote_tries < _MAX_REMOTE_TRIES
+                ]
+                key = next(
+                    (
+                        candidate
+                        for candidate in iter_prefix_matches(live, model_fingerprint, scope, query, hashes)
+                        if candidate not in tried
+                    ),
+                    None,
+                )
                 epoch = self._memory.remove_epoch
-            snapshot = self._get_disk(key, epoch, count_miss=False)
-            if snapshot is not None:
-                if self._memory.ram is not None:
-                    with self._lock:
-                        self._counters.ram_misses += 1
-                return snapshot, "disk"
-            tried.add(key)  # vanished or corrupt on disk: try the next best
-        found = self._remote_prefix(model_fingerprint, scope, query, hashes)
-        with self._lock:
-            self._count_miss(served=found is not None)
-        return found
-
-    def _remote_prefix(
-        self, model_fingerprint: str, scope: str, query: TokenArray, hashes: PrefixHashes
-    ) -> tuple[Snapshot, TierName] | None:
-        """The longest prefix of `query` the remote tier holds, copied into the local tiers."""
-        if self._remote is None:
-            return None
-        rows = self._remote.catalog(model_fingerprint, scope)
-        if not rows:
-            return None
-        index = PrefixIndex.of_group(model_fingerprint, scope, rows)
-        matches = iter_prefix_matches((index,), model_fingerprint, scope, query, hashes)
-        for key in itertools.islice(matches, _MAX_REMOTE_TRIES):
-            snapshot = self._get_remote(key)
-            if snapshot is not None:
-                return snapshot, "remote"
+            if key is None:
+                break
+            tried.add(key)
+            for i, (tier, index) in enumerate(zip(self._tiers, indexes, strict=True)):
+                with self._lock:
+                    offered = key in index
+                if not offered:
+                    continue
+                if tier.name == "remote":
+                    if remote_tries >= _MAX_REMOTE_TRIES:
+                        continue
+                    remote_tries += 1
+                snapshot = tier.read(key, epoch)
+                if snapshot is not None:
+                    self._count(served_by=i)
+                    return snapshot, tier.name
+                if isinstance(tier, RemoteReads):
+                    tier.forget(key)
+        self._count(served_by=None)
         return None
 
-    def _get_remote(self, key: SnapshotKey) -> Snapshot | None:
-        """`key` from the remote tier, verified and copied into the local tiers; None on a miss."""
-        if self._remote is None:
-            return None
-        snapshot = self._remote.get(key)
-        with self._lock:
-            if snapshot is None:
-                self._counters.remote_misses += 1
-            else:
-                self._counters.remote_hits += 1
-        if snapshot is not None and self._copy_in is not None:
-            self._copy_in(snapshot)
-        return snapshot
+    def get_blocks(self, keys: Sequence[SnapshotKey]) -> list[tuple[Snapshot, TierName]]:
+        """The blocks of `keys` up to the first that no tier holds, each with its tier: promoted like
+        a get but neither counted nor touched. Each tier reads the blocks it is asked for at once."""
+        found = self._read_blocks(keys, None)
+        blocks: list[tuple[Snapshot, TierName]] = []
+        for result, tier in found:
+            if not isinstance(result, Snapshot):
+                break
+            blocks.append((result, tier))
+        return blocks
+
+    def copy_blocks(self, keys: Sequence[SnapshotKey], copy: Copy) -> list[TierName]:
+        """Hand the state of each block of `keys` to `copy(i, state)`, up to the first that no tier
+        holds; return the tiers that served them. See `SnapshotStore.copy_blocks`."""
+        served: list[TierName] = []
+        for result, tier in self._read_blocks(keys, copy):
+            if result is False:
+                break
+            served.append(tier)
+        if served:
+            self.touch_blocks(list(keys[: len(served)]))
+        return served
+
+    def _read_blocks(self, keys: Sequence[SnapshotKey], copy: Copy | None) -> list[tuple[object, TierName]]:
+        """What each tier in turn served of the blocks the faster ones lacked, in the order of `keys`
+        (False, with the last tier's name, where none held the block)."""
+        found: list[tuple[object, TierName]] = [(False, "ram")] * len(keys)
+        wanted = list(range(len(keys)))
+        epoch = self._epoch()
+        for tier in self._tiers:
+            if not wanted:
+                break
+            positions = wanted
+
+            def copy_at(j: int, state: memoryview, positions: list[int] = positions) -> None:
+                assert copy is not None
+                copy(positions[j], state)
+
+            results = tier.read_blocks([keys[i] for i in positions], epoch, None if copy is None else copy_at)
+            results += [False] * (len(positions) - len(results))
+            for i, result in zip(positions, results, strict=True):
+                found[i] = (result, tier.name)
+            wanted = [i for i, result in zip(positions, results, strict=True) if result is False]
+        return found
 
     def peek(self, key: SnapshotKey) -> Snapshot | None:
         """What memory holds under `key`, without marking it as used or counting."""
@@ -181,113 +207,6 @@ class TierReads:
         found: TokenArray | None = disk_call("read tokens", self._disk.stored_tokens, key, default=None)
         return found
 
-    def get_blocks(self, keys: Sequence[SnapshotKey]) -> list[tuple[Snapshot, TierName]]:
-        """The blocks of `keys` up to the first that no tier holds, each with its tier: promoted like
-        a get but neither counted nor touched. Those not in memory are read from disk at once."""
-        memory_tier = self._memory_tier()
-        found: list[tuple[Snapshot, TierName] | None] = []
-        with self._lock:
-            for key in keys:
-                snapshot = self._memory.get(key)
-                found.append(None if snapshot is None else (snapshot, memory_tier))
-            epoch = self._memory.remove_epoch
-        missing = [i for i, held in enumerate(found) if held is None]
-        disk = self._disk
-        if missing and disk is not None:
-            wanted = [keys[i] for i in missing]
-            read: list[Snapshot | Miss] = disk_call("get", disk.read_many, wanted, default=[])
-            hits = [
-                (i, snapshot)
-                for i, snapshot in zip(missing, read, strict=False)
-                if isinstance(snapshot, Snapshot)
-            ]
-            for i, snapshot in hits:
-                found[i] = (snapshot, "disk")
-            self._promote_blocks([snapshot for _, snapshot in hits], epoch)
-        blocks: list[tuple[Snapshot, TierName]] = []
-        for key, held in zip(keys, found, strict=True):
-            if held is not None:
-                blocks.append(held)
-                continue
-            remote = self._get_remote(key)
-            if remote is None:
-                break
-            blocks.append((remote, "remote"))
-        return blocks
-
-    def copy_blocks(
-        self, keys: Sequence[SnapshotKey], copy: Callable[[int, memoryview], None]
-    ) -> list[TierName]:
-        """Hand the state of each block of `keys` to `copy(i, state)`, up to the first that no tier
-        holds; return the tiers that served them. See `SnapshotStore.copy_blocks`."""
-        memory_tier = self._memory_tier()
-        tiers: list[TierName | None] = [None] * len(keys)
-        with self._lock:
-            held = [self._memory.get(key) for key in keys]
-            epoch = self._memory.remove_epoch
-        in_memory = [i for i, snapshot in enumerate(held) if snapshot is not None]
-
-        def copy_held(i: int) -> None:
-            snapshot = held[i]
-            assert snapshot is not None
-            copy(i, memoryview(snapshot.state))
-
-        map_in_parallel(copy_held, in_memory)
-        for i in in_memory:
-            tiers[i] = memory_tier
-        missing = [i for i, snapshot in enumerate(held) if snapshot is None]
-        disk = self._disk
-        if missing and disk is not None:
-            with self._lock:
-                keep = [self._read_from_disk_before(keys[i]) for i in missing]
-            read: list[Snapshot | Miss | None] = disk_call(
-                "get",
-                functools.partial(disk.lend_many, keep=keep),
-                [keys[i] for i in missing],
-                lambda j, state: copy(missing[j], state),
-                default=[],
-            )
-            kept: list[Snapshot] = []
-            for i, result in zip(missing, read, strict=False):
-                if result is None or isinstance(result, Snapshot):
-                    tiers[i] = "disk"
-                    if result is not None:
-                        kept.append(result)
-            self._promote_blocks(kept, epoch)
-        served: list[TierName] = []
-        for i, (key, tier) in enumerate(zip(keys, tiers, strict=True)):
-            if tier is None:
-                remote = self._get_remote(key)
-                if remote is None:
-                    break
-                copy(i, memoryview(remote.state))
-                tier = "remote"
-            served.append(tier)
-        if served:
-            self.touch_blocks(list(keys[: len(served)]))
-        return served
-
-    def _promote_blocks(self, blocks: list[Snapshot], epoch: int) -> None:
-        """Promote blocks read from disk into RAM, the first of them as the most recently used."""
-        if not blocks:
-            return
-        with self._lock:
-            for snapshot in reversed(blocks):
-                self._memory.promote(snapshot, epoch)
-        self._drain_if_foreground()
-
-    def _read_from_disk_before(self, key: SnapshotKey) -> bool:
-        """Whether `key` was lent from disk recently (and is then worth a place in RAM); the first
-        time, remember it. Lock held."""
-        if self._memory.ram is None:
-            return False
-        if self._lent_from_disk.pop(key.id, False):
-            return True
-        self._lent_from_disk[key.id] = True
-        if len(self._lent_from_disk) > _LENT_KEYS_REMEMBERED:
-            del self._lent_from_disk[next(iter(self._lent_from_disk))]
-        return False
-
     def touch_blocks(self, keys: list[SnapshotKey]) -> None:
         """Record a use of `keys`, the first as the most recent, in RAM and on disk."""
         ram = self._memory.ram
@@ -298,65 +217,18 @@ class TierReads:
         if self._uses is not None:
             self._uses.add(keys)
 
-    def _memory_tier(self) -> TierName:
-        """A snapshot still waiting for its disk write counts for the disk when there is no RAM tier."""
-        return "ram" if self._memory.ram is not None else "disk"
-
-    def _get_memory(self, key: SnapshotKey, *, count_miss: bool = True) -> Snapshot | None:
-        """RAM, else a snapshot waiting for its disk write; counts a hit. Lock held."""
-        snapshot = self._memory.get(key)
-        has_ram = self._memory.ram is not None
-        if snapshot is None:
-            if count_miss and has_ram:
-                self._counters.ram_misses += 1
-            return None
-        self._counters.hits += 1
-        if has_ram:
-            self._counters.ram_hits += 1
-        else:
-            self._counters.disk_hits += 1
-        return snapshot
-
-    def _get_disk(self, key: SnapshotKey, epoch: int, *, count_miss: bool = True) -> Snapshot | None:
-        """Read `key` from disk and promote it into RAM; counts a disk hit or miss."""
-        disk = self._disk
-        if disk is None:
-            return None
-        found: Snapshot | Miss | None = disk_call(
-            "get", functools.partial(disk.read, touch=False), key, default=None
-        )
-        snapshot = found if isinstance(found, Snapshot) else None
-        if snapshot is not None and self._uses is not None:
-            self._uses.add([key])
-        if found is not None and not isinstance(found, Snapshot) and found.lasting:
-            # Gone, damaged or another secret's: the catalog stops offering it. A transient failure
-            # (None, or Miss.UNAVAILABLE) leaves it there for the next lookup to try again.
-            self._catalogs.forget(key)
+    def _epoch(self) -> int:
         with self._lock:
-            if snapshot is None:
-                if count_miss:
-                    self._counters.disk_misses += 1
-                return None
-            self._counters.hits += 1
-            self._counters.disk_hits += 1
-            self._memory.promote(snapshot, epoch)
-        self._drain_if_foreground()
-        return snapshot
+            return self._memory.remove_epoch
 
-    def _drain_if_foreground(self) -> None:
-        """Without a writer thread, write the spills of a promotion's evictions now."""
-        writes = self._memory.writes
-        if writes is not None and not writes.background:
-            writes.drain()
-
-    def _count_miss(self, *, served: bool = False) -> None:
-        """A lookup that found nothing in the local tiers, and was `served` by the remote one or
-        missed there too. Lock held."""
-        if served:
-            self._counters.hits += 1
-        else:
-            self._counters.misses += 1
-        if self._memory.ram is not None:
-            self._counters.ram_misses += 1
-        if self._disk is not None:
-            self._counters.disk_misses += 1
+    def _count(self, *, served_by: int | None) -> None:
+        """A read served by the tier at `served_by` (None: by none): a hit there, a miss in each
+        tier asked before it."""
+        with self._lock:
+            if served_by is None:
+                self._counters.misses += 1
+            else:
+                self._counters.hits += 1
+            asked = self._tiers if served_by is None else self._tiers[: served_by + 1]
+            for i, tier in enumerate(asked):
+                tier.count(self._counters, hit=i == served_by)

@@ -12,8 +12,9 @@ The hook steps in at two places of the Llama, as instance attributes that `insta
 When llama-cpp-python hands the final prompt tokens to `Llama.generate`, the hook loads the longest
 stored prefix of exactly those tokens into the context and lets `generate` evaluate only the rest;
 after the completion (for a stream: when it is exhausted or closed) it saves what the prompt should
-leave behind (`completion`). Before each completion the Llama is checked again (`readiness`). It
-tells its listener what it did (`reports`).
+leave behind (`completion_flow`, `completion`). Before each completion the Llama is checked again
+(`readiness`). It tells its listener what it did (`reports`). `warm` and `explain` are in their own
+modules; this one installs the hook and decides what each intercepted call is.
 
 Not thread-safe, like the Llama it hooks: one completion at a time.
 """
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -32,24 +32,19 @@ import llama_cpp
 from llama_cpp import llama_chat_format
 
 from snapcache.errors import InvalidArgument
-from snapcache.key import DEFAULT_SCOPE, TokenArray, as_token_array, validate_priority, validate_scope
+from snapcache.key import DEFAULT_SCOPE, TokenArray, validate_priority, validate_scope
 from snapcache.llama.amx import warn_once
-from snapcache.llama.chat_prefix import (
-    ChatPrefixFinder,
-    SharedPrefix,
-    patched,
-    render_options,
-    system_head,
-    text_prompt_tokens,
-)
-from snapcache.llama.checkpoints import MIN_PREFIX_TOKENS, align_down
+from snapcache.llama.chat_prefix import ChatPrefixFinder, SharedPrefix, render_options, system_head
 from snapcache.llama.completion import Completion, CompletionCache
+from snapcache.llama.completion_flow import CompletionFlow
+from snapcache.llama.explain import Explainer
 from snapcache.llama.fingerprint import model_fingerprint
 from snapcache.llama.fingerprint_notes import FingerprintNotes
-from snapcache.llama.miss import MissExplanation, explain_prompt
+from snapcache.llama.miss import MissExplanation
 from snapcache.llama.prefix_loader import PrefixLoader, Progress
 from snapcache.llama.readiness import Readiness
 from snapcache.llama.reports import CompletionListener, RestoreInfo, WarmResult
+from snapcache.llama.warm import Warmer
 from snapcache.store import SnapshotStore
 
 __all__ = ["CacheHook", "ScopeSource", "attached_hook"]
@@ -123,8 +118,8 @@ class CacheHook:
         self._scope = scope
         self._exact = bool(exact)
         self._loader = PrefixLoader(llm, store, model_fingerprint(llm, exact=self._exact))
-        self._notes = FingerprintNotes(store.directory)
-        self._readiness = Readiness(llm, self._loader, self._notes, exact=self._exact)
+        notes = FingerprintNotes(store.directory)
+        self._readiness = Readiness(llm, self._loader, notes, exact=self._exact)
         self._completions = CompletionCache(
             llm,
             self._loader,
@@ -136,6 +131,11 @@ class CacheHook:
             listener=listener,
             exact=self._exact,
         )
+        self._flow = CompletionFlow(llm, self._completions)
+        self._warmer = Warmer(llm, self._loader, self._readiness, self._shared_chat_tokens, self._scope_of)
+        self._explainer = Explainer(
+            llm, store, notes, self._loader, self._completions, self._warmer, self._scope_of
+        )
         self._prefixes = ChatPrefixFinder(llm, self._render_chat)
         self._rendering = False
         self._chat_turn: _ChatTurn | None = None
@@ -143,7 +143,6 @@ class CacheHook:
         # Bound once, so that `uninstall` can tell its own entry points from a user's replacements.
         self._completion_entry = self._create_completion
         self._chat_entry = self._handle_chat
-        self.last_restore: RestoreInfo | None = None
         self._told: set[str] = set()
 
     # -- properties ---------------------------------------------------------------------------------
@@ -176,6 +175,11 @@ class CacheHook:
     def exact(self) -> bool:
         """False when restored prompts may drift from a cold read (see the class docstring)."""
         return self._exact
+
+    @property
+    def last_restore(self) -> RestoreInfo | None:
+        """What the last completion restored (None: nothing, or it was not cached)."""
+        return self._flow.last_restore
 
     @property
     def installed(self) -> bool:
@@ -246,11 +250,11 @@ class CacheHook:
             return original(*args, **kwargs)
         turn, self._chat_turn = self._chat_turn, None
         if turn is not None and turn.uncached_because is not None:
-            self.last_restore = None
+            self._flow.last_restore = None
             return original(*args, **kwargs)
         if kwargs.get("echo") and kwargs.get("logprobs") is not None:
             # Echoed log-probabilities need the logits of every prompt token; a state has none.
-            self.last_restore = None
+            self._flow.last_restore = None
             return original(*args, **kwargs)
         call = Completion(
             scope=self._current_scope(),
@@ -258,7 +262,7 @@ class CacheHook:
             ladder=turn is None and self._completions.has_ladder,
             cacheable=self._check_cacheable(),
         )
-        return self._run(call, lambda: original(*args, **kwargs), stream=bool(kwargs.get("stream")))
+        return self._flow.run(call, lambda: original(*args, **kwargs), stream=bool(kwargs.get("stream")))
 
     def _handle_chat(self, *, llama: llama_cpp.Llama, messages: list[Any], **kwargs: Any) -> Any:
         handler = self._original_chat_handler()
@@ -300,97 +304,18 @@ class CacheHook:
             self._told.add(message)
             _log.warning("%s", message)
 
-    # -- one completion -----------------------------------------------------------------------------
-
-    def _run(self, call: Completion, complete: Callable[[], Any], *, stream: bool) -> Any:
-        self.last_restore = None
-        if stream:
-            return self._stream(call, complete)
-        with self._intercept_generate(call):
-            result = complete()
-        self._completions.finish(call)
-        if isinstance(result, dict) and call.restore is not None:
-            _add_cached_tokens(result, call.restore.cached_tokens)
-        return result
-
-    def _stream(self, call: Completion, complete: Callable[[], Any]) -> Iterator[Any]:
-        # llama-cpp-python builds its stream lazily: the prompt reaches generate() on the first next().
-        chunks: Iterator[Any] | None = None
-        try:
-            with self._intercept_generate(call):
-                chunks = iter(complete())
-                first = next(chunks, _MISSING)
-            if first is _MISSING:
-                return
-            yield first
-            yield from chunks
-        finally:
-            close = getattr(chunks, "close", None)
-            if close is not None:
-                close()
-            self._completions.finish(call)
-
-    @contextmanager
-    def _intercept_generate(self, call: Completion) -> Iterator[None]:
-        original = self._llm.generate
-
-        def generate(tokens: Sequence[int], *args: Any, **kwargs: Any) -> Iterator[int]:
-            started = time.perf_counter()  # the checkpoints read in prepare are part of the read
-            if not call.prepared:
-                call.prepared = True
-                self._completions.prepare(tokens, call)
-                self.last_restore = call.restore
-            inner = original(tokens, *args, **kwargs)
-            try:
-                for token in inner:
-                    if call.generated == 0:
-                        call.read_seconds = time.perf_counter() - started
-                    call.generated += 1
-                    call.last_token = token
-                    yield token
-            finally:
-                inner.close()
-
-        with patched(self._llm, "generate", generate):
-            yield
-
-    # -- why it missed -----------------------------------------------------------------------------
+    # -- why it missed, and warming -----------------------------------------------------------------
 
     def explain(self, scope: str | None = None) -> MissExplanation | None:
         """Why the last completion in `scope` (default: the hook's) restored what it did; None if none ran."""
-        scope = self._current_scope() if scope is None else validate_scope(scope)
-        last = self._completions.last_prompt(scope)
-        if last is None:
-            return None
-        return explain_prompt(
-            self._llm,
-            self._store,
-            self._notes,
-            self._loader.fingerprint,
-            scope,
-            last.tokens,
-            last.restored,
-            stored_before=last.prepared_at,
-        )
+        return self._explainer.explain(scope)
 
     def explain_prompt(
         self, prompt: str | Sequence[int] | TokenArray, *, raw: bool = False, scope: str | None = None
     ) -> MissExplanation:
         """What a completion starting with `prompt` would restore, and why (a string is a system
         prompt, as `warm` reads it)."""
-        scope = self._current_scope() if scope is None else validate_scope(scope)
-        if isinstance(prompt, str) and not raw:
-            tokens = self._system_tokens([{"role": "system", "content": prompt}])
-        else:
-            tokens = self._warm_tokens(prompt)
-        self._ready_to_save()
-        found = self._store.lookup(self._loader.fingerprint, scope, tokens)
-        restored = 0 if found is None else found.key.token_count
-        return explain_prompt(
-            self._llm, self._store, self._notes, self._loader.fingerprint, scope, tokens, restored
-        )
-
-    # -- warm ---------------------------------------------------------------------------------------
+        return self._explainer.explain_prompt(prompt, raw=raw, scope=scope)
 
     def warm(
         self,
@@ -410,13 +335,7 @@ class CacheHook:
         context, and for a system prompt so short that chats with it share fewer than 64 tokens
         (shorter prefixes are not worth caching).
         """
-        started = time.perf_counter()
-        self._ready_to_save()
-        if isinstance(prompt, str) and not raw:
-            tokens = self._system_tokens([{"role": "system", "content": prompt}])
-        else:
-            tokens = self._warm_tokens(prompt)
-        return self._warm(tokens, priority, scope, progress, started)
+        return self._warmer.warm(prompt, priority, raw=raw, progress=progress, scope=scope)
 
     def warm_chat(
         self,
@@ -427,65 +346,17 @@ class CacheHook:
         scope: str | None = None,
     ) -> WarmResult:
         """`warm` for the leading system (or developer) messages of a chat, as every chat with them shares."""
-        started = time.perf_counter()
-        if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
-            raise InvalidArgument("messages must be a list of chat messages")
-        head = system_head(messages)
-        if head == 0:
-            raise InvalidArgument("nothing to warm: the messages do not start with a system message")
-        self._ready_to_save()
-        return self._warm(self._system_tokens(list(messages[:head])), priority, scope, progress, started)
+        return self._warmer.warm_chat(messages, priority, progress=progress, scope=scope)
 
-    def _warm(
-        self, tokens: TokenArray, priority: int, scope: str | None, progress: Progress | None, started: float
-    ) -> WarmResult:
-        priority = validate_priority(priority)
-        scope = self._current_scope() if scope is None else validate_scope(scope)
-        total = len(tokens)
-        n_ctx = int(self._llm.n_ctx())
-        if total >= n_ctx:
-            raise InvalidArgument(
-                f"the prompt has {total} tokens, but this Llama's context holds {n_ctx} "
-                f"(and needs room for one more): create the Llama with n_ctx > {total}"
-            )
-        return self._loader.store_prefix(tokens, scope, priority, self.alignment, progress, started)
-
-    def _ready_to_save(self) -> None:
-        """InvalidArgument when this Llama cannot be cached; else its fingerprint and alignment are
-        current."""
-        reason = self._readiness.reason_not(saving=True)
-        if reason is not None:
-            raise InvalidArgument(f"this Llama cannot be cached: {reason}")
-
-    def _system_tokens(self, head: list[Mapping[str, Any]]) -> TokenArray:
-        """What every chat starting with these system messages shares, cut to whole checkpoint blocks."""
-        shared = self._shared_chat_tokens(head, {})
-        if shared is None:
-            raise InvalidArgument(
-                "this Llama's chat format cannot render a system message; warm the text with raw=True"
-            )
-        if len(shared) < MIN_PREFIX_TOKENS:
-            raise InvalidArgument(
-                f"the system prompt is too short to warm: chats with it share {len(shared)} tokens, "
-                f"and prefixes of fewer than {MIN_PREFIX_TOKENS} tokens are not worth caching"
-            )
-        return as_token_array(shared[: align_down(len(shared), self.alignment)])
-
-    def _warm_tokens(self, prompt: str | Sequence[int] | TokenArray) -> TokenArray:
-        if isinstance(prompt, str):
-            return as_token_array(text_prompt_tokens(self._llm, prompt, add_eos=False))
-        if isinstance(prompt, (bytes, bytearray)):
-            raise InvalidArgument("prompt must be a str or a sequence of token ids, not bytes")
-        tokens = as_token_array(prompt)
-        if len(tokens) == 0:
-            raise InvalidArgument("nothing to warm: the prompt has no tokens")
-        return tokens
-
-    # -- context and store --------------------------------------------------------------------------
+    # -- scopes -------------------------------------------------------------------------------------
 
     def _current_scope(self) -> str:
         scope = self._scope
         return validate_scope(scope() if callable(scope) else scope)
+
+    def _scope_of(self, scope: str | None) -> str:
+        """`scope` checked, or the current scope when None."""
+        return self._current_scope() if scope is None else validate_scope(scope)
 
     # -- chat templates -----------------------------------------------------------------------------
 
@@ -539,12 +410,3 @@ def attached_hook(llm: llama_cpp.Llama) -> CacheHook | None:
     """The hook installed on `llm`, if any."""
     hook = vars(llm).get(_HOOK_ATTRIBUTE)
     return hook if isinstance(hook, CacheHook) else None
-
-
-def _add_cached_tokens(result: dict[str, Any], cached_tokens: int) -> None:
-    """Report restored tokens where OpenAI clients look for them: usage.prompt_tokens_details."""
-    usage = result.get("usage")
-    if isinstance(usage, dict):
-        details = usage.setdefault("prompt_tokens_details", {})
-        if isinstance(details, dict):
-            details["cached_tokens"] = cached_tokens

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from block_snapshots import block_snapshots
 
-from snapcache.disk import index
+from snapcache.disk import index_schema
 from snapcache.disk.files import FILES_DIR, INDEX_NAME, is_pack_name
 from snapcache.disk.tier import PACK_MEMBERS, DiskTier, Miss
 from snapcache.errors import CorruptSnapshot
@@ -254,7 +254,7 @@ def test_an_index_of_schema_1_is_migrated_with_its_rows(tmp_path: Path) -> None:
     tier.close()
     with sqlite3.connect(tmp_path / INDEX_NAME) as conn:  # back to how 0.1-0.3 laid it out
         conn.execute(
-            index._ENTRIES_TABLE.format(name="v1").replace(
+            index_schema.ENTRIES_TABLE.format(name="v1").replace(
                 "file_name TEXT NOT NULL", "file_name TEXT NOT NULL UNIQUE"
             )
         )

@@ -60,6 +60,17 @@ def serve(
             "(1: one at a time). Memory for the KV cache grows N times (see --n-ctx).",
         ),
     ] = DEFAULT_PARALLEL,
+    seq_ctx: Annotated[
+        int | None,
+        typer.Option(
+            "--seq-ctx",
+            min=16,
+            help="With --parallel above 1: tokens each sequence holds, prompt and answer (default and "
+            "most: --n-ctx). Smaller keeps the KV cache down; a request that may need more runs on the "
+            "model's own context, one at a time.",
+            show_default=False,
+        ),
+    ] = None,
     batch_mode: Annotated[
         str,
         typer.Option(
@@ -144,6 +155,7 @@ def serve(
                 max_tokens_default=max_tokens_default or None,
                 parallel=parallel,
                 batch_mode="exact" if batch_mode == "exact" else "batched",
+                seq_ctx=seq_ctx,
             )
             app = create_app(llm, store, options)
             where = store.directory if store.directory is not None else "RAM only"

@@ -57,7 +57,8 @@ class ServeOptions:
     browser origins allowed to call it (none by default), the priority of the states it saves,
     whether restores must be exact (`exact=False`: see `snapcache.CacheHook`), the tokens a
     completion that sets no limit may generate (None: until the context is full), how many
-    completions run at once (`parallel`, each with the Llama's `n_ctx`) and how their steps are
+    completions run at once (`parallel`, each with the Llama's `n_ctx`, or `seq_ctx` tokens where
+    set: longer requests run one at a time on the Llama's own context) and how their steps are
     batched (`batch_mode`: see `snapcache.llama.batch.Scheduler`)."""
 
     api_key: str | None = None
@@ -68,6 +69,7 @@ class ServeOptions:
     max_tokens_default: int | None = DEFAULT_MAX_TOKENS
     parallel: int = 4
     batch_mode: Mode = "batched"
+    seq_ctx: int | None = None
 
 
 class _OneModel:
@@ -107,6 +109,7 @@ def create_app(llm: llama_cpp.Llama, store: SnapshotStore, options: ServeOptions
         priority=options.priority,
         exact=options.exact,
         listener=monitor,
+        seq_ctx=options.seq_ctx,
     )
     alias = options.model_alias or Path(llm.model_path).name
     llama_server.set_server_settings(ServerSettings(api_key=options.api_key, interrupt_requests=False))

@@ -2,9 +2,9 @@
 
 With `--parallel N` the routes get a `ParallelModel` in place of the Llama: its completions go to a
 `BatchedLlama` over a `Scheduler` of N sequences (one context, N KV streams of `n_ctx` cells each,
-beside the Llama's own context), everything else to the Llama. llama-cpp-python's routes hold one
-lock for a whole request (`get_llama_proxy`); `unlock_routes` gives them one that does not, so
-requests meet in the scheduler. The Llama's own context still serves what the scheduler cannot
+or `--seq-ctx`, beside the Llama's own context), everything else to the Llama. llama-cpp-python's
+routes hold one lock for a whole request (`get_llama_proxy`); `unlock_routes` gives them one that
+does not, so requests meet in the scheduler. The Llama's own context still serves what the scheduler cannot
 (grammars, logprobs, ...: `BatchedLlama` sends them there, through the cache hook) and warms, one
 at a time under `BatchedLlama.own_context`.
 """
@@ -102,6 +102,7 @@ def parallel_model(
     priority: int,
     exact: bool,
     listener: CompletionListener,
+    seq_ctx: int | None = None,
 ) -> ParallelModel | None:
     """A `ParallelModel` of `n_seq` sequences on `llm`; None (one request at a time, with the
     reason logged) when `n_seq` is 1 or the scheduler cannot run this Llama's requests."""
@@ -113,7 +114,7 @@ def parallel_model(
     if reason is not None:
         _log.warning("--parallel %d: %s; requests run one at a time", n_seq, reason)
         return None
-    scheduler = Scheduler(llm, store, n_seq=n_seq, mode=mode, priority=priority)
+    scheduler = Scheduler(llm, store, n_seq=n_seq, mode=mode, priority=priority, seq_ctx=seq_ctx)
     _log.info("%d requests at once (%s mode), %d tokens each", n_seq, mode, scheduler.n_ctx)
     return ParallelModel(BatchedLlama(scheduler, scope=current_scope, listener=listener), store)
 

@@ -157,3 +157,24 @@ def test_the_listener_hears_each_completion_on_the_readers_thread(llm: llama_cpp
     assert report.scope == "agent-x"
     assert report.completion_tokens == result["usage"]["completion_tokens"]
     assert report.restore.prompt_tokens == result["usage"]["prompt_tokens"]
+
+
+def test_a_request_longer_than_a_sequence_holds_runs_on_the_llamas_own_context(
+    llm: llama_cpp.Llama, reference: llama_cpp.Llama, store: SnapshotStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With `seq_ctx` below the Llama's context, a request that may need more takes the single path
+    (logged once) and answers as the Llama does; one that fits goes to the scheduler."""
+    long_prompt = SYSTEM * 2 + PROMPT  # the tiny model reads a token per byte: about 570 tokens
+    with Scheduler(llm, store, n_seq=2, seq_ctx=256) as scheduler:
+        assert scheduler.n_ctx == 256
+        batched = BatchedLlama(scheduler)
+        with caplog.at_level(logging.WARNING, logger="snapcache"):
+            got = batched.create_completion(long_prompt, **GREEDY)
+        assert text(got) == text(reference.create_completion(long_prompt, **GREEDY))
+        assert batched.last_request("default") is None
+        assert "more than the 256 tokens a sequence holds" in caplog.text
+        short = batched.create_completion(PROMPT, **GREEDY)
+        assert text(short) == text(reference.create_completion(PROMPT, **GREEDY))
+        assert batched.last_request("default") is not None
+        # No max_tokens: up to the context's end, which only the Llama's own context can give.
+        assert batched._too_long(len(PROMPT), None) is not None

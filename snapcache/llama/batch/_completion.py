@@ -108,12 +108,15 @@ class BatchedLlama:
         reason = batched_unsupported(kwargs)
         if reason is not None:
             return self._single_path(prompt, kwargs, reason)
+        tokens = text_prompt_tokens(llm, prompt, add_eos=True) if isinstance(prompt, str) else list(prompt)
+        reason = self._too_long(len(tokens), kwargs.get("max_tokens"))
+        if reason is not None:
+            return self._single_path(prompt, kwargs, reason)
         kwargs.pop("model", None)
         stream = bool(kwargs.pop("stream", False))
         criteria = kwargs.pop("stopping_criteria", None)
         stop = kwargs.pop("stop", None)
         stops = [stop] if isinstance(stop, str) else list(stop or [])
-        tokens = text_prompt_tokens(llm, prompt, add_eos=True) if isinstance(prompt, str) else list(prompt)
         params = SamplingParams.from_completion_kwargs(kwargs)
         # As Llama._create_completion: none or <= 0 is up to the context's end, and never past it.
         room = self.scheduler.n_ctx - len(tokens)
@@ -132,6 +135,18 @@ class BatchedLlama:
         if stream:
             return text.chunks()
         return text.whole()
+
+    def _too_long(self, n_prompt: int, max_tokens: Any) -> str | None:
+        """Why a request must take the Llama's own context: its sequences hold fewer tokens than it
+        may need (its prompt and `max_tokens`, or up to the context's end); None if it fits."""
+        held = self.scheduler.n_ctx
+        full = int(self.llm.n_ctx())
+        if held >= full:
+            return None
+        wanted = full if not isinstance(max_tokens, int) or max_tokens <= 0 else n_prompt + max_tokens
+        if wanted <= held:
+            return None
+        return f"requests that may need more than the {held} tokens a sequence holds (--seq-ctx)"
 
     def _single_path(self, prompt: str | Sequence[int], kwargs: dict[str, Any], reason: str) -> Any:
         prompt = prompt if isinstance(prompt, str) else list(prompt)

@@ -3,8 +3,8 @@
 The context is made from the Llama's model (its weights are held once) with the Llama's own
 context settings (cache types, flash attention, sliding-window size, RoPE, threads, batch sizes),
 but `n_seq_max` sequences and `kv_unified = false`: one KV stream per sequence, each of the
-Llama's `n_ctx` cells (rounded up to llama.cpp's 256), so that every request can use as many tokens
-as the Llama's own context allows, and memory grows with the number of sequences. Measured
+Llama's `n_ctx` cells (or `seq_ctx`; rounded up to llama.cpp's 256), so that every request can use
+as many tokens as the Llama's own context allows, and memory grows with the number of sequences. Measured
 (DESIGN.md): with a stream per sequence, a sequence prefilled, restored or stepped alone gives
 bit for bit the logits of a 1-sequence context, whatever the other sequences hold.
 
@@ -51,11 +51,12 @@ class Chunk:
 class SequenceContext:
     """A context of `n_seq` sequences on `llm`'s model (see the module docstring); `close` frees it."""
 
-    def __init__(self, llm: llama_cpp.Llama, n_seq: int) -> None:
+    def __init__(self, llm: llama_cpp.Llama, n_seq: int, seq_ctx: int | None = None) -> None:
         self.llm = llm
         self.n_seq = n_seq
-        # What one request may hold: the Llama's own context size, as on its single-sequence path.
-        self.n_ctx = int(llm.n_ctx())
+        # What one request may hold: the Llama's own context size, as on its single-sequence path,
+        # or less where the caller keeps the memory down (`seq_ctx`).
+        self.n_ctx = int(llm.n_ctx()) if seq_ctx is None else min(int(llm.n_ctx()), seq_ctx)
         self.n_batch = int(llm.n_batch)
         per_seq = -(-self.n_ctx // _CTX_PAD) * _CTX_PAD
         params = type(llm.context_params).from_buffer_copy(llm.context_params)

@@ -104,7 +104,8 @@ class Scheduler:
 
     `store` (None: no cache) restores prefixes and saves states as `CachedLlama` does, under the
     Llama's own fingerprint; `save=False` only restores; `min_tokens` and `priority` as in
-    `CachedLlama`. `close` ends it (also a context manager). What each request restored is on the
+    `CachedLlama`; `seq_ctx`: the tokens each sequence holds (default and most: the Llama's
+    `n_ctx`). `close` ends it (also a context manager). What each request restored is on the
     request (`Request.restore`); `BatchedLlama` tells a listener, on the reader's thread.
     """
 
@@ -118,9 +119,13 @@ class Scheduler:
         save: bool = True,
         min_tokens: int = DEFAULT_MIN_TOKENS,
         priority: int = 0,
+        seq_ctx: int | None = None,
     ) -> None:
         if isinstance(n_seq, bool) or not isinstance(n_seq, int) or not 1 <= n_seq <= 256:
             raise InvalidArgument(f"n_seq must be an int from 1 to 256, got {n_seq!r}")
+        if seq_ctx is not None and (isinstance(seq_ctx, bool) or not isinstance(seq_ctx, int)
+                                    or seq_ctx < 16):
+            raise InvalidArgument(f"seq_ctx must be an int of at least 16 tokens, got {seq_ctx!r}")
         if mode not in MODES:
             raise InvalidArgument(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
         reason = unbatched_reason(llm)
@@ -134,7 +139,7 @@ class Scheduler:
             if store is None
             else SequenceCache(llm, store, save=save, min_tokens=min_tokens, priority=priority)
         )
-        self._context = SequenceContext(llm, n_seq)
+        self._context = SequenceContext(llm, n_seq, seq_ctx)
         self._waiting: deque[Request] = deque()
         self._slots: dict[int, _Slot] = {}
         self._held: dict[int, _Held] = {}

@@ -14,8 +14,9 @@ from typer.core import TyperGroup
 import snapcache
 
 from .commands import bench, bundle, check, doctor, entries, serve, warm, why
-from .errors import describe
-from .settings import Settings
+from .errors import CliError, describe
+from .formatting import parse_size
+from .settings import REMOTE_BUDGET_ENV, Settings
 
 DEBUG_ENV = "SNAPCACHE_DEBUG"
 
@@ -91,7 +92,7 @@ app = typer.Typer(
     cls=_CleanErrors,
     name="snapcache",
     help="Save and restore the llama.cpp state of prompts a local model has already read. "
-    "The global options (--cache-dir, --remote, -v) may come before or after the command.",
+    "The global options (--cache-dir, --remote, --remote-budget, -v) may come before or after the command.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -128,6 +129,15 @@ def _global_options(
             show_default=False,
         ),
     ] = None,
+    remote_budget: Annotated[
+        str | None,
+        typer.Option(
+            "--remote-budget",
+            envvar=REMOTE_BUDGET_ENV,
+            help="Bytes the remote tier may hold, e.g. 2GiB (default: $SNAPCACHE_REMOTE_BUDGET, else 4GiB).",
+            show_default=False,
+        ),
+    ] = None,
     version: Annotated[
         bool,
         typer.Option("--version", callback=_show_version, is_eager=True, help="Print the version and exit."),
@@ -135,7 +145,13 @@ def _global_options(
 ) -> None:
     """Save and restore the llama.cpp state of prompts a local model has already read."""
     _configure_logging(ctx, verbose)
-    ctx.obj = Settings(cache_dir=cache_dir, verbose=verbose, remote=remote)
+    budget = None
+    if remote_budget is not None:
+        try:
+            budget = parse_size(remote_budget)
+        except ValueError as exc:
+            raise CliError(f"--remote-budget: {exc}") from None
+    ctx.obj = Settings(cache_dir=cache_dir, verbose=verbose, remote=remote, remote_budget=budget)
 
 
 class _EchoHandler(logging.Handler):

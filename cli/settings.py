@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 if TYPE_CHECKING:
     from snapcache import SnapshotStore
+
+REMOTE_BUDGET_ENV = "SNAPCACHE_REMOTE_BUDGET"
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,6 +22,7 @@ class Settings:
     cache_dir: Path | None = None
     verbose: bool = False
     remote: str | None = None  # a redis:// URL; None: $SNAPCACHE_REMOTE, else no remote tier
+    remote_budget: int | None = None  # bytes the remote tier may hold; None: the library's default
 
     def open_store(self) -> SnapshotStore:
         """The snapshot store in --cache-dir, else in the library's default directory.
@@ -30,8 +33,12 @@ class Settings:
         from snapcache import SnapshotStore
 
         if self.cache_dir is None:
-            return SnapshotStore(disk_bytes=None, remote=self.remote)
-        return SnapshotStore(self.cache_dir, disk_bytes=None, remote=self.remote)
+            return SnapshotStore(disk_bytes=None, **self.remote_options())
+        return SnapshotStore(self.cache_dir, disk_bytes=None, **self.remote_options())
+
+    def remote_options(self) -> dict[str, Any]:
+        """The SnapshotStore arguments of the remote tier: its URL and budget."""
+        return {"remote": self.remote, "remote_budget_bytes": self.remote_budget}
 
 
 def settings_of(ctx: typer.Context) -> Settings:

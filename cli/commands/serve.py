@@ -138,10 +138,11 @@ def serve(
     _check_port_free(host, port)
     settings = settings_of(ctx)
     directory = settings.cache_dir
+    remote = settings.remote_options()
     store = (
-        SnapshotStore(ram_bytes=ram_bytes, disk_bytes=disk_bytes, remote=settings.remote)
+        SnapshotStore(ram_bytes=ram_bytes, disk_bytes=disk_bytes, **remote)
         if directory is None
-        else SnapshotStore(directory, ram_bytes=ram_bytes, disk_bytes=disk_bytes, remote=settings.remote)
+        else SnapshotStore(directory, ram_bytes=ram_bytes, disk_bytes=disk_bytes, **remote)
     )
     with store:
         llm = load_llama(choice, n_ctx=n_ctx, threads=threads, verbose=settings.verbose)

@@ -107,7 +107,8 @@ class SnapshotStore:
     `remote` (default: `SNAPCACHE_REMOTE`) adds a tier shared by machines: a redis:// URL, or a
     `RemoteTier` for other settings (the store closes it). Every put is also sent there in the
     background; a get or lookup that misses locally asks it, and a remote hit is copied into the
-    local tiers. `held_priority`, `stored_tokens` and `entries` answer for the local tiers alone.
+    local tiers. `remote_budget_bytes` bounds what a URL's tier holds in Redis (default 4 GiB).
+    `held_priority`, `stored_tokens` and `entries` answer for the local tiers alone.
     A remote fault is a miss (see `remote.tier`), never an exception.
     """
 
@@ -121,6 +122,7 @@ class SnapshotStore:
         allow_shared_dir: bool = False,
         background_writes: bool = True,
         remote: str | RemoteTier | None = None,
+        remote_budget_bytes: int | None = None,
     ) -> None:
         ram_bytes = validate_budget("ram_bytes", ram_bytes)
         if disk_bytes is not None:
@@ -131,11 +133,17 @@ class SnapshotStore:
         if path is None and ram_bytes == 0:
             raise InvalidArgument("ram_bytes=0 needs a disk tier: give a directory and disk_bytes > 0")
         remote = resolve_remote(remote)
+        if remote_budget_bytes is not None:
+            remote_budget_bytes = validate_budget("remote_budget_bytes", remote_budget_bytes)
+            if remote is not None and not isinstance(remote, str):
+                raise InvalidArgument(
+                    "remote_budget_bytes is for a remote URL: give the RemoteTier its budget"
+                )
         mac_secret = resolve_secret(secret) if path is not None or isinstance(remote, str) else None
         # Opened first: a bad URL raises before anything else is open (it connects on first use).
         self._remote: RemoteTier | None = None
         if isinstance(remote, str):
-            self._remote = _open_remote(remote, mac_secret)
+            self._remote = _open_remote(remote, mac_secret, remote_budget_bytes)
         elif remote is not None:
             self._remote = remote
 
@@ -567,7 +575,7 @@ def _packs_of(snapshots: list[Snapshot]) -> Iterator[list[Snapshot]]:
         yield run
 
 
-def _open_remote(url: str, secret: bytes | None) -> RemoteTier:
+def _open_remote(url: str, secret: bytes | None, budget_bytes: int | None) -> RemoteTier:
     """A remote tier on `url`; InvalidArgument when the redis client is missing or the URL is bad."""
     try:
         from snapcache.remote import RemoteTier
@@ -575,7 +583,9 @@ def _open_remote(url: str, secret: bytes | None) -> RemoteTier:
         raise InvalidArgument(
             f"a remote tier needs the redis client: pip install 'snapcache[remote]' ({exc})"
         ) from None
-    return RemoteTier(url, secret=secret)
+    if budget_bytes is None:
+        return RemoteTier(url, secret=secret)
+    return RemoteTier(url, secret=secret, budget_bytes=budget_bytes)
 
 
 # Stores still open at interpreter exit are closed then, so that queued writes reach the disk.

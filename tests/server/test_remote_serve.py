@@ -34,7 +34,15 @@ def redis_url(tmp_path: Path) -> Iterator[str]:
 def test_an_empty_cache_restores_from_redis_and_says_remote(
     tiny_model_path: Path, tmp_path: Path, redis_url: str
 ) -> None:
-    first = start_server(tiny_model_path, tmp_path / "a", tmp_path / "a.log", "--remote", redis_url)
+    first = start_server(
+        tiny_model_path,
+        tmp_path / "a",
+        tmp_path / "a.log",
+        "--remote",
+        redis_url,
+        "--remote-budget",
+        "256MiB",
+    )
     try:
         assert chat(first, QUESTIONS[0])[2] == 0
         cold = chat(first, QUESTIONS[1], scope="cold")  # another scope: nothing to restore

@@ -5,13 +5,16 @@ from __future__ import annotations
 import enum
 import os
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
 from snapcache.errors import InvalidArgument
 from snapcache.snapshot import Buffer
+
+if TYPE_CHECKING:
+    from snapcache.remote import RemoteTier
 
 _R = TypeVar("_R")
 
@@ -79,3 +82,16 @@ def copy_logits(logits: npt.ArrayLike | None) -> npt.NDArray[np.float32] | None:
         raise InvalidArgument(f"logits must be a non-empty one-dimensional array, got shape {array.shape}")
     array.flags.writeable = False
     return array
+
+
+def open_remote(url: str, secret: bytes | None, budget_bytes: int | None) -> RemoteTier:
+    """A remote tier on `url`; InvalidArgument when the redis client is missing or the URL is bad."""
+    try:
+        from snapcache.remote import RemoteTier
+    except ImportError as exc:
+        raise InvalidArgument(
+            f"a remote tier needs the redis client: pip install 'snapcache[remote]' ({exc})"
+        ) from None
+    if budget_bytes is None:
+        return RemoteTier(url, secret=secret)
+    return RemoteTier(url, secret=secret, budget_bytes=budget_bytes)

@@ -1,31 +1,29 @@
-"""SnapshotStore: the façade over the RAM and disk tiers — put, get, longest-prefix lookup, spill, promote.
+"""SnapshotStore: the façade over the RAM, disk and remote tiers — put, get, longest-prefix lookup,
+spill, promote.
 
-The façade checks arguments (once, with store.inputs), opens and closes the store, and steps through
-its pieces: what memory holds and on what terms (store.memory: the RAM tier, the write-behind queue
-to the disk, admission and spills), reads across the tiers with their promotions (store.reads), the
-writes to the disk (store.disk_writes), the disk tier (disk.tier) and the store's copies of its catalogs
-(store.catalogs), and what it reports (store.report).
+The façade checks arguments (once, with store.inputs), opens (store.opening) and closes the store,
+and steps through its pieces: the local puts (store.local_puts); what memory holds and on what
+terms (store.memory: the RAM tier, the write-behind queue to the disk, admission and spills); reads
+walking the tiers behind one contract (store.reads, store.read_tiers); the writes to the disk
+(store.disk_writes), the disk tier (disk.tier) and the store's copies of its catalogs
+(store.catalogs); and what it reports (store.report).
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import functools
 import logging
 import os
 import threading
 import time
-import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, TypeVar
 
 import numpy.typing as npt
 
-from snapcache.errors import InvalidArgument, KeyMismatch, StoreUnavailable
-from snapcache.formats.pack_file import PACK_MEMBERS, PACK_STATE_BYTES
+from snapcache.errors import InvalidArgument, StoreUnavailable
 from snapcache.key import (
     SnapshotKey,
     TokenArray,
@@ -33,23 +31,17 @@ from snapcache.key import (
     as_token_array,
     validate_budget,
     validate_fingerprint,
-    validate_priority,
     validate_scope,
 )
 from snapcache.snapshot import Buffer, Snapshot
 from snapcache.store.catalogs import DiskCatalogs
-from snapcache.store.deferred_uses import DeferredUses
-from snapcache.store.disk_writes import DiskWrites
 from snapcache.store.inputs import (
     DEFAULT_DIRECTORY,
     Default,
-    copy_logits,
-    copy_state,
-    resolve_remote,
-    resolve_secret,
-    store_path,
 )
+from snapcache.store.local_puts import LocalPuts, packs_of, snapshot_to_put
 from snapcache.store.memory import StoreMemory
+from snapcache.store.opening import DiskParts, close_at_exit, closed_already, open_disk, open_tiers_args
 from snapcache.store.reads import TierReads, disk_call
 from snapcache.store.report import (
     Counters,
@@ -59,11 +51,10 @@ from snapcache.store.report import (
     merge_entries,
     store_stats,
 )
-from snapcache.store.write_behind import WriteBehind
 from snapcache.tier import EntryInfo, TierName, in_eviction_order
 
 if TYPE_CHECKING:
-    from snapcache.disk import Change, CheckReport, DirectoryReport, DiskTier
+    from snapcache.disk import Change, CheckReport, DirectoryReport
     from snapcache.remote import RemoteStats, RemoteTier
 
 _E = TypeVar("_E", bound=EntryInfo)
@@ -71,12 +62,6 @@ _E = TypeVar("_E", bound=EntryInfo)
 __all__ = ["DEFAULT_DIRECTORY", "SnapshotStore", "StoreEntry", "StoreStats"]
 
 log = logging.getLogger("snapcache")
-
-# Snapshots waiting for the background writer outside the RAM tier may hold at most
-# min(ram_bytes * _PENDING_SHARE, _MAX_PENDING_BYTES) (or the one being written) before `put` waits:
-# with the writer's compression buffer, the process then stays within the RAM budget plus a tenth.
-_PENDING_SHARE = 0.05
-_MAX_PENDING_BYTES = 256 << 20
 
 
 class SnapshotStore:
@@ -127,25 +112,9 @@ class SnapshotStore:
         ram_bytes = validate_budget("ram_bytes", ram_bytes)
         if disk_bytes is not None:
             disk_bytes = validate_budget("disk_bytes", disk_bytes)
-        path = store_path(directory)
-        if path is not None and disk_bytes == 0:
-            path = None
-        if path is None and ram_bytes == 0:
-            raise InvalidArgument("ram_bytes=0 needs a disk tier: give a directory and disk_bytes > 0")
-        remote = resolve_remote(remote)
-        if remote_budget_bytes is not None:
-            remote_budget_bytes = validate_budget("remote_budget_bytes", remote_budget_bytes)
-            if remote is not None and not isinstance(remote, str):
-                raise InvalidArgument(
-                    "remote_budget_bytes is for a remote URL: give the RemoteTier its budget"
-                )
-        mac_secret = resolve_secret(secret) if path is not None or isinstance(remote, str) else None
-        # Opened first: a bad URL raises before anything else is open (it connects on first use).
-        self._remote: RemoteTier | None = None
-        if isinstance(remote, str):
-            self._remote = _open_remote(remote, mac_secret, remote_budget_bytes)
-        elif remote is not None:
-            self._remote = remote
+        path, mac_secret, self._remote = open_tiers_args(
+            directory, ram_bytes, disk_bytes, secret, remote, remote_budget_bytes
+        )
 
         self._lock = threading.Condition(threading.Lock())
         self._counters = Counters()
@@ -155,36 +124,26 @@ class SnapshotStore:
         self._memory_index = self._memory.index
         self._directory = path
         self._catalogs = DiskCatalogs(self._lock)
-        self._disk: DiskTier | None = None
-        self._writes: WriteBehind | None = None
-        self._disk_writes: DiskWrites | None = None
+        parts = DiskParts()
         if path is not None:
-            from snapcache.disk import DiskTier
-
-            self._disk = DiskTier(
+            parts = open_disk(
                 path,
                 disk_bytes,
+                ram_bytes,
                 secret=mac_secret,
                 allow_shared_dir=allow_shared_dir,
+                background=background_writes,
+                lock=self._lock,
+                memory=self._memory,
+                catalogs=self._catalogs,
+                counters=self._counters,
                 on_change=self._on_disk_change,
             )
-            self._catalogs.attach(self._disk)
-            self._disk_writes = DiskWrites(self._lock, self._disk, self._catalogs, self._counters)
-            self._writes = WriteBehind(
-                self._lock,
-                write=self._disk_writes.write,
-                settle=self._memory.settle_write,
-                undo=self._disk_writes.undo,
-                held_in_ram=self._memory.holds,
-                limit_bytes=min(int(ram_bytes * _PENDING_SHARE), _MAX_PENDING_BYTES),
-                background=background_writes,
-            )
-            self._memory.attach_writes(self._writes)
-        self._uses: DeferredUses | None = None
-        if self._disk is not None:
-            self._uses = DeferredUses(
-                functools.partial(self._disk.touch, patient=background_writes), background=background_writes
-            )
+        self._disk, self._writes, self._disk_writes = parts.disk, parts.writes, parts.disk_writes
+        self._uses = parts.uses
+        self._puts = LocalPuts(
+            self._lock, self._memory, self._counters, self._disk, self._writes, lambda: self._closed
+        )
         self._reads = TierReads(
             self._lock,
             self._memory,
@@ -192,10 +151,10 @@ class SnapshotStore:
             self._catalogs,
             self._counters,
             remote=self._remote,
-            copy_in=self._copy_in,
+            copy_in=self._puts.copy_in,
             uses=self._uses,
         )
-        _open_stores.add(self)
+        close_at_exit(self)
 
     # -- public API ---------------------------------------------------------------------------------
 
@@ -242,9 +201,9 @@ class SnapshotStore:
         returned; should the disk refuse it too, it is dropped then with a logged warning.
         Raises KeyMismatch when `tokens` do not hash to `key`.
         """
-        snapshot = _snapshot_to_put(key, tokens, state_bytes, priority, logits, time.time())
+        snapshot = snapshot_to_put(key, tokens, state_bytes, priority, logits, time.time())
         self._check_open()
-        kept = self._put_local(snapshot)
+        kept = self._puts.put(snapshot)
         if self._remote is not None:
             self._remote.put(snapshot)
         return snapshot if kept else None
@@ -258,13 +217,13 @@ class SnapshotStore:
         evicted first."""
         now = time.time()
         snapshots = [
-            _snapshot_to_put(key, tokens, state_bytes, priority, None, now - i * 1e-6)
+            snapshot_to_put(key, tokens, state_bytes, priority, None, now - i * 1e-6)
             for i, (key, tokens, state_bytes, priority) in enumerate(items)
         ]
         self._check_open()
         kept: list[Snapshot | None] = []
-        for batch in _packs_of(snapshots):
-            for snapshot, held in zip(batch, self._put_local_many(batch), strict=True):
+        for batch in packs_of(snapshots):
+            for snapshot, held in zip(batch, self._puts.put_many(batch), strict=True):
                 kept.append(snapshot if held else None)
                 if self._remote is not None:
                     self._remote.put(snapshot)
@@ -433,7 +392,7 @@ class SnapshotStore:
                 return
             self._closed = True
             self._lock.notify_all()
-        _open_stores.discard(self)
+        closed_already(self)
         disk, ram, writes = self._disk, self._ram, self._writes
         if writes is not None:
             writes.stop()
@@ -479,51 +438,6 @@ class SnapshotStore:
                     with contextlib.suppress(InvalidArgument):  # a row no put could have written
                         self._memory.off_disk(row.key())
 
-    def _put_local(self, snapshot: Snapshot) -> bool:
-        """Admit `snapshot` into RAM and queue its disk write; whether a local tier keeps it."""
-        return self._put_local_many([snapshot])[0]
-
-    def _put_local_many(self, snapshots: list[Snapshot]) -> list[bool]:
-        """Admit `snapshots` into RAM and queue their disk writes at once; whether a local tier keeps
-        each."""
-        ram, writes = self._ram, self._writes
-        with self._lock:
-            if writes is not None:
-                writes.wait_for_room(sum(s.nbytes for s in snapshots), lambda: self._closed)
-            if self._closed:  # closed while this put waited, or just before it took the lock
-                raise StoreUnavailable("the store is closed")
-            in_ram = [self._memory.admit(snapshot, queue_write=False) for snapshot in snapshots]
-            if writes is not None:
-                writes.queue_together([snapshot.key for snapshot in snapshots])
-        if writes is None:
-            for snapshot, kept in zip(snapshots, in_ram, strict=True):
-                if not kept:
-                    self._drop(snapshot, self._memory.refusal(snapshot))
-            return in_ram
-        if not writes.background:
-            writes.drain()
-            disk = self._disk
-            assert disk is not None
-            with self._lock:
-                in_memory = [ram is not None and s.key in ram for s in snapshots]
-            return [
-                held or disk_call("contains", disk.__contains__, s.key, default=False)
-                for s, held in zip(snapshots, in_memory, strict=True)
-            ]
-        return [True] * len(snapshots)
-
-    def _copy_in(self, snapshot: Snapshot) -> None:
-        """A remote hit, kept in the local tiers (and not sent back to the remote one)."""
-        with contextlib.suppress(StoreUnavailable):  # closed meanwhile: the hit is served all the same
-            self._put_local(snapshot)
-
-    def _drop(self, snapshot: Snapshot, why: str) -> None:
-        log.warning(
-            "snapcache: dropped snapshot %s (%d bytes): %s", snapshot.key.id[:16], snapshot.nbytes, why
-        )
-        with self._lock:
-            self._counters.dropped += 1
-
     def _check_open(self) -> None:
         if self._closed:
             raise StoreUnavailable("the store is closed")
@@ -540,62 +454,3 @@ class SnapshotStore:
         if not isinstance(key, SnapshotKey):
             raise InvalidArgument(f"key must be a SnapshotKey, got {type(key).__name__}")
         self._check_open()
-
-
-def _snapshot_to_put(
-    key: SnapshotKey,
-    tokens: Tokens,
-    state_bytes: Buffer,
-    priority: int,
-    logits: npt.ArrayLike | None,
-    created_at: float,
-) -> Snapshot:
-    """A put's arguments checked and copied into the snapshot to store."""
-    if not isinstance(key, SnapshotKey):
-        raise InvalidArgument(f"key must be a SnapshotKey, got {type(key).__name__}")
-    priority = validate_priority(priority)
-    array = as_token_array(tokens)
-    if not key.matches(array):
-        raise KeyMismatch(f"the {len(array)} tokens given do not hash to the key")
-    return Snapshot(key, array, copy_state(state_bytes), copy_logits(logits), priority, created_at)
-
-
-def _packs_of(snapshots: list[Snapshot]) -> Iterator[list[Snapshot]]:
-    """`snapshots` in runs the disk tier packs into one file each: queued a run at a time, so that a
-    store without RAM holds at most one run waiting for the disk."""
-    run: list[Snapshot] = []
-    run_bytes = 0
-    for snapshot in snapshots:
-        if run and (len(run) == PACK_MEMBERS or run_bytes + snapshot.nbytes > PACK_STATE_BYTES):
-            yield run
-            run, run_bytes = [], 0
-        run.append(snapshot)
-        run_bytes += snapshot.nbytes
-    if run:
-        yield run
-
-
-def _open_remote(url: str, secret: bytes | None, budget_bytes: int | None) -> RemoteTier:
-    """A remote tier on `url`; InvalidArgument when the redis client is missing or the URL is bad."""
-    try:
-        from snapcache.remote import RemoteTier
-    except ImportError as exc:
-        raise InvalidArgument(
-            f"a remote tier needs the redis client: pip install 'snapcache[remote]' ({exc})"
-        ) from None
-    if budget_bytes is None:
-        return RemoteTier(url, secret=secret)
-    return RemoteTier(url, secret=secret, budget_bytes=budget_bytes)
-
-
-# Stores still open at interpreter exit are closed then, so that queued writes reach the disk.
-_open_stores: weakref.WeakSet[SnapshotStore] = weakref.WeakSet()
-
-
-@atexit.register
-def _close_open_stores() -> None:
-    for store in list(_open_stores):
-        try:
-            store.close()
-        except Exception:
-            log.exception("snapcache: closing a store at exit failed")

@@ -17,6 +17,7 @@ Puts only queue (`remote.writes`): a slow Redis never holds up a completion.
 
 from __future__ import annotations
 
+import io
 import logging
 import threading
 import time
@@ -31,12 +32,12 @@ from redis.retry import Retry
 
 from snapcache.errors import CorruptSnapshot, InvalidArgument
 from snapcache.formats import codec
-from snapcache.formats.snapshot_file import MacMismatch, decode, encode, mac_key
+from snapcache.formats.snapshot_file import MacMismatch, decode, encode, mac_key, read_header
 from snapcache.key import SnapshotKey, rolling_hash, validate_budget
-from snapcache.remote.budget import FORGET, PUT, TOUCH, BudgetKeys, now_ms
+from snapcache.remote.budget import FORGET, PUT, TOUCH, BudgetKeys
 from snapcache.remote.writes import RemoteWrites
 from snapcache.snapshot import Snapshot
-from snapcache.tier import CatalogRow
+from snapcache.tier import CatalogRow, EntryInfo
 
 log = logging.getLogger("snapcache")
 
@@ -51,6 +52,10 @@ _MAX_REMEMBERED = 10_000
 # The most a value may expand when decoded: its bytes times this, and at least the minimum.
 _MAX_EXPANSION = 64
 _MIN_STATE_LIMIT = 1 << 20
+# entries() reads this much of each value first: the head and the tokens of a block or a short prompt;
+# a longer head is read again whole, up to _MAX_HEAD_READ.
+_HEAD_READ = 8 << 10
+_MAX_HEAD_READ = 1 << 20
 
 # A connection refused, reset or timed out: the server is away or overloaded, so skip it a while.
 _OUTAGES: tuple[type[BaseException], ...] = (redis.ConnectionError, redis.TimeoutError, OSError)
@@ -98,6 +103,13 @@ class RemoteTier:
     that matters: warming a 9K-token prompt on Gemma-3-270M queues about 140 blocks and 160 MB; the
     snapshots are mostly the ones the RAM tier holds anyway, not copies). `background=False`
     sends each put before returning (for tests and tools). Thread-safe.
+
+    It honours the tier contract (`tier.Tier`) with two differences a shared Redis imposes: a put of
+    a key Redis already holds at the same priority or higher is not sent again (whoever holds the
+    prefix holds the same state; resending it would cost every machine the bandwidth), and with the
+    background writer `put` only queues, so it returns True before Redis has decided. `used_bytes`,
+    `len()` and `entries()` describe the whole namespace, whichever process wrote it; `evictions`
+    counts this process's. A figure Redis cannot be asked for reads as 0 (or no entries).
     """
 
     name = "remote"
@@ -156,6 +168,7 @@ class RemoteTier:
         ) | {"errors": 0, "skipped": 0}
         self._unauthenticated: set[str] = set()  # value keys found under another secret
         self._closed = False
+        self._last_stamp = 0  # the last time of use recorded (ms), see _stamp
         if secret is None:
             _warn_no_secret(self.url, self.prefix)
         self._writes: RemoteWrites | None = None
@@ -174,14 +187,34 @@ class RemoteTier:
         """The Redis key of the catalog of one fingerprint and scope."""
         return f"{self.prefix}:#catalog:{model_fingerprint}:{scope}"
 
-    def put(self, snapshot: Snapshot) -> None:
-        """Queue `snapshot` for the background writer (or, without one, send it now)."""
+    @property
+    def used_bytes(self) -> int:
+        """The bytes of the values the namespace holds, by the budget's records (0 if unreadable)."""
+        total = self._call("used_bytes", lambda: self._reader.get(self._keys.total), None)
+        return int(total) if isinstance(total, bytes) and total.isdigit() else 0
+
+    @property
+    def evictions(self) -> int:
+        """Values this process's puts evicted."""
+        with self._lock:
+            return self._counts["evictions"]
+
+    def __len__(self) -> int:
+        found = self._call("len", lambda: self._reader.hlen(self._keys.sizes), 0)
+        return found if isinstance(found, int) else 0
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, SnapshotKey) and self.held(key)
+
+    def put(self, snapshot: Snapshot) -> bool:
+        """Queue `snapshot` for the background writer (True), or without one send it now: whether
+        Redis holds it then. False once closed."""
         if self._closed:
-            return
+            return False
         if self._writes is None:
-            self.write(snapshot)
-        else:
-            self._writes.submit(snapshot)
+            return self.write(snapshot)
+        self._writes.submit(snapshot)
+        return True
 
     def get(self, key: SnapshotKey) -> Snapshot | None:
         """The verified snapshot under `key`, or None (absent, unreachable, or failing verification)."""
@@ -193,7 +226,7 @@ class RemoteTier:
             keys = self._keys.with_value(name)
             # EVAL, not EVALSHA: a pipeline running a registered script asks first whether the server
             # has it, a round trip more; the server caches the script by its hash either way.
-            pipe.eval(TOUCH, len(keys), *keys, now_ms(time.time()))
+            pipe.eval(TOUCH, len(keys), *keys, self._stamp())
             return pipe.execute()[0]
 
         data = self._call("get", fetch, None)
@@ -215,7 +248,7 @@ class RemoteTier:
             pipe = self._reader.pipeline(transaction=False)
             for name in names:
                 pipe.get(name)
-            stamp = now_ms(time.time())
+            stamp = self._stamp()
             for name in names:
                 value_keys = self._keys.with_value(name)
                 pipe.eval(TOUCH, len(value_keys), *value_keys, stamp)
@@ -263,6 +296,57 @@ class RemoteTier:
         name = self.value_key(key)
         found = self._call("remove", lambda: self._forget_script(keys=self._keys.with_value(name)), 0)
         return bool(found)
+
+    def entries(self) -> list[EntryInfo]:
+        """One row per value the namespace holds whose head verifies as this namespace's (its MAC
+        aside): read from each value's head and the budget's records, a few round trips in all."""
+        k = self._keys
+
+        def records() -> list[Any]:
+            pipe = self._reader.pipeline(transaction=False)
+            pipe.hgetall(k.sizes)
+            pipe.hgetall(k.priority)
+            return list(pipe.execute())
+
+        found = self._call("entries", records, None)
+        if found is None:
+            return []
+        sizes: dict[bytes, bytes] = found[0]
+        priorities: dict[bytes, bytes] = found[1]
+        names = sorted(sizes)
+        heads = self._heads(names, [_HEAD_READ] * len(names))
+        if heads is None:
+            return []
+        longer = [i for i, head in enumerate(heads) if head is not None and len(head) == _HEAD_READ]
+        if longer:
+            again = self._heads([names[i] for i in longer], [_MAX_HEAD_READ] * len(longer))
+            for i, head in zip(longer, again or [None] * len(longer), strict=True):
+                heads[i] = head
+        used = self._last_uses(names, priorities)
+        rows: list[EntryInfo] = []
+        for name, head in zip(names, heads, strict=True):
+            size, priority = _int(sizes.get(name)), _int(priorities.get(name))
+            if head is None or size is None or priority is None:
+                continue
+            try:
+                info = read_header(io.BytesIO(head), size, mac_secret=self._mac_key)
+            except (CorruptSnapshot, ValueError, OSError):  # damaged or foreign: a get deletes it
+                continue
+            if info.store_id != self._store_id or self.value_key(info.key).encode() != name:
+                continue
+            rows.append(
+                EntryInfo(
+                    key=info.key,
+                    tier="remote",
+                    priority=priority,
+                    nbytes=size,
+                    state_bytes=info.state_bytes,
+                    created_at=info.created_at,
+                    last_used_at=used.get(name, info.created_at),
+                    rolling_hash=rolling_hash(info.tokens),
+                )
+            )
+        return rows
 
     def stats(self) -> RemoteStats:
         """The namespace's figures from Redis (one round trip, unless backing off) and the counters."""
@@ -354,7 +438,7 @@ class RemoteTier:
         args: list[bytes | str | int] = [
             value,
             snapshot.priority,
-            now_ms(time.time()),
+            self._stamp(),
             self.budget_bytes,
             row,
         ]
@@ -369,6 +453,42 @@ class RemoteTier:
         return bool(stored)
 
     # -- internals ------------------------------------------------------------------------------
+
+    def _stamp(self) -> str:
+        """A time of use to record (ms), later than every one this tier recorded before: two uses
+        within one millisecond keep their order (Redis would otherwise order them by key name)."""
+        with self._lock:
+            self._last_stamp = max(int(time.time() * 1000), self._last_stamp + 1)
+            return str(self._last_stamp)
+
+    def _heads(self, names: list[bytes], lengths: list[int]) -> list[bytes | None] | None:
+        """The first `lengths` bytes of each value `names` (None for one that is gone)."""
+
+        def fetch() -> list[Any]:
+            pipe = self._reader.pipeline(transaction=False)
+            for name, length in zip(names, lengths, strict=True):
+                pipe.getrange(name, 0, length - 1)
+            return list(pipe.execute(raise_on_error=False))
+
+        found = self._call("entries", fetch, None)
+        if found is None:
+            return None
+        return [head if isinstance(head, bytes) and head else None for head in found]
+
+    def _last_uses(self, names: list[bytes], priorities: dict[bytes, bytes]) -> dict[bytes, float]:
+        """When each of `names` was last used (seconds), from its priority's LRU set."""
+
+        def fetch() -> list[Any]:
+            pipe = self._reader.pipeline(transaction=False)
+            for name in names:
+                level = priorities.get(name, b"0").decode("ascii", "replace")
+                pipe.zscore(self._keys.lru_prefix + level, name)
+            return list(pipe.execute(raise_on_error=False))
+
+        found = self._call("entries", fetch, None) or [None] * len(names)
+        return {
+            name: score / 1000 for name, score in zip(names, found, strict=True) if isinstance(score, float)
+        }
 
     def _verify(self, key: SnapshotKey, name: str, data: bytes) -> Snapshot | None:
         """The snapshot `data` holds if it verifies as `key`'s; a damaged or foreign value is deleted,
@@ -441,6 +561,14 @@ class RemoteTier:
     def _count(self, name: str) -> None:
         with self._lock:
             self._counts[name] += 1
+
+
+def _int(raw: object) -> int | None:
+    """An integer record read back from Redis, or None."""
+    try:
+        return int(raw) if isinstance(raw, bytes) else None
+    except ValueError:
+        return None
 
 
 def _priority(raw: object) -> int | None:

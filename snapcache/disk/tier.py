@@ -55,8 +55,8 @@ from snapcache.formats.pack_file import (
 )
 from snapcache.formats.snapshot_file import EncodedFile, encode, mac_key
 from snapcache.key import SnapshotKey, TokenArray, rolling_hash, validate_budget
-from snapcache.snapshot import Snapshot
-from snapcache.tier import CatalogRow, EntryInfo, TierName
+from snapcache.snapshot import Buffer, Snapshot
+from snapcache.tier import CatalogRow, EntryInfo, PayloadSource, TierName
 
 logger = logging.getLogger("snapcache")
 
@@ -146,6 +146,8 @@ class DiskTier:
         self._evictions = 0
         self._closed = False
         self._budget = self._settle_budget(budget_bytes)
+        # Where puts get their compressed states: a store with a remote tier shares them with it.
+        self.payloads: PayloadSource | None = None
 
     # -- the Tier protocol -------------------------------------------------------------------
 
@@ -191,12 +193,14 @@ class DiskTier:
                 if snapshot.priority > current.priority:
                     index.set_priority(key.id, current.file_name, snapshot.priority)
                 return True
+        source = self.payloads
         encoded = encode(
             snapshot,
             store_id=self._store_id,
             level=self._level,
             shuffle=self._shuffle,
             mac_secret=self._mac_key,
+            payload=None if source is None else source(snapshot, self._level, self._shuffle),
         )
         if not self._admits([key.id], snapshot.priority, encoded.size):
             return False
@@ -228,11 +232,16 @@ class DiskTier:
             kept += self._put_run(run, [min(now, s.created_at) for s in run])
         return kept
 
-    def _put_run(self, run: list[Snapshot], used_at: list[float]) -> list[bool]:
+    def _put_run(
+        self, run: list[Snapshot], used_at: list[float], payloads: list[Buffer] | None = None
+    ) -> list[bool]:
         """Write `run` as one pack (one snapshot: its own file), its rows' uses recorded at
         `used_at`; whether each was kept. A run whose header would be too large is halved."""
         if len(run) < 2:
             return [self.put(snapshot) for snapshot in run]
+        source = self.payloads
+        if payloads is None and source is not None:
+            payloads = [source(snapshot, self._level, self._shuffle) for snapshot in run]
         try:
             encoded = encode_pack(
                 run,
@@ -240,10 +249,14 @@ class DiskTier:
                 level=self._level,
                 shuffle=self._shuffle,
                 mac_secret=self._mac_key,
+                payloads=payloads,
             )
         except PackTooLarge:  # long scopes: fewer blocks per pack
             half = len(run) // 2
-            return self._put_run(run[:half], used_at[:half]) + self._put_run(run[half:], used_at[half:])
+            first, rest = (None, None) if payloads is None else (payloads[:half], payloads[half:])
+            return self._put_run(run[:half], used_at[:half], first) + self._put_run(
+                run[half:], used_at[half:], rest
+            )
         if not self._admits([s.key.id for s in run], run[0].priority, encoded.size):
             return [False] * len(run)
         file_name = files.new_pack_name()

@@ -18,6 +18,7 @@ pack (see disk.index): the pack is deleted with its last row.
 from __future__ import annotations
 
 import hmac
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -102,8 +103,10 @@ def encode_pack(
     level: int,
     shuffle: bool,
     mac_secret: bytes | None,
+    payloads: Sequence[Buffer] | None = None,
 ) -> EncodedPack:
-    """Compress `snapshots` (one fingerprint, one priority, no logits) into one pack file."""
+    """Compress `snapshots` (one fingerprint, one priority, no logits) into one pack file; `payloads`:
+    their states already compressed at `level` and `shuffle`, when tiers share them."""
     if not 0 < len(snapshots) <= MAX_MEMBERS:
         raise ValueError(f"a pack holds 1 to {MAX_MEMBERS} snapshots, not {len(snapshots)}")
     first = snapshots[0]
@@ -112,7 +115,7 @@ def encode_pack(
     body: list[Buffer] = []
     bodies: list[int] = []
     state_sizes: list[int] = []
-    for snapshot in snapshots:
+    for i, snapshot in enumerate(snapshots):
         key = snapshot.key
         if key.model_fingerprint != fingerprint or snapshot.priority != first.priority:
             raise ValueError("a pack holds snapshots of one fingerprint and one priority")
@@ -120,7 +123,7 @@ def encode_pack(
             raise ValueError("a pack holds no logits")
         state = memoryview(snapshot.state).cast("B")
         tokens = np.ascontiguousarray(snapshot.tokens, dtype="<i4").data.cast("B")
-        payload = codec.compress(state, level=level, shuffle=shuffle)
+        payload = codec.compress(state, level=level, shuffle=shuffle) if payloads is None else payloads[i]
         digest = xxhash.xxh3_128() if mac_secret is None else blake3.blake3()
         digest.update(tokens)
         digest.update(payload)

@@ -118,8 +118,10 @@ def encode(
     level: int,
     shuffle: bool,
     mac_secret: bytes | None,
+    payload: Buffer | None = None,
 ) -> EncodedFile:
-    """Compress `snapshot` and lay out its file; `mac_secret` comes from mac_key()."""
+    """Compress `snapshot` and lay out its file; `mac_secret` comes from mac_key(). `payload`: the
+    state already compressed at `level` and `shuffle` (`codec.compress`), when tiers share one."""
     state = memoryview(snapshot.state).cast("B")
     tokens = np.ascontiguousarray(snapshot.tokens, dtype="<i4").data.cast("B")
     logits_shape: list[int] | None = None
@@ -128,7 +130,8 @@ def encode(
         array = np.ascontiguousarray(snapshot.logits, dtype="<f4")
         logits_shape = [int(d) for d in array.shape]
         logits = array.data.cast("B")
-    payload = codec.compress(state, level=level, shuffle=shuffle)
+    if payload is None:
+        payload = codec.compress(state, level=level, shuffle=shuffle)
     body_digest = hashlib.sha256(tokens)
     body_digest.update(logits)
     key = snapshot.key

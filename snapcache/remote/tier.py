@@ -37,7 +37,7 @@ from snapcache.key import SnapshotKey, rolling_hash, validate_budget
 from snapcache.remote.budget import FORGET, PUT, TOUCH, BudgetKeys
 from snapcache.remote.writes import RemoteWrites
 from snapcache.snapshot import Snapshot
-from snapcache.tier import CatalogRow, EntryInfo
+from snapcache.tier import CatalogRow, EntryInfo, PayloadSource
 
 log = logging.getLogger("snapcache")
 
@@ -169,6 +169,8 @@ class RemoteTier:
         self._unauthenticated: set[str] = set()  # value keys found under another secret
         self._closed = False
         self._last_stamp = 0  # the last time of use recorded (ms), see _stamp
+        # Where writes get their compressed states: a store with a disk tier shares them with it.
+        self.payloads: PayloadSource | None = None
         if secret is None:
             _warn_no_secret(self.url, self.prefix)
         self._writes: RemoteWrites | None = None
@@ -418,6 +420,7 @@ class RemoteTier:
         if trusted and held is not None and held >= snapshot.priority:
             self._count("already_held")
             return True
+        source = self.payloads
         try:
             encoded = encode(
                 snapshot,
@@ -425,6 +428,7 @@ class RemoteTier:
                 level=self._level,
                 shuffle=self._shuffle,
                 mac_secret=self._mac_key,
+                payload=None if source is None else source(snapshot, self._level, self._shuffle),
             )
         except (CorruptSnapshot, ValueError) as exc:
             log.warning("snapcache: snapshot %s not sent to the remote tier: %s", snapshot.key.id[:16], exc)

@@ -51,6 +51,7 @@ from snapcache.store.report import (
     merge_entries,
     store_stats,
 )
+from snapcache.store.shared_payloads import share_payloads
 from snapcache.tier import EntryInfo, TierName, in_eviction_order
 
 if TYPE_CHECKING:
@@ -154,6 +155,8 @@ class SnapshotStore:
             copy_in=self._puts.copy_in,
             uses=self._uses,
         )
+        # With a disk and a remote tier, a put is compressed once for both.
+        self._payloads = share_payloads(self._disk, self._remote)
         close_at_exit(self)
 
     # -- public API ---------------------------------------------------------------------------------
@@ -203,6 +206,8 @@ class SnapshotStore:
         """
         snapshot = snapshot_to_put(key, tokens, state_bytes, priority, logits, time.time())
         self._check_open()
+        if self._payloads is not None:
+            self._payloads.expect(snapshot, 2)
         kept = self._puts.put(snapshot)
         if self._remote is not None:
             self._remote.put(snapshot)
@@ -221,6 +226,9 @@ class SnapshotStore:
             for i, (key, tokens, state_bytes, priority) in enumerate(items)
         ]
         self._check_open()
+        if self._payloads is not None:
+            for snapshot in snapshots:
+                self._payloads.expect(snapshot, 2)
         kept: list[Snapshot | None] = []
         for batch in packs_of(snapshots):
             for snapshot, held in zip(batch, self._puts.put_many(batch), strict=True):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
@@ -11,6 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 from snapcache.errors import InvalidArgument
+from snapcache.key import SnapshotKey
 from snapcache.snapshot import Buffer
 
 if TYPE_CHECKING:
@@ -24,6 +26,19 @@ class Default(enum.Enum):
 
 
 DEFAULT_DIRECTORY = Default.DIRECTORY
+
+
+def check_key(key: object) -> None:
+    """InvalidArgument unless `key` is a SnapshotKey."""
+    if not isinstance(key, SnapshotKey):
+        raise InvalidArgument(f"key must be a SnapshotKey, got {type(key).__name__}")
+
+
+def check_block_keys(keys: Iterable[object]) -> None:
+    """InvalidArgument unless each of `keys` is the key of a block."""
+    for key in keys:
+        if not isinstance(key, SnapshotKey) or not key.is_block:
+            raise InvalidArgument(f"not the key of a block: {key!r}")
 
 
 def store_path(directory: str | os.PathLike[str] | Default | None) -> Path | None:

@@ -1,5 +1,5 @@
-"""The store's local puts: admitting snapshots into RAM and queueing their disk writes, and the
-put arguments checked and copied into snapshots."""
+"""The store's puts: admitting snapshots into RAM and queueing their disk writes, sending them to the
+remote tier (compressed once for both), and the put arguments checked and copied into snapshots."""
 
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ from snapcache.store.write_behind import WriteBehind
 
 if TYPE_CHECKING:
     from snapcache.disk import DiskTier
+    from snapcache.remote import RemoteTier
+    from snapcache.store.shared_payloads import SharedPayloads
 
 log = logging.getLogger("snapcache")
 
@@ -91,6 +93,23 @@ class LocalPuts:
         )
         with self._lock:
             self._counters.dropped += 1
+
+
+def put_everywhere(
+    puts: LocalPuts, snapshots: list[Snapshot], remote: RemoteTier | None, payloads: SharedPayloads | None
+) -> list[Snapshot | None]:
+    """`snapshots` put into the local tiers a pack's run at a time and sent to the remote tier (each
+    compressed once for the disk and Redis, by `payloads`); each one a local tier keeps, else None."""
+    if payloads is not None:
+        for snapshot in snapshots:
+            payloads.expect(snapshot, 2)
+    kept: list[Snapshot | None] = []
+    for batch in packs_of(snapshots):
+        for snapshot, held in zip(batch, puts.put_many(batch), strict=True):
+            kept.append(snapshot if held else None)
+            if remote is not None:
+                remote.put(snapshot)
+    return kept
 
 
 def snapshot_to_put(

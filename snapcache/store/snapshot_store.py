@@ -2,16 +2,17 @@
 spill, promote.
 
 The façade checks arguments (once, with store.inputs), opens (store.opening) and closes the store,
-and steps through its pieces: the local puts (store.local_puts); what memory holds and on what
+and steps through its pieces: the puts (store.local_puts; compressed once for the disk and the
+remote tier, store.shared_payloads); what memory holds and on what
 terms (store.memory: the RAM tier, the write-behind queue to the disk, admission and spills); reads
 walking the tiers behind one contract (store.reads, store.read_tiers); the writes to the disk
 (store.disk_writes), the disk tier (disk.tier) and the store's copies of its catalogs
-(store.catalogs); and what it reports (store.report).
+(store.catalogs); what it reports (store.report, store.listing); flushing and closing
+(store.closing).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
@@ -35,22 +36,14 @@ from snapcache.key import (
 )
 from snapcache.snapshot import Buffer, Snapshot
 from snapcache.store.catalogs import DiskCatalogs
-from snapcache.store.inputs import (
-    DEFAULT_DIRECTORY,
-    Default,
-)
-from snapcache.store.local_puts import LocalPuts, packs_of, snapshot_to_put
+from snapcache.store.closing import close_tiers, flush_tiers
+from snapcache.store.inputs import DEFAULT_DIRECTORY, Default, check_block_keys, check_key
+from snapcache.store.listing import disk_figures, follow_disk, local_entries
+from snapcache.store.local_puts import LocalPuts, put_everywhere, snapshot_to_put
 from snapcache.store.memory import StoreMemory
 from snapcache.store.opening import DiskParts, close_at_exit, closed_already, open_disk, open_tiers_args
 from snapcache.store.reads import TierReads, disk_call
-from snapcache.store.report import (
-    Counters,
-    DiskFigures,
-    StoreEntry,
-    StoreStats,
-    merge_entries,
-    store_stats,
-)
+from snapcache.store.report import Counters, StoreEntry, StoreStats, store_stats
 from snapcache.store.shared_payloads import share_payloads
 from snapcache.tier import EntryInfo, TierName, in_eviction_order
 
@@ -206,12 +199,7 @@ class SnapshotStore:
         """
         snapshot = snapshot_to_put(key, tokens, state_bytes, priority, logits, time.time())
         self._check_open()
-        if self._payloads is not None:
-            self._payloads.expect(snapshot, 2)
-        kept = self._puts.put(snapshot)
-        if self._remote is not None:
-            self._remote.put(snapshot)
-        return snapshot if kept else None
+        return put_everywhere(self._puts, [snapshot], self._remote, self._payloads)[0]
 
     def put_many(self, items: Sequence[tuple[SnapshotKey, Tokens, Buffer, int]]) -> list[Snapshot | None]:
         """`put(key, tokens, state_bytes, priority)` of each of `items`, queued for the disk together:
@@ -226,16 +214,7 @@ class SnapshotStore:
             for i, (key, tokens, state_bytes, priority) in enumerate(items)
         ]
         self._check_open()
-        if self._payloads is not None:
-            for snapshot in snapshots:
-                self._payloads.expect(snapshot, 2)
-        kept: list[Snapshot | None] = []
-        for batch in packs_of(snapshots):
-            for snapshot, held in zip(batch, self._puts.put_many(batch), strict=True):
-                kept.append(snapshot if held else None)
-                if self._remote is not None:
-                    self._remote.put(snapshot)
-        return kept
+        return put_everywhere(self._puts, snapshots, self._remote, self._payloads)
 
     def get(self, key: SnapshotKey) -> Snapshot | None:
         """The snapshot stored under exactly `key` (RAM first, then disk), or None."""
@@ -330,29 +309,11 @@ class SnapshotStore:
         With `blocks`, also one row per shared block (`key.is_block`) of that fingerprint and scope.
         """
         self._check_open()
-
-        def wanted(key: SnapshotKey) -> bool:
-            return (
-                (blocks or not key.is_block)
-                and (model_fingerprint is None or key.model_fingerprint == model_fingerprint)
-                and (scope is None or key.user_scope == scope)
-            )
-
-        with self._lock:
-            rows = self._memory.rows(wanted)
-        disk_rows: list[EntryInfo] = []
-        if self._disk is not None:
-            disk_scope = None if blocks else scope
-            found = disk_call("entries", self._disk.entries, model_fingerprint, disk_scope, default=[])
-            disk_rows = [row for row in found if wanted(row.key)]
-        return merge_entries(rows, disk_rows)
+        return local_entries(self._lock, self._memory, self._disk, model_fingerprint, scope, blocks)
 
     def stats(self) -> StoreStats:
         """Hit and miss counters and what each tier holds now."""
-        disk = self._disk
-        figures = DiskFigures()
-        if disk is not None and not self._closed:
-            figures = DiskFigures(disk.used_bytes, disk.budget_bytes, len(disk), disk.evictions)
+        figures = disk_figures(None if self._closed else self._disk)
         with self._lock:
             pending = 0 if self._writes is None else self._writes.outside_ram_bytes()
             return store_stats(self._counters, self._ram, figures, pending)
@@ -360,12 +321,7 @@ class SnapshotStore:
     def flush(self) -> None:
         """Wait until every write queued so far has reached the disk and the remote tier, and every
         use recorded so far the disk index (or failed with a warning)."""
-        if self._writes is not None:
-            self._writes.flush()
-        if self._uses is not None:
-            self._uses.flush()
-        if self._remote is not None:
-            self._remote.flush()
+        flush_tiers(writes=self._writes, uses=self._uses, remote=self._remote)
 
     def remote_stats(self) -> RemoteStats | None:
         """What the remote tier holds (one round trip) and how it fared; None without one."""
@@ -401,23 +357,15 @@ class SnapshotStore:
             self._closed = True
             self._lock.notify_all()
         closed_already(self)
-        disk, ram, writes = self._disk, self._ram, self._writes
-        if writes is not None:
-            writes.stop()
-        if self._uses is not None:
-            self._uses.stop()
-        if disk is not None:
-            if ram is not None:
-                assert self._disk_writes is not None
-                with self._lock:
-                    held = ram.snapshots()  # least valuable first: the most valuable stay
-                self._disk_writes.write_out(held)
-            disk.close()
-        if ram is not None:
-            with self._lock:
-                ram.close()
-        if self._remote is not None:
-            self._remote.close()
+        close_tiers(
+            self._lock,
+            ram=self._ram,
+            disk=self._disk,
+            writes=self._writes,
+            uses=self._uses,
+            disk_writes=self._disk_writes,
+            remote=self._remote,
+        )
 
     def __enter__(self) -> SnapshotStore:
         return self
@@ -437,14 +385,8 @@ class SnapshotStore:
     # -- wiring and checks ---------------------------------------------------------------------------
 
     def _on_disk_change(self, change: Change) -> None:
-        """A committed disk transaction of ours: the catalogs follow it, and RAM keys whose disk
-        copy it removed (evicted, replaced) are no longer known to be on disk."""
-        self._catalogs.apply(change)
-        if change.removed:
-            with self._lock:
-                for row in change.removed:
-                    with contextlib.suppress(InvalidArgument):  # a row no put could have written
-                        self._memory.off_disk(row.key())
+        """A committed disk transaction of ours: the catalogs and what memory knows follow it."""
+        follow_disk(change, self._lock, self._catalogs, self._memory)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -452,13 +394,10 @@ class SnapshotStore:
 
     def _check_block_keys(self, keys: Sequence[SnapshotKey]) -> None:
         """Block key arguments of a read, and the store still open."""
-        for key in keys:
-            if not isinstance(key, SnapshotKey) or not key.is_block:
-                raise InvalidArgument(f"not the key of a block: {key!r}")
+        check_block_keys(keys)
         self._check_open()
 
     def _check_key(self, key: SnapshotKey) -> None:
         """A key argument of a read, and the store still open."""
-        if not isinstance(key, SnapshotKey):
-            raise InvalidArgument(f"key must be a SnapshotKey, got {type(key).__name__}")
+        check_key(key)
         self._check_open()

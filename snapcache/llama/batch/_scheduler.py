@@ -44,13 +44,14 @@ import llama_cpp
 import numpy as np
 
 from snapcache.errors import InvalidArgument
-from snapcache.key import DEFAULT_SCOPE, TokenArray, Tokens, as_token_array, validate_scope
+from snapcache.key import DEFAULT_SCOPE, Tokens, as_token_array, validate_scope
 from snapcache.llama.adapters import adapter_settings
 from snapcache.llama.batch._context import Chunk, SequenceContext
+from snapcache.llama.batch._live import Held, LivePrefixes
 from snapcache.llama.batch._prefix import SequenceCache
 from snapcache.llama.batch._request import FinishReason, Request, SchedulerError
 from snapcache.llama.batch._sampling import SamplerChain, SamplingParams
-from snapcache.llama.checkpoints import CHECKPOINT_ALIGN, align_down
+from snapcache.llama.checkpoints import CHECKPOINT_ALIGN
 from snapcache.llama.reports import RestoreInfo
 from snapcache.llama.state import can_truncate
 from snapcache.llama.stored_states import RestorePoint
@@ -82,21 +83,7 @@ class _Slot:
     next_token: int = -1
     generated: int = 0
     checkpoints: int = 0
-    floor: int = 0  # the shortest length its sequence may be cut back to (see _Held)
-
-
-@dataclass(slots=True)
-class _Held:
-    """The prompt tokens a sequence holds, read as a prompt (or restored) for `scope`.
-
-    `floor`: the shortest length it may be cut back to (a state restored with a padded window
-    cache keeps only the window of its last token); `used`: when a request last held it.
-    """
-
-    scope: str
-    tokens: TokenArray
-    floor: int
-    used: int
+    floor: int = 0  # the shortest length its sequence may be cut back to (see `Held`)
 
 
 class Scheduler:
@@ -142,11 +129,9 @@ class Scheduler:
         self._context = SequenceContext(llm, n_seq, seq_ctx)
         self._waiting: deque[Request] = deque()
         self._slots: dict[int, _Slot] = {}
-        self._held: dict[int, _Held] = {}
         self._free = list(range(n_seq))
-        self._truncates = can_truncate(llm)
-        self._uses = 0
-        self._alignment = CHECKPOINT_ALIGN if self._cache is None else self._cache.alignment
+        alignment = CHECKPOINT_ALIGN if self._cache is None else self._cache.alignment
+        self._live = LivePrefixes(self._context, alignment, can_truncate(llm))
         self._admitted = 0
         self._closing = False
         self._cond = threading.Condition()
@@ -248,7 +233,7 @@ class Scheduler:
                     if self._follows(request, [r for r, _ in admitted]):
                         continue
                     self._waiting.remove(request)
-                    seq_id = self._choose_sequence(request)
+                    seq_id = self._live.choose(self._free, request.scope, request.prompt)
                     self._free.remove(seq_id)
                     admitted.append((request, seq_id))
             try:
@@ -283,66 +268,6 @@ class Scheduler:
                 self._waiting.remove(request)
                 request.finish("cancelled")
 
-    def _choose_sequence(self, request: Request) -> int:
-        """The free sequence `request` takes: the one holding the longest prefix of its prompt for its
-        scope where that is at least half of what it holds (a sequence is not cut down to a few shared
-        tokens while another is free: its prompt may come again), else an empty one, else the one least
-        recently used. Any shorter live prefix is still copied in (`_live_prefix`)."""
-        best, best_cut = -1, 0
-        for seq_id in self._free:
-            held = self._held.get(seq_id)
-            cut = 0 if held is None else self._reusable(held, request)
-            if cut > best_cut and held is not None and 2 * cut >= len(held.tokens):
-                best, best_cut = seq_id, cut
-        if best >= 0:
-            return best
-        empty = [seq_id for seq_id in self._free if seq_id not in self._held]
-        if empty:
-            return empty[0]
-        return min(self._free, key=lambda seq_id: self._held[seq_id].used)
-
-    def _reusable(self, held: _Held, request: Request) -> int:
-        """How many leading tokens of the request's prompt `held` can give it: as many as they share
-        (short of the prompt's last token, read for its logits), cut down on the split alignment."""
-        if held.scope != request.scope:
-            return 0
-        tokens = request.prompt[:-1]
-        n = min(len(held.tokens), len(tokens))
-        differ = np.flatnonzero(held.tokens[:n] != tokens[:n])
-        cut = align_down(int(differ[0]) if len(differ) else n, self._alignment)
-        return cut if cut > 0 and cut >= held.floor else 0
-
-    def _holdings(self) -> dict[int, _Held]:
-        """What every sequence holds as prompt: the free ones' and the running requests' so far."""
-        holdings = dict(self._held)
-        for seq_id, slot in self._slots.items():
-            read = min(slot.n_past, len(slot.request.prompt))
-            holdings[seq_id] = _Held(slot.request.scope, slot.request.prompt[:read], slot.floor, self._uses)
-        return holdings
-
-    def _live_prefix(self, request: Request, seq_id: int) -> tuple[int, int, int]:
-        """(the sequence holding the longest reusable prefix of the request's prompt, its length, the
-        floor it keeps); the request's own sequence wins a tie, as it needs no copy."""
-        best, best_cut, floor = -1, 0, 0
-        for other, held in self._holdings().items():
-            cut = self._reusable(held, request)
-            if cut > best_cut or (cut == best_cut > 0 and other == seq_id):
-                best, best_cut, floor = other, cut, held.floor
-        return best, best_cut, floor
-
-    def _take_live(self, source: int, seq_id: int, n_tokens: int) -> bool:
-        """Make `seq_id` hold the first `n_tokens` that `source` holds; False (cleared) where it cannot."""
-        context = self._context
-        if source != seq_id and not context.copy(source, seq_id):
-            return False
-        if n_tokens <= context.last_position(seq_id):
-            # A window cache is cut back only while it holds the sequence's cells from position 0.
-            cuttable = self._truncates or context.first_position(seq_id) == 0
-            if not (cuttable and context.cut(seq_id, n_tokens)):
-                context.clear(seq_id)
-                return False
-        return True
-
     def _admit(self, request: Request, seq_id: int) -> None:
         started = time.perf_counter()
         context = self._context
@@ -350,13 +275,18 @@ class Scheduler:
         try:
             sampler = SamplerChain(request.params, self.llm)
         except Exception as exc:
-            self._held.pop(seq_id, None)
+            self._live.forget(seq_id)
             context.clear(seq_id)
             self._release(seq_id)
             request.finish("error", exc)
             return
-        live_source, live, live_floor = self._live_prefix(request, seq_id)
-        self._held.pop(seq_id, None)
+        running = {
+            other: Held(slot.request.scope, slot.request.prompt[: min(slot.n_past, len(slot.request.prompt))],
+                        slot.floor)
+            for other, slot in self._slots.items()
+        }
+        live_source, live, live_floor = self._live.longest(request.scope, tokens, seq_id, running)
+        self._live.forget(seq_id)
         if live_source != seq_id:
             context.clear(seq_id)
         reused, source, floor = 0, None, 0
@@ -368,7 +298,7 @@ class Scheduler:
             elif live_source == seq_id and context.last_position(seq_id) < 0:
                 live = 0  # a refused restore cleared the sequence that held the live prefix
         if reused == 0 and live > 0:
-            if self._take_live(live_source, seq_id, live):
+            if self._live.take(live_source, seq_id, live):
                 reused, source, floor = live, "context", live_floor
             elif cache is not None:  # the live prefix could not be cut: the store's, however short
                 restored, tier, padded = cache.restore(context, seq_id, tokens, request.scope)
@@ -477,10 +407,9 @@ class Scheduler:
         if reason == "error":
             self._context.clear(slot.seq_id)
         else:
-            # The sequence keeps the prompt it read for the next request of the scope (see _Held).
-            self._uses += 1
+            # The sequence keeps the prompt it read for the next request of the scope.
             read = request.prompt[: min(slot.n_past, len(request.prompt))]
-            self._held[slot.seq_id] = _Held(request.scope, read, slot.floor, self._uses)
+            self._live.keep(slot.seq_id, request.scope, read, slot.floor)
         slot.sampler.close()
         self._slots.pop(slot.seq_id, None)
         self._release(slot.seq_id)

@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import _common
-from _common import RESULTS_DIR, Table, fmt_ratio, fmt_seconds, make_parser, report
+from _common import RESULTS_DIR, Table, fmt_seconds, make_parser, report
 from serve_vs_peers import Launch, Server, _free_port, _load_line, fetch_example_server, prepare_model
 
 PROMPTS = ["bookkeeper.txt", "trail_planner.txt", "code_reviewer.txt", "mail_triager.txt"]
@@ -411,7 +411,7 @@ def build_tables(summaries: dict[str, dict[str, Any]], model_name: str, tokens: 
         def ratio(name: str, index: int, limit: float, summary: dict[str, Any] = summary) -> str:
             mine, theirs = summary["bursts"][name][index], peer["bursts"][name][index]
             met = mine <= limit * theirs
-            return f"{fmt_ratio(mine, theirs)} {'met' if met else 'missed'}"
+            return f"{mine / theirs:.2f}x {'met' if met else 'missed'}" if theirs > 0 else "-"
 
         rate = summary["tokens_per_s"] / peer["tokens_per_s"] if peer["tokens_per_s"] else 0.0
         targets.add(

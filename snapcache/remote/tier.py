@@ -11,35 +11,34 @@ teams (blocks sit under their prompt's scope); the budget's bookkeeping is in `r
 
 Nothing a remote fault does reaches the caller: every call is bounded by short socket timeouts
 (no retries), a connection failure or a timeout makes the tier skip Redis for `backoff_s` seconds
-(logged once per outage), and every failure is a miss or a write not made, counted in `stats()`.
-Puts only queue (`remote.writes`): a slow Redis never holds up a completion.
+(logged once per outage; `remote.connection`), and every failure is a miss or a write not made,
+counted in `stats()`. Puts only queue (`remote.writes`): a slow Redis never holds up a completion.
+What the namespace holds is listed and summed up in `remote.listing`.
 """
 
 from __future__ import annotations
 
-import io
 import logging
 import threading
 import time
-import urllib.parse
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeVar
-
-import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from snapcache.errors import CorruptSnapshot, InvalidArgument
 from snapcache.formats import codec
-from snapcache.formats.snapshot_file import MacMismatch, decode, encode, mac_key, read_header
+from snapcache.formats.snapshot_file import MacMismatch, decode, encode, mac_key
 from snapcache.key import SnapshotKey, rolling_hash, validate_budget
+from snapcache.remote import listing
 from snapcache.remote.budget import FORGET, PUT, TOUCH, BudgetKeys
+from snapcache.remote.connection import Connection, validate_prefix, warn_no_secret
+from snapcache.remote.listing import RemoteStats
 from snapcache.remote.writes import RemoteWrites
 from snapcache.snapshot import Snapshot
 from snapcache.tier import CatalogRow, EntryInfo, PayloadSource
 
 log = logging.getLogger("snapcache")
+
+_T = TypeVar("_T")
 
 __all__ = ["DEFAULT_REMOTE_BUDGET_BYTES", "DEFAULT_REMOTE_PREFIX", "RemoteStats", "RemoteTier"]
 
@@ -47,49 +46,10 @@ DEFAULT_REMOTE_PREFIX = "snapcache"
 DEFAULT_REMOTE_BUDGET_BYTES = 4 << 30
 # Redis refuses a bulk string over proto-max-bulk-len (512 MiB unless configured otherwise).
 MAX_VALUE_BYTES = 512 << 20
-_MAX_PREFIX_LENGTH = 100
 _MAX_REMEMBERED = 10_000
 # The most a value may expand when decoded: its bytes times this, and at least the minimum.
 _MAX_EXPANSION = 64
 _MIN_STATE_LIMIT = 1 << 20
-# entries() reads this much of each value first: the head and the tokens of a block or a short prompt;
-# a longer head is read again whole, up to _MAX_HEAD_READ.
-_HEAD_READ = 8 << 10
-_MAX_HEAD_READ = 1 << 20
-
-# A connection refused, reset or timed out: the server is away or overloaded, so skip it a while.
-_OUTAGES: tuple[type[BaseException], ...] = (redis.ConnectionError, redis.TimeoutError, OSError)
-
-_T = TypeVar("_T")
-
-_warned_lock = threading.Lock()
-_warned_no_secret: set[str] = set()
-
-
-@dataclass(frozen=True, slots=True)
-class RemoteStats:
-    """What the remote tier holds and how it has fared in this process."""
-
-    url: str  # without a password
-    prefix: str
-    reachable: bool  # answered a PING just now (False while backing off after a failure)
-    used_bytes: int | None  # None when it could not be read
-    entries: int | None
-    budget_bytes: int
-    server_maxmemory: int | None  # the server's own limit (0: none), if it tells
-    server_policy: str | None  # its maxmemory-policy
-    hits: int
-    misses: int
-    writes: int  # values stored
-    already_held: int  # puts not sent: Redis held the key already, at that priority or higher
-    refused: int  # values the budget did not admit
-    evictions: int  # values this process's puts evicted
-    rejected: int  # values that failed verification (deleted from Redis)
-    unauthenticated: int  # intact values under another secret (or none): misses, kept
-    errors: int  # calls that failed (unreachable, timed out, refused by the server)
-    skipped: int  # calls not made while backing off
-    dropped_writes: int  # snapshots dropped unsent from a full write backlog
-    pending_writes: int
 
 
 class RemoteTier:
@@ -132,16 +92,19 @@ class RemoteTier:
     ) -> None:
         if secret is not None and (not isinstance(secret, bytes) or not secret):
             raise InvalidArgument("secret must be non-empty bytes or None")
-        self.prefix = _validate_prefix(prefix)
+        self.prefix = validate_prefix(prefix)
         self.budget_bytes = validate_budget("budget_bytes", budget_bytes)
         for name, value in (("timeout_s", timeout_s), ("write_timeout_s", write_timeout_s)):
             if not 0 < value <= 60:
                 raise InvalidArgument(f"{name} must lie in (0, 60] seconds, got {value!r}")
         if not 0 <= backoff_s <= 3600:
             raise InvalidArgument(f"backoff_s must lie in [0, 3600] seconds, got {backoff_s!r}")
-        self.url = redact_url(url)
-        self._reader = _client(url, timeout_s)
-        self._writer = _client(url, write_timeout_s)
+        self._redis = Connection(
+            url, timeout_s=timeout_s, write_timeout_s=write_timeout_s, backoff_s=backoff_s
+        )
+        self.url = self._redis.url
+        self._reader = self._redis.reader
+        self._writer = self._redis.writer
         self._keys = BudgetKeys.of(self.prefix)
         self._put_script = self._writer.register_script(PUT)
         self._forget_script = self._reader.register_script(FORGET)
@@ -149,10 +112,7 @@ class RemoteTier:
         self._store_id = f"remote:{self.prefix}"
         self._level = codec.validate_level(compression_level)
         self._shuffle = bool(shuffle)
-        self._backoff_s = float(backoff_s)
         self._lock = threading.Lock()
-        self._down_until = 0.0  # time.monotonic() before which Redis is skipped
-        self._down = False  # an outage was logged and has not ended yet
         self._counts = dict.fromkeys(
             (
                 "hits",
@@ -165,14 +125,13 @@ class RemoteTier:
                 "unauthenticated",
             ),
             0,
-        ) | {"errors": 0, "skipped": 0}
+        )
         self._unauthenticated: set[str] = set()  # value keys found under another secret
-        self._closed = False
         self._last_stamp = 0  # the last time of use recorded (ms), see _stamp
         # Where writes get their compressed states: a store with a disk tier shares them with it.
         self.payloads: PayloadSource | None = None
         if secret is None:
-            _warn_no_secret(self.url, self.prefix)
+            warn_no_secret(self.url, self.prefix)
         self._writes: RemoteWrites | None = None
         if background:
             self._writes = RemoteWrites(
@@ -211,7 +170,7 @@ class RemoteTier:
     def put(self, snapshot: Snapshot) -> bool:
         """Queue `snapshot` for the background writer (True), or without one send it now: whether
         Redis holds it then. False once closed."""
-        if self._closed:
+        if self._redis.closed:
             return False
         if self._writes is None:
             return self.write(snapshot)
@@ -302,92 +261,21 @@ class RemoteTier:
     def entries(self) -> list[EntryInfo]:
         """One row per value the namespace holds whose head verifies as this namespace's (its MAC
         aside): read from each value's head and the budget's records, a few round trips in all."""
-        k = self._keys
-
-        def records() -> list[Any]:
-            pipe = self._reader.pipeline(transaction=False)
-            pipe.hgetall(k.sizes)
-            pipe.hgetall(k.priority)
-            return list(pipe.execute())
-
-        found = self._call("entries", records, None)
-        if found is None:
-            return []
-        sizes: dict[bytes, bytes] = found[0]
-        priorities: dict[bytes, bytes] = found[1]
-        names = sorted(sizes)
-        heads = self._heads(names, [_HEAD_READ] * len(names))
-        if heads is None:
-            return []
-        longer = [i for i, head in enumerate(heads) if head is not None and len(head) == _HEAD_READ]
-        if longer:
-            again = self._heads([names[i] for i in longer], [_MAX_HEAD_READ] * len(longer))
-            for i, head in zip(longer, again or [None] * len(longer), strict=True):
-                heads[i] = head
-        used = self._last_uses(names, priorities)
-        rows: list[EntryInfo] = []
-        for name, head in zip(names, heads, strict=True):
-            size, priority = _int(sizes.get(name)), _int(priorities.get(name))
-            if head is None or size is None or priority is None:
-                continue
-            try:
-                info = read_header(io.BytesIO(head), size, mac_secret=self._mac_key)
-            except (CorruptSnapshot, ValueError, OSError):  # damaged or foreign: a get deletes it
-                continue
-            if info.store_id != self._store_id or self.value_key(info.key).encode() != name:
-                continue
-            rows.append(
-                EntryInfo(
-                    key=info.key,
-                    tier="remote",
-                    priority=priority,
-                    nbytes=size,
-                    state_bytes=info.state_bytes,
-                    created_at=info.created_at,
-                    last_used_at=used.get(name, info.created_at),
-                    rolling_hash=rolling_hash(info.tokens),
-                )
-            )
-        return rows
+        return listing.entries(
+            self._redis, self._keys, mac_key=self._mac_key, store_id=self._store_id, value_key=self.value_key
+        )
 
     def stats(self) -> RemoteStats:
         """The namespace's figures from Redis (one round trip, unless backing off) and the counters."""
-        reachable = False
-        used = entries = maxmemory = None
-        policy = None
-
-        def figures() -> list[Any]:
-            pipe = self._reader.pipeline(transaction=False)
-            pipe.ping()
-            pipe.get(self._keys.total)
-            pipe.hlen(self._keys.sizes)
-            pipe.info("memory")
-            return list(pipe.execute(raise_on_error=False))
-
-        found = self._call("stats", figures, None)
-        if found is not None:
-            pong, total, count, info = found
-            reachable = pong is True
-            used = int(total) if isinstance(total, bytes) and total.isdigit() else 0
-            entries = int(count) if isinstance(count, int) else None
-            if isinstance(info, dict):
-                maxmemory = info.get("maxmemory") if isinstance(info.get("maxmemory"), int) else None
-                policy = str(info["maxmemory_policy"]) if "maxmemory_policy" in info else None
-        writes = self._writes
         with self._lock:
             counts = dict(self._counts)
-        return RemoteStats(
-            url=self.url,
+        return listing.stats(
+            self._redis,
+            self._keys,
             prefix=self.prefix,
-            reachable=reachable,
-            used_bytes=used,
-            entries=entries,
             budget_bytes=self.budget_bytes,
-            server_maxmemory=maxmemory,
-            server_policy=policy,
-            dropped_writes=0 if writes is None else writes.dropped,
-            pending_writes=0 if writes is None else writes.pending,
-            **counts,
+            counts=counts,
+            writes=self._writes,
         )
 
     def flush(self, timeout: float | None = None) -> bool:
@@ -396,16 +284,11 @@ class RemoteTier:
 
     def close(self, timeout: float | None = 10.0) -> None:
         """Send what is queued (waiting at most `timeout`), then close the connections."""
-        if self._closed:
+        if self._redis.closed:
             return
         if self._writes is not None:
             self._writes.close(timeout)
-        self._closed = True
-        for client in (self._reader, self._writer):
-            try:
-                client.close()
-            except Exception as exc:  # closing must not fail the caller's shutdown
-                log.debug("snapcache: closing the remote connection: %s", exc)
+        self._redis.close()
 
     # -- the writer ---------------------------------------------------------------------------
 
@@ -465,35 +348,6 @@ class RemoteTier:
             self._last_stamp = max(int(time.time() * 1000), self._last_stamp + 1)
             return str(self._last_stamp)
 
-    def _heads(self, names: list[bytes], lengths: list[int]) -> list[bytes | None] | None:
-        """The first `lengths` bytes of each value `names` (None for one that is gone)."""
-
-        def fetch() -> list[Any]:
-            pipe = self._reader.pipeline(transaction=False)
-            for name, length in zip(names, lengths, strict=True):
-                pipe.getrange(name, 0, length - 1)
-            return list(pipe.execute(raise_on_error=False))
-
-        found = self._call("entries", fetch, None)
-        if found is None:
-            return None
-        return [head if isinstance(head, bytes) and head else None for head in found]
-
-    def _last_uses(self, names: list[bytes], priorities: dict[bytes, bytes]) -> dict[bytes, float]:
-        """When each of `names` was last used (seconds), from its priority's LRU set."""
-
-        def fetch() -> list[Any]:
-            pipe = self._reader.pipeline(transaction=False)
-            for name in names:
-                level = priorities.get(name, b"0").decode("ascii", "replace")
-                pipe.zscore(self._keys.lru_prefix + level, name)
-            return list(pipe.execute(raise_on_error=False))
-
-        found = self._call("entries", fetch, None) or [None] * len(names)
-        return {
-            name: score / 1000 for name, score in zip(names, found, strict=True) if isinstance(score, float)
-        }
-
     def _verify(self, key: SnapshotKey, name: str, data: bytes) -> Snapshot | None:
         """The snapshot `data` holds if it verifies as `key`'s; a damaged or foreign value is deleted,
         one authenticated under another secret (or none) is kept for the processes that have it."""
@@ -529,50 +383,11 @@ class RemoteTier:
 
     def _call(self, what: str, action: Callable[[], _T], default: _T) -> _T:
         """`action()`, or `default` when Redis is being skipped or the call fails (logged, counted)."""
-        now = time.monotonic()
-        with self._lock:
-            if self._closed or now < self._down_until:
-                self._counts["skipped"] += 1
-                return default
-        try:
-            result = action()
-        except _OUTAGES as exc:
-            with self._lock:
-                self._counts["errors"] += 1
-                self._down_until = time.monotonic() + self._backoff_s
-                first = not self._down
-                self._down = True
-            if first:
-                log.warning(
-                    "snapcache: remote tier %s unreachable (%s: %s); skipping it for %g s at a time",
-                    self.url,
-                    what,
-                    exc,
-                    self._backoff_s,
-                )
-            return default
-        except redis.RedisError as exc:  # the server answered with an error: no reason to back off
-            self._count("errors")
-            log.warning("snapcache: remote tier %s refused %s: %s", self.url, what, exc)
-            return default
-        with self._lock:
-            back = self._down
-            self._down = False
-        if back:
-            log.warning("snapcache: remote tier %s reachable again", self.url)
-        return result
+        return self._redis.call(what, action, default)
 
     def _count(self, name: str) -> None:
         with self._lock:
             self._counts[name] += 1
-
-
-def _int(raw: object) -> int | None:
-    """An integer record read back from Redis, or None."""
-    try:
-        return int(raw) if isinstance(raw, bytes) else None
-    except ValueError:
-        return None
 
 
 def _priority(raw: object) -> int | None:
@@ -581,61 +396,3 @@ def _priority(raw: object) -> int | None:
         return int(raw) if isinstance(raw, bytes) else None
     except ValueError:
         return None
-
-
-def redact_url(url: str) -> str:
-    """`url` without its password, for logs and reports."""
-    if not isinstance(url, str) or not url:
-        raise InvalidArgument(f"remote must be a redis:// URL, got {url!r}")
-    parts = urllib.parse.urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    user = f"{parts.username}:***@" if parts.username else ":***@"
-    return urllib.parse.urlunsplit(parts._replace(netloc=user + host))
-
-
-def _client(url: str, timeout_s: float) -> redis.Redis:
-    """A client whose every call ends within about `timeout_s`: no retries, no waiting to reconnect."""
-    try:
-        return redis.Redis.from_url(
-            url,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
-            retry=Retry(NoBackoff(), 0),
-            retry_on_timeout=False,
-            health_check_interval=0,
-        )
-    except (ValueError, TypeError) as exc:
-        raise InvalidArgument(f"remote URL {redact_url(url)!r} is invalid: {exc}") from None
-
-
-def _validate_prefix(prefix: object) -> str:
-    if (
-        not isinstance(prefix, str)
-        or not 1 <= len(prefix) <= _MAX_PREFIX_LENGTH
-        or not prefix.isascii()
-        or not prefix.isprintable()
-        or " " in prefix
-    ):
-        raise InvalidArgument(
-            f"prefix must be 1 to {_MAX_PREFIX_LENGTH} printable ASCII characters without spaces, "
-            f"got {prefix!r}"
-        )
-    return prefix
-
-
-def _warn_no_secret(url: str, prefix: str) -> None:
-    """Once per server and namespace per process."""
-    where = f"{url} ({prefix})"
-    with _warned_lock:
-        if where in _warned_no_secret:
-            return
-        _warned_no_secret.add(where)
-    log.warning(
-        "snapcache: the remote tier %s has no secret: anyone who can write to that Redis can plant "
-        "states this process will load. Set SNAPCACHE_SECRET (or secret=) on every machine sharing it.",
-        where,
-    )

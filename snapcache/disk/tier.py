@@ -9,9 +9,10 @@ configured otherwise may share the directory. Opening the tier (under the direct
 a damaged or missing index from the files and reclaims debris of interrupted writes (disk.repair).
 The directory's layout is in disk.files; the file formats in formats.snapshot_file and
 formats.pack_file; reading a file back and checking it in disk.reads, and what a failed read does to
-the index's rows in disk.index_reads; checking a put and cutting a save into packs in disk.puts. This
-module holds what ties them to the index: the puts' transactions, the budget, the uses recorded, and
-checks.
+the index's rows in disk.index_reads; checking a put and cutting a save into packs in disk.puts; what
+goes (rows dropped, files deleted, `check`, the budget recorded at opening) in disk.removals; the uses
+recorded in disk.uses; entries and catalogs in disk.listing. This module holds what ties them
+together: the puts' transactions under the budget, and the reads.
 
 `put_many` writes the blocks of one save (block keys, one priority, no logits) into pack files of up
 to PACK_MEMBERS blocks (formats.pack_file): one file, one fsync and one header for many blocks, so that a
@@ -25,7 +26,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from snapcache.disk import files
@@ -34,16 +34,12 @@ from snapcache.disk.cache_dir import prepare_cache_dir
 from snapcache.disk.files import FILES_DIR, INDEX_NAME, LOCK_NAME, QUARANTINE_DIR, TEMP_PREFIX
 from snapcache.disk.index import Change, DiskIndex, IndexRow
 from snapcache.disk.index_reads import IndexedReads, Miss
+from snapcache.disk.listing import Catalog, entries
 from snapcache.disk.puts import checked, pack_rows, pack_runs
 from snapcache.disk.reads import StoredFiles
-from snapcache.disk.repair import (
-    DEFAULT_GRACE_S,
-    CheckReport,
-    open_or_rebuild,
-    reclaim_debris,
-    report_of,
-    survey,
-)
+from snapcache.disk.removals import Removals
+from snapcache.disk.repair import DEFAULT_GRACE_S, CheckReport, open_or_rebuild, reclaim_debris
+from snapcache.disk.uses import record_uses
 from snapcache.errors import InvalidArgument, StoreUnavailable
 from snapcache.formats import codec
 from snapcache.formats.pack_file import (
@@ -62,9 +58,6 @@ logger = logging.getLogger("snapcache")
 
 # The budget of a directory that records none, for a store given none.
 DEFAULT_BUDGET_BYTES = 8 << 30
-# A patient `touch` tries this long, this often, while another process holds the index's write lock.
-_PATIENT_TOUCH_S = 2.0
-_PATIENT_TOUCH_RETRY_S = 0.05
 
 __all__ = [
     "DEFAULT_GRACE_S",
@@ -80,14 +73,6 @@ __all__ = [
     "DiskTier",
     "Miss",
 ]
-
-
-@dataclass(frozen=True, slots=True)
-class Catalog:
-    """The lookup fields of one fingerprint and scope, and the generation they were read at."""
-
-    generation: int
-    rows: list[CatalogRow]  # (token_count, prefix_hash, rolling_hash)
 
 
 class DiskTier:
@@ -125,7 +110,6 @@ class DiskTier:
             self._files.mkdir(mode=0o700, exist_ok=True)
         except OSError as exc:
             raise StoreUnavailable(f"cannot create {self._files}: {exc.strerror or exc}") from None
-        self._on_change = on_change
         self._other_authentication = OtherAuthentication(self._files, self._mac_key)
         with files.open_lock(self.directory / LOCK_NAME):
             self._index = open_or_rebuild(self.directory, self._mac_key)
@@ -133,19 +117,19 @@ class DiskTier:
                 reclaim_debris(self._index, self._files, debris_grace_s)
             except StoreUnavailable as exc:  # the store still works; check() can try again
                 logger.warning("could not reclaim debris in %s: %s", self._files, exc)
+        self._removals = Removals(self._index, self._open_index, self._files, on_change)
         self._store_id = self._index.store_id
         self._stored = StoredFiles(self._files, mac_key=self._mac_key, store_id=self._store_id)
         self._reads = IndexedReads(
             self._open_index,
             self._stored,
             self._other_authentication,
-            discard=lambda row, reason, unlink: self._discard(row, reason, unlink=unlink),
-            announce=self._announce,
+            discard=lambda row, reason, unlink: self._removals.discard(row, reason, unlink=unlink),
+            announce=self._removals.announce,
         )
         self._lock = threading.Lock()
-        self._evictions = 0
         self._closed = False
-        self._budget = self._settle_budget(budget_bytes)
+        self._budget, self._evictions = self._removals.settle_budget(budget_bytes, DEFAULT_BUDGET_BYTES)
         # Where puts get their compressed states: a store with a remote tier shares them with it.
         self.payloads: PayloadSource | None = None
 
@@ -283,7 +267,7 @@ class DiskTier:
         if change is None:  # too large, or no room without evicting a higher priority
             files.unlink(path)
             return False
-        self._unlink_files(change.freed)
+        self._removals.unlink_files(change.freed)
         added = {row.key_id for row in rows}
         for row in rows:
             self._other_authentication.replaced(row.key_id)
@@ -292,7 +276,7 @@ class DiskTier:
             with self._lock:
                 self._evictions += evicted
             logger.debug("disk tier evicted %d snapshot(s)", evicted)
-        self._announce(change)
+        self._removals.announce(change)
         return True
 
     def get(self, key: SnapshotKey) -> Snapshot | None:
@@ -333,27 +317,7 @@ class DiskTier:
         """Record a use of each of `keys` in one transaction, the first as the most recent. A writer
         in another process makes it give up after a short wait (50 ms); `patient` tries again for up
         to 2 s, for a caller that nothing waits for (see `store.deferred_uses`)."""
-        index = self._open_index()
-        now = time.time()
-        rows = index.get_many([key.id for key in keys])
-        uses = []
-        for i, key in enumerate(keys):
-            row = rows.get(key.id)
-            if row is not None:
-                uses.append((row.key_id, row.file_name, now - i * 1e-6))
-        if not uses:
-            return
-        # Patient: try again while another process writes, letting go of the index between tries.
-        deadline = time.monotonic() + (_PATIENT_TOUCH_S if patient else 0.0)
-        while True:
-            try:
-                index.touch_many(uses)
-                return
-            except StoreUnavailable as exc:
-                if time.monotonic() >= deadline:
-                    logger.debug("could not record the use of %d blocks: %s", len(uses), exc)
-                    return
-            time.sleep(_PATIENT_TOUCH_RETRY_S)
+        record_uses(self._open_index(), keys, patient=patient)
 
     def held_priority(self, key: SnapshotKey) -> int | None:
         """The priority recorded for `key`, or None when the index has no row for it or, with a
@@ -374,34 +338,11 @@ class DiskTier:
         return None if row is None else self._stored.tokens(row, key)
 
     def remove(self, key: SnapshotKey) -> bool:
-        change = self._open_index().delete(key.id)
-        if change is None:
-            return False
-        self._unlink_files(change.freed)
-        self._announce(change)
-        return True
+        return self._removals.remove(key.id)
 
     def entries(self, model_fingerprint: str | None = None, scope: str | None = None) -> list[EntryInfo]:
         """Committed entries, optionally only those of one fingerprint and/or scope."""
-        result = []
-        for row in self._open_index().rows(model_fingerprint, scope):
-            try:
-                key = row.key()
-            except InvalidArgument:
-                continue
-            result.append(
-                EntryInfo(
-                    key=key,
-                    tier="disk",
-                    priority=row.priority,
-                    nbytes=row.file_bytes,
-                    state_bytes=row.state_bytes,
-                    created_at=row.created_at,
-                    last_used_at=row.last_used_at,
-                    rolling_hash=row.rolling_hash,
-                )
-            )
-        return result
+        return entries(self._open_index(), model_fingerprint, scope)
 
     def close(self) -> None:
         if not self._closed:
@@ -428,72 +369,14 @@ class DiskTier:
         Temporary and orphan files younger than `grace_seconds` are left alone (another process may
         be writing them). `verify` also reads and verifies every file.
         """
-        index = self._open_index()
-        found = survey(index, self._files, grace_seconds, self._stored.verdict if verify else None)
-        if repair:
-            for row in found.missing:
-                self._announce(index.delete(row.key_id, row.file_name))
-            for name in (*found.temp, *found.orphans):
-                files.unlink(self._files / name)
-            for row in found.corrupt:
-                self._discard(row, "failed verification during check")
-        return report_of(found, self.directory, repaired=repair)
+        verdict = self._stored.verdict if verify else None
+        return self._removals.check(
+            self.directory, repair=repair, verdict=verdict, grace_seconds=grace_seconds
+        )
 
     # -- internals -----------------------------------------------------------------------------
-
-    def _settle_budget(self, budget_bytes: int | None) -> int:
-        """The budget to use, recording (and enforcing now) one given, else the one recorded.
-
-        A directory shared by processes has one budget: a store opened without one must not evict
-        down to a default what a store given a larger budget keeps.
-        """
-        try:
-            if budget_bytes is None:
-                recorded = self._index.recorded_budget()
-                return DEFAULT_BUDGET_BYTES if recorded is None else recorded
-            change = self._index.record_budget(budget_bytes)
-        except StoreUnavailable as exc:  # a full disk, a busy writer: puts will still keep the budget
-            logger.warning("could not record the disk budget of %s: %s", self.directory, exc)
-            return DEFAULT_BUDGET_BYTES if budget_bytes is None else budget_bytes
-        if change is not None:
-            self._unlink_files(change.freed)
-            self._evictions += len(change.removed)
-            logger.info("disk tier evicted %d snapshot(s) to fit its budget", len(change.removed))
-            self._announce(change)
-        return budget_bytes
 
     def _open_index(self) -> DiskIndex:
         if self._closed:
             raise StoreUnavailable(f"the disk tier on {self.directory} is closed")
         return self._index
-
-    def _discard(self, row: IndexRow, reason: str, *, unlink: bool = True) -> None:
-        logger.warning(
-            "snapshot file %s (key %s) is unusable and its row was dropped: %s",
-            row.file_name,
-            row.key_id,
-            reason,
-        )
-        try:
-            change = self._index.delete(row.key_id, row.file_name)
-        except StoreUnavailable as exc:
-            logger.warning("could not drop the index row of %s: %s", row.file_name, exc)
-            change = None
-        else:
-            self._announce(change)
-        if not unlink:
-            return
-        if files.is_pack_name(row.file_name):  # other blocks may still be read from it
-            self._unlink_files(change.freed if change is not None else ())
-        else:
-            files.unlink(self._files / row.file_name)
-
-    def _announce(self, change: Change | None) -> None:
-        if change is not None and self._on_change is not None:
-            self._on_change(change)
-
-    def _unlink_files(self, names: Sequence[str]) -> None:
-        """Delete the files `names`, which no row names any more."""
-        for name in names:
-            if files.is_stored_name(name):
-                files.unlink(self._files / name)

@@ -14,7 +14,9 @@ stored prefix of exactly those tokens into the context and lets `generate` evalu
 after the completion (for a stream: when it is exhausted or closed) it saves what the prompt should
 leave behind (`completion_flow`, `completion`). Before each completion the Llama is checked again
 (`readiness`). It tells its listener what it did (`reports`). `warm` and `explain` are in their own
-modules; this one installs the hook and decides what each intercepted call is.
+modules; this one installs the hook and decides what each intercepted call is. It stays whole at
+about 400 lines: one job, `CacheHook`'s installing and dispatching, and most of its length is the
+public properties and methods with the docstrings callers read, each handing its work to those modules.
 
 Not thread-safe, like the Llama it hooks: one completion at a time.
 """

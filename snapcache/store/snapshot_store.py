@@ -8,7 +8,8 @@ terms (store.memory: the RAM tier, the write-behind queue to the disk, admission
 walking the tiers behind one contract (store.reads, store.read_tiers); the writes to the disk
 (store.disk_writes), the disk tier (disk.tier) and the store's copies of its catalogs
 (store.catalogs); what it reports (store.report, store.listing); flushing and closing
-(store.closing).
+(store.closing). It stays whole at about 400 lines: it is the public surface, one short method per
+public call with the docstring a caller reads, each handing the work to those modules.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -22,6 +23,7 @@ MAX_FINGERPRINT_LENGTH = 128
 _PREFIX_HASH_PERSON = b"snapcache.tok1"
 _HEX32 = re.compile(r"[0-9a-f]{32}")
 _TOKEN_MAX = np.iinfo(np.int32).max
+_TOKEN_DTYPE = np.dtype("<i4")
 
 # Odd multiplier of the rolling hash; odd makes it invertible modulo 2**64.
 _ROLLING_BASE = np.uint64(0x9E3779B97F4A7C15)
@@ -29,8 +31,19 @@ _rolling_powers = np.ones(1, dtype=np.uint64)
 
 
 def as_token_array(tokens: Tokens | Iterable[int]) -> TokenArray:
-    """Return `tokens` as a read-only little-endian int32 array, or raise InvalidArgument."""
+    """Return `tokens` as a read-only little-endian int32 array, or raise InvalidArgument.
+
+    An array that is already one (1-D, C-contiguous, read-only, and read-only down its whole `base`
+    chain to an ndarray or bytes) comes back unchanged: it is checked only for negative ids, never
+    copied again, so each layer may call this on what the layer above validated. A read-only view of
+    writable memory (a caller's buffer, `bytearray`, mmap) is copied: the caller could still change
+    the tokens after their hashes were taken.
+    """
     if isinstance(tokens, np.ndarray):
+        if _is_frozen_token_array(tokens):
+            if tokens.size and int(tokens.min()) < 0:
+                raise InvalidArgument("token ids must lie between 0 and 2**31 - 1")
+            return tokens
         array = tokens
     else:
         try:
@@ -43,9 +56,25 @@ def as_token_array(tokens: Tokens | Iterable[int]) -> TokenArray:
         raise InvalidArgument(f"tokens must be integers, got {array.dtype}")
     if array.size and (int(array.min()) < 0 or int(array.max()) > _TOKEN_MAX):
         raise InvalidArgument("token ids must lie between 0 and 2**31 - 1")
-    result = np.ascontiguousarray(array, dtype="<i4")
-    if result is array:
-        result = result.copy()
+    return _frozen_copy(array)
+
+
+def _is_frozen_token_array(array: npt.NDArray[np.generic]) -> bool:
+    """Whether `array` is 1-D '<i4', C-contiguous, and nothing can write its memory: every array
+    down its base chain is read-only and the chain ends in an array that owns its data or in bytes."""
+    if array.ndim != 1 or array.dtype != _TOKEN_DTYPE or not array.flags.c_contiguous:
+        return False
+    base: object = array
+    while isinstance(base, np.ndarray):
+        if base.flags.writeable:
+            return False
+        base = base.base
+    return base is None or isinstance(base, bytes)
+
+
+def _frozen_copy(array: npt.NDArray[np.generic]) -> TokenArray:
+    """A read-only C-contiguous '<i4' copy of `array` (the one place tokens are copied)."""
+    result: TokenArray = np.array(array, dtype=_TOKEN_DTYPE, order="C", copy=True)
     result.flags.writeable = False
     return result
 
@@ -200,6 +229,9 @@ class SnapshotKey:
     token_count: int
     prefix_hash: str
     _id: str = field(init=False, repr=False, compare=False)  # see `id`: computed once
+    # The frozen token array this key was made from or last matched (weakly): `matches` on that
+    # very array needs no hash, so a put checks the key of tokens hashed a layer above for free.
+    _tokens: weakref.ref[TokenArray] | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         validate_fingerprint(self.model_fingerprint)
@@ -218,11 +250,22 @@ class SnapshotKey:
         text = "\x00".join((self.model_fingerprint, self.scope, str(self.token_count), self.prefix_hash))
         key_id = hashlib.blake2b(text.encode(), digest_size=32, person=b"snapcache.key1").hexdigest()
         object.__setattr__(self, "_id", key_id)
+        object.__setattr__(self, "_tokens", None)
+
+    def __reduce__(self) -> tuple[type[SnapshotKey], tuple[str, str, int, str]]:
+        # A weak reference does not pickle; the remembered tokens are a cache, not part of the key.
+        return type(self), (self.model_fingerprint, self.scope, self.token_count, self.prefix_hash)
+
+    def _remember(self, tokens: TokenArray) -> None:
+        if _is_frozen_token_array(tokens):  # nothing can change these tokens while they live
+            object.__setattr__(self, "_tokens", weakref.ref(tokens))
 
     @classmethod
     def for_tokens(cls, model_fingerprint: str, scope: str, tokens: Tokens) -> SnapshotKey:
         array = as_token_array(tokens)
-        return cls(model_fingerprint, scope, len(array), prefix_hash_of_array(array, len(array)))
+        key = cls(model_fingerprint, scope, len(array), prefix_hash_of_array(array, len(array)))
+        key._remember(array)
+        return key
 
     @property
     def id(self) -> str:
@@ -241,6 +284,10 @@ class SnapshotKey:
 
     def matches(self, tokens: TokenArray) -> bool:
         """True when `tokens` (validated) are exactly the tokens this key was made from."""
-        return len(tokens) == self.token_count and (
-            prefix_hash_of_array(tokens, self.token_count) == self.prefix_hash
-        )
+        remembered = self._tokens
+        if remembered is not None and remembered() is tokens:
+            return True
+        if len(tokens) != self.token_count or prefix_hash_of_array(tokens, len(tokens)) != self.prefix_hash:
+            return False
+        self._remember(tokens)
+        return True

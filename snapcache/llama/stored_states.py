@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from snapcache.errors import SnapcacheError
-from snapcache.key import BLOCK_TOKENS, SnapshotKey, TokenArray, block_keys
+from snapcache.key import BLOCK_TOKENS, SnapshotKey, TokenArray, block_keys, block_scope, chain_hashes
 from snapcache.llama.blocks import Assembly, Record, is_record, pads_window, read_record, split_state
 from snapcache.llama.reports import Source
 from snapcache.llama.state import CapturedState
@@ -95,15 +95,20 @@ class StoredStates:
         if split.windows:
             points = [p for p in points if p.n_tokens == n]  # window caches hold only their own point
         n_blocks = max([p.n_tokens for p in points] + [min(blocks_upto, n)]) // BLOCK_TOKENS
-        keys = block_keys(self.fingerprint, scope, tokens, n_blocks)
+        # The keys of these very slices: a put checks each key against its slice without a hash.
+        blocks = [tokens[i * BLOCK_TOKENS : (i + 1) * BLOCK_TOKENS] for i in range(n_blocks)]
+        chains = chain_hashes(tokens, n_blocks)
+        keys = [
+            SnapshotKey.for_tokens(self.fingerprint, block_scope(scope, chain), block)
+            for chain, block in zip(chains, blocks, strict=True)
+        ]
         missing = []
         for i, key in enumerate(keys):
             needed = [p.priority for p in points if p.n_tokens >= (i + 1) * BLOCK_TOKENS]
             priority = max(needed) if needed else min((p.priority for p in points), default=0)
             held = self._store.held_priority(key)
             if held is None or held < priority:
-                start = i * BLOCK_TOKENS
-                missing.append((key, tokens[start : start + BLOCK_TOKENS], split.block(i), priority))
+                missing.append((key, blocks[i], split.block(i), priority))
         self._store.put_many(missing)  # queued together: one pack file for many blocks
         for point in points:
             prefix = tokens[: point.n_tokens]

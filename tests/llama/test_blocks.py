@@ -51,14 +51,24 @@ def test_a_capture_cut_into_blocks_and_records_assembles_back_byte_for_byte(make
 
 
 def _place_from_two_threads(assembly: Assembly, blocks: list[bytes]) -> None:
-    """Place `blocks` last first, alternately from two threads."""
+    """Place `blocks` last first, from two threads taking turns (one block each), so that which
+    thread places which block does not depend on how the machine schedules them."""
     import threading
 
     order = list(range(len(blocks)))[::-1]
-    threads = [
-        threading.Thread(target=lambda run: [assembly.place(i, blocks[i]) for i in run], args=(order[k::2],))
-        for k in range(2)
-    ]
+    turn = threading.Condition()
+    placed = [0]
+
+    def place(k: int) -> None:
+        for step in range(k, len(order), 2):
+            with turn:
+                turn.wait_for(lambda step=step: placed[0] == step, timeout=60)
+            assembly.place(order[step], blocks[order[step]])
+            with turn:
+                placed[0] += 1
+                turn.notify_all()
+
+    threads = [threading.Thread(target=place, args=(k,)) for k in range(2)]
     for thread in threads:
         thread.start()
     for thread in threads:

@@ -118,7 +118,12 @@ def cold_chat(cold_server: ServerProcess, question: str, **kwargs: Any):
 
 @pytest.fixture
 def server(tiny_model_path: Path, tmp_path: Path):
-    with running_server(tiny_model_path, tmp_path / "cache", tmp_path / "server.log") as running:
+    """One request at a time on the model's one context, which another scope's request takes: what
+    a scope asks again comes from the store. (With --parallel N a sequence keeps its scope's prompt:
+    tests/server/test_serve_parallel.py.)"""
+    with running_server(
+        tiny_model_path, tmp_path / "cache", tmp_path / "server.log", "--parallel", "1"
+    ) as running:
         yield running
 
 

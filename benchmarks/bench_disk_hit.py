@@ -61,7 +61,7 @@ def encode_format_2(snapshot: Snapshot, mac_secret: bytes | None) -> snapshot_fi
 def encode_format_1(snapshot: Snapshot, mac_secret: bytes | None) -> bytes:
     """The file snapcache 0.1.0 wrote: format 2's head with format 1's codec and digests."""
     parts = encode_format_2(snapshot, mac_secret).parts
-    prelude = snapshot_file._PRELUDE
+    prelude = snapshot_file.PRELUDE
     _, _, flags, length = prelude.unpack_from(parts[0])
     header = json.loads(bytes(parts[0][prelude.size : prelude.size + length]))
     payload = codec.compress_zstd_frame(snapshot.state, level=1, shuffle=True)

@@ -13,6 +13,9 @@ cells of each V element). What is not per shared block goes into the record of o
 `assemble` builds the blob of the first n_tokens back from the blocks and a record (or from blocks
 alone, on a model with one cache), straight into one buffer. The result is checked again like any
 blob before llama.cpp reads it (see `state.restore_sequence`).
+
+The module stays whole at about 400 lines: cutting a blob and assembling it back share one layout
+(`_Layout`), and keeping both sides of it in one place is what keeps them byte for byte inverse.
 """
 
 from __future__ import annotations

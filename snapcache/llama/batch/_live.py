@@ -45,10 +45,11 @@ class LivePrefixes:
         self._held: dict[int, Held] = {}
         self._uses = 0
 
-    def keep(self, seq_id: int, scope: str, tokens: TokenArray, floor: int) -> None:
-        """A request left `seq_id`, which holds `tokens` of its prompt for `scope`."""
+    def keep(self, seq_id: int, held: Held) -> None:
+        """A request left `seq_id`, which holds what `held` says."""
         self._uses += 1
-        self._held[seq_id] = Held(scope, tokens, floor, self._uses)
+        held.used = self._uses
+        self._held[seq_id] = held
 
     def forget(self, seq_id: int) -> None:
         """`seq_id` holds nothing to reuse any more (a request took it, or it was cleared)."""

@@ -60,12 +60,13 @@ class SequenceCache:
 
     def restore(
         self, context: SequenceContext, seq_id: int, tokens: TokenArray, scope: str, *, longer_than: int = 0
-    ) -> tuple[int, Source | None, bool]:
+    ) -> tuple[int, Source | None, int]:
         """Restore the longest stored prefix of `tokens` (short of its last token, which the request
         reads for its logits) into `seq_id` when it is longer than `longer_than` tokens: (its length,
-        the tier it came from, whether its window cache was padded), (0, None, False) otherwise."""
+        the tier it came from, the shortest length the sequence may be cut back to: one short of it
+        where the window cache was padded, else 0), (0, None, 0) otherwise."""
         if self.uncacheable is not None:
-            return 0, None, False
+            return 0, None, 0
         query = tokens[:-1]
         while len(query) > longer_than:
             found = self._states.find(
@@ -77,9 +78,9 @@ class SequenceCache:
             if n <= longer_than:
                 break
             if context.restore(seq_id, found.snapshot, window_padded=found.window_padded):
-                return n, found.source, found.window_padded
+                return n, found.source, n - 1 if found.window_padded else 0
             query = tokens[: n - 1]
-        return 0, None, False
+        return 0, None, 0
 
     def plan(self, tokens: TokenArray, reused: int, chat_prefix: TokenArray | None) -> list[RestorePoint]:
         """The restore points `tokens` should leave behind, past the `reused` ones, ascending."""

@@ -88,6 +88,11 @@ class _Slot:
     checkpoints: int = 0
     floor: int = 0  # the shortest length its sequence may be cut back to (see `Held`)
 
+    def held(self) -> Held:
+        """What the sequence holds of the prompt so far, as a later request may reuse it."""
+        prompt = self.request.prompt
+        return Held(self.request.scope, prompt[: min(self.n_past, len(prompt))], self.floor)
+
 
 class Scheduler:
     """Runs requests on `llm` in `n_seq` sequences of one context (see the module docstring).
@@ -283,11 +288,7 @@ class Scheduler:
             self._release(seq_id)
             request.finish("error", exc)
             return
-        running = {
-            other: Held(slot.request.scope, slot.request.prompt[: min(slot.n_past, len(slot.request.prompt))],
-                        slot.floor)
-            for other, slot in self._slots.items()
-        }
+        running = {other: slot.held() for other, slot in self._slots.items()}
         live_source, live, live_floor = self._live.longest(request.scope, tokens, seq_id, running)
         self._live.forget(seq_id)
         if live_source != seq_id:
@@ -295,17 +296,14 @@ class Scheduler:
         reused, source, floor = 0, None, 0
         cache = self._cache
         if cache is not None:
-            restored, tier, padded = cache.restore(context, seq_id, tokens, request.scope, longer_than=live)
-            if restored > 0:
-                reused, source, floor = restored, tier, restored - 1 if padded else 0
-            elif live_source == seq_id and context.last_position(seq_id) < 0:
+            reused, source, floor = cache.restore(context, seq_id, tokens, request.scope, longer_than=live)
+            if reused == 0 and live_source == seq_id and context.last_position(seq_id) < 0:
                 live = 0  # a refused restore cleared the sequence that held the live prefix
         if reused == 0 and live > 0:
             if self._live.take(live_source, seq_id, live):
                 reused, source, floor = live, "context", live_floor
             elif cache is not None:  # the live prefix could not be cut: the store's, however short
-                restored, tier, padded = cache.restore(context, seq_id, tokens, request.scope)
-                reused, source, floor = restored, tier, restored - 1 if padded else 0
+                reused, source, floor = cache.restore(context, seq_id, tokens, request.scope)
         if reused == 0:
             context.clear(seq_id)
         slot = _Slot(request, seq_id, sampler, self._admitted, reused, reused, floor=floor)
@@ -410,9 +408,7 @@ class Scheduler:
         if reason == "error":
             self._context.clear(slot.seq_id)
         else:
-            # The sequence keeps the prompt it read for the next request of the scope.
-            read = request.prompt[: min(slot.n_past, len(request.prompt))]
-            self._live.keep(slot.seq_id, request.scope, read, slot.floor)
+            self._live.keep(slot.seq_id, slot.held())  # for the next request of the scope
         slot.sampler.close()
         self._slots.pop(slot.seq_id, None)
         self._release(slot.seq_id)

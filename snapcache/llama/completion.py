@@ -19,7 +19,7 @@ from typing import TypeVar
 import llama_cpp
 
 from snapcache.errors import SnapcacheError
-from snapcache.key import BLOCK_TOKENS, SnapshotKey, TokenArray, as_token_array
+from snapcache.key import BLOCK_TOKENS, SnapshotKey, TokenArray
 from snapcache.llama.blocks import KIND_PREFIX, KIND_PROMPT_END
 from snapcache.llama.chat_prefix import SharedPrefix
 from snapcache.llama.checkpoints import CHECKPOINT_ALIGN, checkpoint_plan, final_point, ladder_points
@@ -28,6 +28,7 @@ from snapcache.llama.readiness import Readiness
 from snapcache.llama.reports import CompletionListener, CompletionReport, RestoreInfo
 from snapcache.llama.state import can_truncate
 from snapcache.llama.stored_states import RestorePoint
+from snapcache.prompt_tokens import PromptTokens
 
 __all__ = ["Completion", "CompletionCache", "LastPrompt"]
 
@@ -50,7 +51,7 @@ class Completion:
     saved_upto: int = 0  # the longest prefix of the context known to be stored or restored
     checkpoints: int = 0
     cacheable: bool = True  # False: llama.cpp would not continue a restored state exactly
-    prompt: TokenArray | None = None
+    prompt: PromptTokens | None = None  # validated once: its hashes serve the lookups and the saves
     deferred: list[RestorePoint] = field(default_factory=list)  # cut from the capture after it
     restore: RestoreInfo | None = None
     generated: int = 0
@@ -123,21 +124,22 @@ class CompletionCache:
     def prepare(self, prompt: Sequence[int], completion: Completion) -> None:
         """Load the longest cached prefix of `prompt` into the context, then read on to checkpoints."""
         llm = self._llm
-        tokens = as_token_array(prompt)
+        hashed = PromptTokens.of(prompt)
+        tokens = hashed.array
         n = len(tokens)
         if n == 0 or n >= int(llm.n_ctx()):
             return  # llama-cpp-python raises or handles these itself
         alignment = self._readiness.alignment
         started = time.perf_counter()
         reused, source = (
-            self._loader.load(tokens, completion.scope, alignment) if completion.cacheable else (0, None)
+            self._loader.load(hashed, completion.scope, alignment) if completion.cacheable else (0, None)
         )
         restore_seconds = time.perf_counter() - started
         _remember(self._last_prompts, completion.scope, LastPrompt(tokens, reused, time.time()))
         completion.saved_upto = reused
-        completion.prompt = tokens
+        completion.prompt = hashed
         if self._save and completion.cacheable:
-            self._read_to_checkpoints(completion, tokens, reused, alignment)
+            self._read_to_checkpoints(completion, hashed, reused, alignment)
         if completion.cacheable:
             self._loader.mark_read(n)  # generate reads the rest of the prompt next
         evaluated = n - min(reused, n - 1)
@@ -149,11 +151,12 @@ class CompletionCache:
             self._listener.restored(completion.scope, completion.restore)
 
     def _read_to_checkpoints(
-        self, completion: Completion, tokens: TokenArray, reused: int, alignment: int
+        self, completion: Completion, prompt: PromptTokens, reused: int, alignment: int
     ) -> None:
-        """Plan the restore points of `tokens`; on a model that cannot cut one capture into them, read
+        """Plan the restore points of `prompt`; on a model that cannot cut one capture into them, read
         on to each and save it there (the rest are saved by `finish`)."""
         llm = self._llm
+        tokens = prompt.array
         n = len(tokens)
         chat_prefix = completion.chat_prefix
         if chat_prefix is not None and chat_prefix.reached(tokens, reused, alignment):
@@ -181,8 +184,8 @@ class CompletionCache:
                 completion.deferred.append(restore_point)
             else:
                 llm.eval(tokens[int(llm.n_tokens) : point].tolist())
-                completion.checkpoints += self._loader.save(completion.scope, [restore_point])
-                self._superseding(completion, restore_point, tokens)
+                completion.checkpoints += self._loader.save(completion.scope, [restore_point], prompt=prompt)
+                self._superseding(completion, restore_point, prompt)
             completion.saved_upto = point
 
     def finish(self, completion: Completion) -> None:
@@ -208,7 +211,7 @@ class CompletionCache:
             read = 0 if prompt is None else len(prompt)
             if completion.deferred or read - completion.saved_upto >= BLOCK_TOKENS:
                 completion.checkpoints += self._loader.save(
-                    completion.scope, completion.deferred, blocks_upto=read
+                    completion.scope, completion.deferred, blocks_upto=read, prompt=prompt
                 )
             for point in completion.deferred:
                 self._superseding(completion, point, prompt)
@@ -217,20 +220,21 @@ class CompletionCache:
             n_held = int(self._llm.n_tokens)
             self._loader.save(completion.scope, [RestorePoint(n_held, self._priority, KIND_PROMPT_END)])
 
-    def _superseding(self, completion: Completion, point: RestorePoint, tokens: TokenArray | None) -> None:
+    def _superseding(self, completion: Completion, point: RestorePoint, prompt: PromptTokens | None) -> None:
         """A prompt end was stored: the end of the conversation's turn before it goes (see
         `StoredStates.supersede`)."""
-        if point.kind != KIND_PROMPT_END or tokens is None:
+        if point.kind != KIND_PROMPT_END or prompt is None:
             return
+        stored = prompt.head(point.n_tokens)
         states = self._loader.states
         scope = completion.scope
         for old in {self._last_prompt_end.get(scope), self._loader.restored_prompt_end} - {None}:
             assert old is not None
             try:
-                states.supersede(old, tokens[: point.n_tokens], point.priority)
+                states.supersede(old, stored, point.priority)
             except (SnapcacheError, OSError) as exc:
                 _log.debug("could not remove the previous turn's state: %s", exc)
-        key = SnapshotKey.for_tokens(self._loader.fingerprint, scope, tokens[: point.n_tokens])
+        key = prompt.key(self._loader.fingerprint, scope, point.n_tokens)
         _remember(self._last_prompt_end, scope, key)
 
 

@@ -29,6 +29,7 @@ from snapcache.llama.state import (
     truncate_sequence,
 )
 from snapcache.llama.stored_states import RestorePoint, StoredStates
+from snapcache.prompt_tokens import PromptTokens
 from snapcache.store import SnapshotStore
 
 __all__ = ["PrefixLoader", "Progress"]
@@ -68,7 +69,9 @@ class PrefixLoader:
     def fingerprint(self, value: str) -> None:
         self._states.fingerprint = value
 
-    def load(self, tokens: TokenArray, scope: str, alignment: int) -> tuple[int, Source | None]:
+    def load(
+        self, tokens: TokenArray | PromptTokens, scope: str, alignment: int
+    ) -> tuple[int, Source | None]:
         """Make the context hold the longest available prefix of `tokens`; return its length and source.
 
         The Llama's own context wins when it already holds at least as long a prefix that it read as
@@ -77,9 +80,11 @@ class PrefixLoader:
         """
         llm = self._llm
         self.restored_prompt_end = None
+        prompt = PromptTokens.of(tokens)
+        tokens = prompt.array
         live = self._reusable(tokens, scope, alignment)
         setattr(llm, _CONTEXT_SCOPE_ATTRIBUTE, (self.fingerprint, scope))
-        query = tokens
+        query = prompt
         held = int(llm.n_tokens)
         while live < len(query):
             found = self._states.find(
@@ -95,7 +100,7 @@ class PrefixLoader:
                 return 0, None  # empty: llama.cpp refused the state and the sequence was cleared
             # Refused before any byte reached llama.cpp (no room for it, say): the context is as it
             # was; a shorter prefix may still fit.
-            query = tokens[: found.snapshot.key.token_count - 1]
+            query = prompt.head(found.snapshot.key.token_count - 1)
         if live < int(llm.n_tokens) and not truncate_sequence(llm, live):
             truncate_sequence(llm, 0)  # _reusable_context said it could; llama.cpp disagreed
             live = 0
@@ -117,19 +122,33 @@ class PrefixLoader:
         cut = align_down(common_prefix(np.asarray(llm.input_ids[:read]), tokens), alignment)
         return cut if can_truncate_to(llm, cut) else 0
 
-    def save(self, scope: str, points: list[RestorePoint], *, blocks_upto: int = 0) -> int:
+    def save(
+        self,
+        scope: str,
+        points: list[RestorePoint],
+        *,
+        blocks_upto: int = 0,
+        prompt: PromptTokens | None = None,
+    ) -> int:
         """Capture the context's state into the store for `points` (and its blocks up to
-        `blocks_upto` tokens); return how many points were stored, 0 (logged) when that fails."""
+        `blocks_upto` tokens); return how many points were stored, 0 (logged) when that fails.
+        `prompt`: tokens the context starts with (or that start with what it holds), whose hashes
+        are reused."""
         try:
-            captured = capture_sequence(self._llm)
-            return self._states.save(captured, scope, points, blocks_upto=blocks_upto)
+            held = int(self._llm.n_tokens)
+            if prompt is not None and held <= len(prompt):
+                prompt = prompt.head(held)  # the very tokens it holds: compared, not copied
+                captured = capture_sequence(self._llm, tokens=prompt.array)
+            else:
+                captured = capture_sequence(self._llm)
+            return self._states.save(captured, scope, points, blocks_upto=blocks_upto, prompt=prompt)
         except (SnapcacheError, OSError) as exc:
             _log.warning("could not save the state of %d tokens: %s", int(self._llm.n_tokens), exc)
             return 0
 
     def store_prefix(
         self,
-        tokens: TokenArray,
+        tokens: TokenArray | PromptTokens,
         scope: str,
         priority: int,
         alignment: int,
@@ -140,19 +159,22 @@ class PrefixLoader:
 
         `progress(done, total)` is called as tokens are read, ending with done == total.
         """
+        # Validated once: the lookups and the save below share its hashes and keys.
+        prompt = PromptTokens.of(tokens)
+        tokens = prompt.array
         total = len(tokens)
-        key = SnapshotKey.for_tokens(self.fingerprint, scope, tokens)
-        existing = self._states.complete(key)
+        key = prompt.key(self.fingerprint, scope)
+        existing = self._states.complete(key, prompt)
         if existing is not None:
             if existing.priority != priority:
-                self._states.raise_priority(key, priority)
+                self._states.raise_priority(key, priority, prompt)
             if progress is not None:
                 progress(total, total)
             state_bytes = memoryview(existing.state).nbytes
             return WarmResult(key, total, state_bytes, time.perf_counter() - started, True)
 
         llm = self._llm
-        self.load(tokens, scope, alignment)
+        self.load(prompt, scope, alignment)
         done = int(llm.n_tokens)
         if progress is not None:
             progress(done, total)
@@ -164,7 +186,7 @@ class PrefixLoader:
             if progress is not None:
                 progress(done, total)
         self.mark_read(total)
-        captured = capture_sequence(llm)
+        captured = capture_sequence(llm, tokens=tokens)
         point = RestorePoint(total, priority, KIND_PREFIX)
-        self._states.save(captured, scope, [point], blocks_upto=total)
+        self._states.save(captured, scope, [point], blocks_upto=total, prompt=prompt)
         return WarmResult(key, total, captured.state.nbytes, time.perf_counter() - started, False)

@@ -62,14 +62,23 @@ class CapturedState:
     logits: npt.NDArray[np.float32] | None
 
 
-def capture_sequence(llm: llama_cpp.Llama, seq_id: int = 0) -> CapturedState:
+def capture_sequence(
+    llm: llama_cpp.Llama, seq_id: int = 0, tokens: TokenArray | None = None
+) -> CapturedState:
     """Copy out the state of `seq_id`, keyed by the tokens the Llama evaluated (`input_ids[:n_tokens]`).
 
-    Raises InvalidArgument when nothing has been evaluated and ModelError when llama.cpp fails.
+    `tokens`: those very tokens, validated by the caller (see `as_token_array`): they key the capture
+    as they are, once compared with the context's, rather than a copy of `input_ids`. Raises
+    InvalidArgument when nothing has been evaluated and ModelError when llama.cpp fails or the
+    context does not hold `tokens`.
     """
     n_tokens = int(llm.n_tokens)
     if n_tokens < 1:
         raise InvalidArgument("nothing to capture: the Llama has not evaluated any tokens")
+    if tokens is not None:
+        tokens = as_token_array(tokens)
+        if len(tokens) != n_tokens or not np.array_equal(llm.input_ids[:n_tokens], tokens):
+            raise ModelError(f"the context does not hold the {len(tokens)} tokens a capture was asked for")
     memory = llama_cpp.llama_get_memory(llm.ctx)
     last_pos = int(llama_cpp.llama_memory_seq_pos_max(memory, seq_id))
     if last_pos != n_tokens - 1:
@@ -85,7 +94,8 @@ def capture_sequence(llm: llama_cpp.Llama, seq_id: int = 0) -> CapturedState:
     del target  # releases its export of `buffer`
     if written <= 0 or written > size:
         raise ModelError(f"llama.cpp failed to copy the state of sequence {seq_id}")
-    tokens = as_token_array(llm.input_ids[:n_tokens])
+    if tokens is None:
+        tokens = as_token_array(llm.input_ids[:n_tokens])
     return CapturedState(tokens=tokens, state=memoryview(buffer)[:written], logits=_last_logits(llm))
 
 

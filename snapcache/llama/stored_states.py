@@ -20,10 +20,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from snapcache.errors import SnapcacheError
-from snapcache.key import BLOCK_TOKENS, SnapshotKey, TokenArray, block_keys, block_scope, chain_hashes
+from snapcache.key import BLOCK_TOKENS, SnapshotKey, TokenArray, block_keys
 from snapcache.llama.blocks import Assembly, Record, is_record, pads_window, read_record, split_state
 from snapcache.llama.reports import Source
 from snapcache.llama.state import CapturedState
+from snapcache.prompt_tokens import PromptTokens
 from snapcache.snapshot import Snapshot
 from snapcache.store import SnapshotStore
 from snapcache.tier import TierName, slowest
@@ -74,21 +75,25 @@ class StoredStates:
         points: Sequence[RestorePoint],
         *,
         blocks_upto: int = 0,
+        prompt: PromptTokens | None = None,
     ) -> int:
         """Store `captured` for each restore point (at most its length) and its blocks up to
         `blocks_upto` tokens at least; return how many points were stored.
 
         A capture that cannot be cut is stored whole, for the point at its own length only; so is
         one of fewer tokens than a block. A point before the first block's end is not stored: a
-        record needs a block, and the state of those tokens alone was never captured.
+        record needs a block, and the state of those tokens alone was never captured. `prompt`:
+        tokens the capture's tokens start with (or are), whose hashes and keys are taken rather
+        than computed again.
         """
-        tokens, n = captured.tokens, len(captured.tokens)
+        prompt = PromptTokens.of(captured.tokens) if prompt is None else prompt.extended(captured.tokens)
+        tokens, n = prompt.array, len(prompt)
         points = [p for p in points if 0 < p.n_tokens <= n]
         split = split_state(captured.state)
         if split is None or n < BLOCK_TOKENS:
             whole = [p for p in points if p.n_tokens == n]
             for point in whole:
-                key = SnapshotKey.for_tokens(self.fingerprint, scope, tokens)
+                key = prompt.key(self.fingerprint, scope)
                 self._store.put(key, tokens, captured.state, point.priority, captured.logits)
             return len(whole)
         points = [p for p in points if p.n_tokens >= BLOCK_TOKENS]
@@ -96,35 +101,31 @@ class StoredStates:
             points = [p for p in points if p.n_tokens == n]  # window caches hold only their own point
         n_blocks = max([p.n_tokens for p in points] + [min(blocks_upto, n)]) // BLOCK_TOKENS
         # The keys of these very slices: a put checks each key against its slice without a hash.
-        blocks = [tokens[i * BLOCK_TOKENS : (i + 1) * BLOCK_TOKENS] for i in range(n_blocks)]
-        chains = chain_hashes(tokens, n_blocks)
-        keys = [
-            SnapshotKey.for_tokens(self.fingerprint, block_scope(scope, chain), block)
-            for chain, block in zip(chains, blocks, strict=True)
-        ]
+        keys = prompt.block_keys(self.fingerprint, scope, n_blocks)
         missing = []
         for i, key in enumerate(keys):
             needed = [p.priority for p in points if p.n_tokens >= (i + 1) * BLOCK_TOKENS]
             priority = max(needed) if needed else min((p.priority for p in points), default=0)
             held = self._store.held_priority(key)
             if held is None or held < priority:
-                missing.append((key, blocks[i], split.block(i), priority))
+                missing.append((key, prompt.block(i), split.block(i), priority))
         self._store.put_many(missing)  # queued together: one pack file for many blocks
         for point in points:
-            prefix = tokens[: point.n_tokens]
-            key = SnapshotKey.for_tokens(self.fingerprint, scope, prefix)
+            prefix = prompt.prefix(point.n_tokens)
+            key = prompt.key(self.fingerprint, scope, point.n_tokens)
             logits = captured.logits if point.n_tokens == n else None
             self._store.put(key, prefix, split.record(point.n_tokens, point.kind), point.priority, logits)
         return len(points)
 
-    def raise_priority(self, key: SnapshotKey, priority: int) -> None:
-        """Store the record (or whole state) under `key` and every block it needs at `priority`."""
+    def raise_priority(self, key: SnapshotKey, priority: int, prompt: PromptTokens | None = None) -> None:
+        """Store the record (or whole state) under `key` and every block it needs at `priority`.
+        `prompt`: tokens that start with the key's (their block keys are reused)."""
         snapshot = self._store.get(key)
         if snapshot is None:
             return
         if is_record(snapshot.state):
             record = read_record(snapshot.state)
-            keys = block_keys(self.fingerprint, key.scope, snapshot.tokens, record.n_blocks)
+            keys = self._block_keys(snapshot, record.n_blocks, prompt)
             for block_key in keys:
                 found = self._store.get_block(block_key)
                 if found is not None and found[0].priority < priority:
@@ -132,12 +133,12 @@ class StoredStates:
                     self._store.put(block_key, block.tokens, block.state, priority)
         self._store.put(key, snapshot.tokens, snapshot.state, priority, snapshot.logits)
 
-    def supersede(self, old: SnapshotKey, new_tokens: TokenArray, priority: int) -> bool:
+    def supersede(self, old: SnapshotKey, new_tokens: TokenArray | PromptTokens, priority: int) -> bool:
         """Remove the prompt-end record `old` now that a later turn of the same conversation stored
         one after `new_tokens`: only when its tokens start them and its priority is at most `priority`."""
         if old.token_count >= len(new_tokens):
             return False
-        if SnapshotKey.for_tokens(self.fingerprint, old.scope, new_tokens[: old.token_count]) != old:
+        if PromptTokens.of(new_tokens).key(self.fingerprint, old.scope, old.token_count) != old:
             return False
         held = self._store.held_priority(old)
         if held is None or held > priority:
@@ -146,17 +147,18 @@ class StoredStates:
 
     # -- finding ------------------------------------------------------------------------------------
 
-    def complete(self, key: SnapshotKey) -> Snapshot | None:
+    def complete(self, key: SnapshotKey, prompt: PromptTokens | None = None) -> Snapshot | None:
         """The snapshot under `key`, assembled from its record and blocks (or stored whole); None when
-        absent or when a block it needs is missing."""
+        absent or when a block it needs is missing. `prompt`: tokens that start with the key's
+        (their block keys are reused)."""
         snapshot = self._store.get(key)
         if snapshot is None:
             return None
-        found = self._from_record(snapshot, "ram")
+        found = self._from_record(snapshot, "ram", prompt=prompt)
         return None if found is None else found.snapshot
 
     def find(
-        self, tokens: TokenArray, scope: str, *, blocks_alone: bool, pad_windows: bool = False
+        self, tokens: TokenArray | PromptTokens, scope: str, *, blocks_alone: bool, pad_windows: bool = False
     ) -> Found | None:
         """The longest prefix of `tokens` this store can restore, assembled; None on a miss.
 
@@ -164,8 +166,9 @@ class StoredStates:
         Blocks never cover the prompt's last token, which a completion must read itself.
         `pad_windows`: assemble a sliding-window cache padded (see `blocks.assemble`).
         """
+        prompt = PromptTokens.of(tokens)
         best: Found | None = None
-        query = tokens
+        query = prompt.array
         for _attempt in range(_RECORD_ATTEMPTS):  # a record whose blocks fail: a shorter one next
             try:
                 found = self._store.lookup_with_tier(self.fingerprint, scope, query)
@@ -175,16 +178,17 @@ class StoredStates:
             if found is None:
                 break
             snapshot, tier = found
-            best = self._from_record(snapshot, tier, pad_windows)
+            # The store confirmed its tokens start the prompt: the prompt's block keys are theirs.
+            best = self._from_record(snapshot, tier, pad_windows, prompt)
             if best is not None or snapshot.key.token_count <= 1:
                 break
-            query = tokens[: snapshot.key.token_count - 1]
+            query = prompt.prefix(snapshot.key.token_count - 1)
         if blocks_alone:
-            limit = (len(tokens) - 1) // BLOCK_TOKENS
+            limit = (len(prompt) - 1) // BLOCK_TOKENS
             longest = 0 if best is None else best.snapshot.key.token_count
             if limit * BLOCK_TOKENS > longest:
                 try:
-                    from_blocks = self._from_blocks(tokens, scope, limit, longest)
+                    from_blocks = self._from_blocks(prompt, scope, limit, longest)
                 except (SnapcacheError, OSError) as exc:
                     _log.warning("block lookup failed: %s", exc)
                     from_blocks = None
@@ -192,7 +196,13 @@ class StoredStates:
                     best = from_blocks
         return best
 
-    def _from_record(self, snapshot: Snapshot, tier: TierName, pad_windows: bool = False) -> Found | None:
+    def _from_record(
+        self,
+        snapshot: Snapshot,
+        tier: TierName,
+        pad_windows: bool = False,
+        prompt: PromptTokens | None = None,
+    ) -> Found | None:
         if not is_record(snapshot.state):
             return Found(snapshot, tier, None, None)  # a whole state
         try:
@@ -202,7 +212,7 @@ class StoredStates:
         except ValueError as exc:
             _log.warning("record %s is malformed, ignored: %s", snapshot.key.id[:12], exc)
             return None
-        keys = block_keys(self.fingerprint, snapshot.key.scope, snapshot.tokens, record.n_blocks)
+        keys = self._block_keys(snapshot, record.n_blocks, prompt)
         padded = pad_windows and pads_window(record)
         state, served = self._assemble(keys, record, padded)
         if state is None:
@@ -213,8 +223,17 @@ class StoredStates:
         restored = Snapshot(snapshot.key, snapshot.tokens, state, snapshot.logits, snapshot.priority)
         return Found(restored, source, snapshot.key, record.kind, padded)
 
-    def _from_blocks(self, tokens: TokenArray, scope: str, limit: int, longer_than: int) -> Found | None:
-        keys = block_keys(self.fingerprint, scope, tokens, limit)
+    def _block_keys(
+        self, snapshot: Snapshot, n_blocks: int, prompt: PromptTokens | None
+    ) -> list[SnapshotKey]:
+        """The keys of the first `n_blocks` blocks of `snapshot`; from `prompt` when given (its tokens
+        start with the snapshot's)."""
+        if prompt is not None and len(prompt) >= snapshot.key.token_count:
+            return prompt.block_keys(self.fingerprint, snapshot.key.scope, n_blocks)
+        return block_keys(self.fingerprint, snapshot.key.scope, snapshot.tokens, n_blocks)
+
+    def _from_blocks(self, prompt: PromptTokens, scope: str, limit: int, longer_than: int) -> Found | None:
+        keys = prompt.block_keys(self.fingerprint, scope, limit)
         run = 0
         for key in keys:
             if self._store.held_priority(key) is None:
@@ -229,8 +248,8 @@ class StoredStates:
             state, served = self._assemble(keys[:run], None)
         if state is None:
             return None
-        prefix = tokens[: run * BLOCK_TOKENS]
-        key = SnapshotKey.for_tokens(self.fingerprint, scope, prefix)
+        prefix = prompt.prefix(run * BLOCK_TOKENS)
+        key = prompt.key(self.fingerprint, scope, run * BLOCK_TOKENS)
         return Found(Snapshot(key, prefix, state), slowest(served, "ram"), None, None)
 
     def _assemble(

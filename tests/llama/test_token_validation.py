@@ -13,7 +13,8 @@ from chat_support import DOCUMENT
 
 import snapcache.key as key_module
 from snapcache.errors import InvalidArgument
-from snapcache.key import SnapshotKey, as_token_array
+from snapcache.key import BLOCK_TOKENS, SnapshotKey, as_token_array, block_keys, chain_hashes
+from snapcache.prompt_tokens import PromptTokens
 
 
 def test_a_validated_array_comes_back_unchanged():
@@ -56,8 +57,65 @@ def test_a_key_remembers_its_tokens_without_changing_what_it_is():
     assert again.matches(as_token_array(range(10)))
 
 
+def test_prompt_tokens_hash_each_prefix_and_block_once():
+    tokens = as_token_array(range(3 * BLOCK_TOKENS + 5))
+    prompt = PromptTokens(tokens)
+    assert PromptTokens.of(prompt) is prompt
+    key = prompt.key("fp", "s", 100)
+    assert key == SnapshotKey.for_tokens("fp", "s", tokens[:100])
+    assert prompt.key("fp", "s", 100) is key
+    assert prompt.key("fp", "s") == SnapshotKey.for_tokens("fp", "s", tokens)
+    assert prompt.prefix(100) is prompt.prefix(100)
+    assert key.matches(prompt.prefix(100))
+    assert prompt.block_keys("fp", "s", 3) == block_keys("fp", "s", tokens, 3)
+    assert prompt.block_keys("fp", "s", 2) == block_keys("fp", "s", tokens, 2)
+    assert prompt.chain_hashes(3) == chain_hashes(tokens, 3)
+    with pytest.raises(InvalidArgument):
+        prompt.block_keys("fp", "s", 4)  # 197 tokens fill three blocks
+
+    # A head and an extension share what was hashed; the extension checks it starts the same way.
+    longer = prompt.extended(as_token_array([*tokens.tolist(), 7]))
+    assert longer.key("fp", "s", 100) is key
+    assert longer.block_keys("fp", "s", 3)[2] is prompt.block_keys("fp", "s", 3)[2]
+    other = prompt.extended(as_token_array([9, *tokens.tolist()]))
+    assert other.key("fp", "s", 100) != key
+    assert other.key("fp", "s", 100) == SnapshotKey.for_tokens("fp", "s", [9, *tokens.tolist()[:99]])
+    assert prompt.head(100).key("fp", "s") is key
+
+
+def test_prompt_tokens_refuse_an_array_someone_can_still_write():
+    mine = np.arange(5, dtype="<i4")
+    view = mine.view()
+    view.flags.writeable = False
+    for writable in (mine, view, [1, 2, 3]):
+        with pytest.raises(InvalidArgument):
+            PromptTokens(writable)
+    assert PromptTokens.of(mine).array is not mine  # `of` validates: a copy, frozen
+    assert not PromptTokens.of(mine).array.flags.writeable
+
+
+def test_prompt_tokens_hash_once(monkeypatch):
+    hashed: collections.Counter[bytes] = collections.Counter()
+    real_blake2b = hashlib.blake2b
+
+    class CountingHashlib:
+        def blake2b(self, data: Any = b"", **kwargs: Any) -> Any:
+            if kwargs.get("person") == b"snapcache.tok1":
+                hashed[bytes(data)] += 1
+            return real_blake2b(data, **kwargs)
+
+    monkeypatch.setattr(key_module, "hashlib", CountingHashlib())
+    prompt = PromptTokens(as_token_array(range(2 * BLOCK_TOKENS)))
+    for _ in range(3):
+        prompt.key("fp", "s")
+        prompt.key("fp", "other", 2 * BLOCK_TOKENS)
+        prompt.head(BLOCK_TOKENS).key("fp", "s")
+        prompt.block_keys("fp", "s", 2)
+    assert sum(hashed.values()) == 4  # two prefixes, two blocks
+
+
 @pytest.mark.model
-def test_warm_copies_the_tokens_once_and_hashes_each_prefix_at_most_twice(cached, monkeypatch):
+def test_warm_copies_the_tokens_once_and_hashes_each_prefix_once(cached, monkeypatch):
     copies: list[int] = []
     real_copy = key_module._frozen_copy
 
@@ -82,12 +140,20 @@ def test_warm_copies_the_tokens_once_and_hashes_each_prefix_at_most_twice(cached
     warmer.store.flush()
 
     assert warmed.token_count == len(tokens) > 10 * key_module.BLOCK_TOKENS
-    # The caller's list, then the context's own input ids once evaluated: every layer between them
-    # and after takes the validated array as it is.
-    assert copies == [len(tokens), len(tokens)]
-    # Once to look the prompt and its blocks up, once to key what was computed; the puts in RAM and
-    # on disk check those keys against the very arrays they were made from, without a hash.
+    # The caller's list only: the capture is keyed by that validated array, once compared with the
+    # context's own input ids.
+    assert copies == [len(tokens)]
+    # The prompt's PromptTokens keys the lookups and the save alike; the puts in RAM and on disk
+    # check those keys against the very arrays they were made from, without a hash.
     whole = np.asarray(tokens, dtype="<i4").tobytes()
-    assert hashed[whole] == 2
+    assert hashed[whole] == 1
     assert len(hashed) == 1 + len(tokens) // key_module.BLOCK_TOKENS
-    assert set(hashed.values()) == {2}
+    assert set(hashed.values()) == {1}
+
+    # The same keys as before: the stored entries are found under SnapshotKey.for_tokens.
+    fingerprint = warmed.key.model_fingerprint
+    assert warmed.key == SnapshotKey.for_tokens(fingerprint, "default", tokens)
+    stored = {row.key for row in warmer.store.entries(blocks=True)}
+    n_blocks = len(tokens) // key_module.BLOCK_TOKENS
+    assert set(block_keys(fingerprint, "default", as_token_array(tokens), n_blocks)) <= stored
+    assert warmed.key in stored

@@ -64,20 +64,20 @@ class PromptTokens:
         return self if length == len(self.array) else PromptTokens._sharing(self.prefix(length), self._memo)
 
     def extended(self, tokens: TokenArray) -> PromptTokens:
-        """PromptTokens of `tokens` (validated), sharing what was computed for these when `tokens`
-        start with them (compared, not hashed); on their own otherwise."""
-        if tokens is self.array:
-            return self
+        """PromptTokens of `tokens` (validated): when they start with these (compared, not hashed),
+        what either computes about these is computed once for both; on their own otherwise."""
         n = len(self.array)
-        if len(tokens) >= n and np.array_equal(tokens[:n], self.array):
-            return PromptTokens._sharing(tokens, self._memo.upto(n, tokens))
+        if tokens is self.array or (len(tokens) == n and np.array_equal(tokens, self.array)):
+            return self
+        if len(tokens) > n and np.array_equal(tokens[:n], self.array):
+            return PromptTokens._sharing(tokens, _Memo(tokens, self._memo, n))
         return PromptTokens.of(tokens)
 
     def prefix(self, length: int) -> TokenArray:
         """tokens[:length], the same array each time."""
         if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= len(self.array):
             raise InvalidArgument(f"a prefix of {len(self.array)} tokens, not {length!r}")
-        prefixes = self._memo.prefixes
+        prefixes = self._memo.owner(length).prefixes
         found = prefixes.get(length)
         if found is None:
             found = prefixes.setdefault(length, self.array[:length])
@@ -85,16 +85,24 @@ class PromptTokens:
 
     def prefix_hash(self, length: int) -> str:
         """prefix_hash(tokens[:length]), computed once."""
-        hashes = self._memo.hashes
+        prefix = self.prefix(length)
+        hashes = self._memo.owner(length).hashes
         found = hashes.get(length)
         if found is None:
-            found = hashes.setdefault(length, prefix_hash_of_array(self.prefix(length), length))
+            found = hashes.setdefault(length, prefix_hash_of_array(prefix, length))
         return found
+
+    def learn(self, key: SnapshotKey, tokens: TokenArray) -> None:
+        """Take the prefix hash of `key`, the key of `tokens` (a store checked them against it), for
+        the prefix of these of its length when `tokens` are that prefix (compared, not hashed)."""
+        n = key.token_count
+        if n <= len(self.array) and len(tokens) == n and np.array_equal(tokens, self.prefix(n)):
+            self._memo.owner(n).hashes.setdefault(n, key.prefix_hash)
 
     def key(self, model_fingerprint: str, scope: str, length: int | None = None) -> SnapshotKey:
         """SnapshotKey.for_tokens(model_fingerprint, scope, tokens[:length]) (all of them: None)."""
         n = len(self.array) if length is None else length
-        keys = self._memo.keys
+        keys = self._memo.owner(n).keys
         found = keys.get((model_fingerprint, scope, n))
         if found is None:
             found = SnapshotKey.for_hashed(model_fingerprint, scope, self.prefix(n), self.prefix_hash(n))
@@ -103,39 +111,42 @@ class PromptTokens:
 
     def block(self, index: int) -> TokenArray:
         """The tokens of block `index`, the same array each time."""
-        blocks = self._memo.blocks
+        self._check_blocks(index + 1)
+        blocks = self._memo.owner((index + 1) * BLOCK_TOKENS).blocks
         found = blocks.get(index)
         if found is None:
-            self._check_blocks(index + 1)
             found = blocks.setdefault(index, self.array[index * BLOCK_TOKENS : (index + 1) * BLOCK_TOKENS])
         return found
 
     def chain_hashes(self, n_blocks: int) -> list[str]:
         """chain_hashes(tokens, n_blocks), each chain hash computed once."""
         self._check_blocks(n_blocks)
-        memo = self._memo
-        if len(memo.chains) < n_blocks:
-            memo.chains = chain_hashes(self.array, n_blocks, memo.chains)
-        return memo.chains[:n_blocks]
+        chains: list[str] = []
+        for i in range(n_blocks):
+            known = self._memo.owner(i * BLOCK_TOKENS).chains
+            found = known.get(i)
+            if found is None:
+                found = known.setdefault(i, chain_hashes(self.array, i + 1, chains)[-1])
+            chains.append(found)
+        return chains
 
     def block_keys(self, model_fingerprint: str, scope: str, n_blocks: int) -> list[SnapshotKey]:
         """block_keys(model_fingerprint, scope, tokens, n_blocks), each key computed once."""
-        memo = self._memo
-        keys = memo.block_keys.get((model_fingerprint, scope), [])
-        if len(keys) < n_blocks:
-            chains = self.chain_hashes(n_blocks)
-            more = []
-            for i in range(len(keys), n_blocks):
+        keys: list[SnapshotKey] = []
+        chains: list[str] | None = None
+        for i in range(n_blocks):
+            known = self._memo.owner((i + 1) * BLOCK_TOKENS).block_keys
+            found = known.get((model_fingerprint, scope, i))
+            if found is None:
+                chains = chains or self.chain_hashes(n_blocks)
                 block = self.block(i)
                 block_hash = prefix_hash_of_array(block, BLOCK_TOKENS)
-                more.append(
-                    SnapshotKey.for_hashed(
-                        model_fingerprint, block_scope(scope, chains[i]), block, block_hash
-                    )
+                found = SnapshotKey.for_hashed(
+                    model_fingerprint, block_scope(scope, chains[i]), block, block_hash
                 )
-            keys = keys + more
-            memo.block_keys[(model_fingerprint, scope)] = keys
-        return keys[:n_blocks]
+                found = known.setdefault((model_fingerprint, scope, i), found)
+            keys.append(found)
+        return keys
 
     def _check_blocks(self, n_blocks: int) -> None:
         if n_blocks * BLOCK_TOKENS > len(self.array):
@@ -143,28 +154,25 @@ class PromptTokens:
 
 
 class _Memo:
-    """What PromptTokens computed, valid for every prefix of the longest tokens that share it: its
-    entries are keyed by length or block, never by the whole."""
+    """What PromptTokens computed, keyed by prefix length or block: valid for every PromptTokens that
+    starts with the longest tokens sharing it. An extension's memo passes what depends only on the
+    first `limit` tokens to the memo of the tokens it extends (`parent`)."""
 
-    __slots__ = ("block_keys", "blocks", "chains", "hashes", "keys", "prefixes")
+    __slots__ = ("block_keys", "blocks", "chains", "hashes", "keys", "limit", "parent", "prefixes")
 
-    def __init__(self, array: TokenArray) -> None:
+    def __init__(self, array: TokenArray, parent: _Memo | None = None, limit: int = 0) -> None:
+        self.parent = parent
+        self.limit = limit
         self.prefixes: dict[int, TokenArray] = {len(array): array}
         self.hashes: dict[int, str] = {}
         self.keys: dict[tuple[str, str, int], SnapshotKey] = {}
-        self.chains: list[str] = []
+        self.chains: dict[int, str] = {}
         self.blocks: dict[int, TokenArray] = {}
-        self.block_keys: dict[tuple[str, str], list[SnapshotKey]] = {}
+        self.block_keys: dict[tuple[str, str, int], SnapshotKey] = {}
 
-    def upto(self, length: int, array: TokenArray) -> _Memo:
-        """A memo for `array`, which starts with the first `length` tokens of these: what was
-        computed for them (other tokens may follow them here than in `array`)."""
-        memo = _Memo(array)
-        memo.prefixes.update((n, a) for n, a in self.prefixes.items() if n <= length)
-        memo.hashes = {n: h for n, h in self.hashes.items() if n <= length}
-        memo.keys = {k: key for k, key in self.keys.items() if k[2] <= length}
-        whole = length // BLOCK_TOKENS
-        memo.chains = self.chains[: whole + 1]
-        memo.blocks = {i: b for i, b in self.blocks.items() if i < whole}
-        memo.block_keys = {k: keys[:whole] for k, keys in self.block_keys.items()}
+    def owner(self, covers: int) -> _Memo:
+        """The memo that keeps what depends on the first `covers` tokens."""
+        memo = self
+        while memo.parent is not None and covers <= memo.limit:
+            memo = memo.parent
         return memo

@@ -178,6 +178,7 @@ class StoredStates:
             if found is None:
                 break
             snapshot, tier = found
+            prompt.learn(snapshot.key, snapshot.tokens)  # the store hashed that prefix already
             # The store confirmed its tokens start the prompt: the prompt's block keys are theirs.
             best = self._from_record(snapshot, tier, pad_windows, prompt)
             if best is not None or snapshot.key.token_count <= 1:

@@ -77,6 +77,13 @@ def test_prompt_tokens_hash_each_prefix_and_block_once():
     longer = prompt.extended(as_token_array([*tokens.tolist(), 7]))
     assert longer.key("fp", "s", 100) is key
     assert longer.block_keys("fp", "s", 3)[2] is prompt.block_keys("fp", "s", 3)[2]
+    assert longer.key("fp", "s", 150) is prompt.key("fp", "s", 150)  # shared both ways
+    assert longer.key("fp", "s") == SnapshotKey.for_tokens("fp", "s", [*tokens.tolist(), 7])
+    # A head extended otherwise than the tokens it came from shares only what they have in common.
+    fork = prompt.head(100).extended(as_token_array([*tokens.tolist()[:100], 5, 5, 5]))
+    assert fork.key("fp", "s", 100) is key
+    assert fork.key("fp", "s", 102) != prompt.key("fp", "s", 102)
+    assert prompt.key("fp", "s", 102) == SnapshotKey.for_tokens("fp", "s", tokens[:102])
     other = prompt.extended(as_token_array([9, *tokens.tolist()]))
     assert other.key("fp", "s", 100) != key
     assert other.key("fp", "s", 100) == SnapshotKey.for_tokens("fp", "s", [9, *tokens.tolist()[:99]])
@@ -112,6 +119,18 @@ def test_prompt_tokens_hash_once(monkeypatch):
         prompt.head(BLOCK_TOKENS).key("fp", "s")
         prompt.block_keys("fp", "s", 2)
     assert sum(hashed.values()) == 4  # two prefixes, two blocks
+
+    # A hash the store already checked is taken when its tokens are the prefix, never otherwise.
+    known = SnapshotKey.for_tokens("fp", "s", range(100))
+    other = SnapshotKey.for_tokens("fp", "s", range(1, 101))
+    hashed.clear()
+    fresh = PromptTokens(as_token_array(range(2 * BLOCK_TOKENS)))
+    fresh.learn(known, as_token_array(range(100)))
+    fresh.learn(other, as_token_array(range(1, 101)))
+    assert fresh.key("fp", "s", 100) == known
+    assert sum(hashed.values()) == 0
+    fresh.learn(other, as_token_array(range(1, 102)))
+    assert fresh.key("fp", "s", 101) == SnapshotKey.for_tokens("fp", "s", range(101))
 
 
 @pytest.mark.model

@@ -176,3 +176,26 @@ def test_warm_copies_the_tokens_once_and_hashes_each_prefix_once(cached, monkeyp
     n_blocks = len(tokens) // key_module.BLOCK_TOKENS
     assert set(block_keys(fingerprint, "default", as_token_array(tokens), n_blocks)) <= stored
     assert warmed.key in stored
+
+
+@pytest.mark.model
+def test_a_completion_hashes_each_prefix_once(cached, monkeypatch):
+    hashed: collections.Counter[bytes] = collections.Counter()
+    real_blake2b = hashlib.blake2b
+
+    class CountingHashlib:
+        def blake2b(self, data: Any = b"", **kwargs: Any) -> Any:
+            if kwargs.get("person") == b"snapcache.tok1":
+                hashed[bytes(data)] += 1
+            return real_blake2b(data, **kwargs)
+
+    llm = cached()
+    llm.warm(llm.llm.tokenize(DOCUMENT.encode()))
+    llm.store.flush()
+    monkeypatch.setattr(key_module, "hashlib", CountingHashlib())
+    # Restores the warmed prefix, then saves the prompt's end and its new blocks.
+    llm.create_completion(DOCUMENT * 2 + " And more.", max_tokens=4, temperature=0.0)
+    llm.store.flush()
+    assert hashed
+    assert set(hashed.values()) == {1}
+    assert llm.explain().restored_tokens > 0

@@ -31,13 +31,13 @@ class PromptTokens:
     hashes. `head` and `extended` share what was computed with tokens that start the same way.
     """
 
-    __slots__ = ("_memo", "array")
+    __slots__ = ("_array", "_memo")
 
     def __init__(self, tokens: TokenArray) -> None:
         if not isinstance(tokens, np.ndarray) or not is_frozen_token_array(tokens):
             raise InvalidArgument("PromptTokens takes a read-only token array made by as_token_array")
-        self.array: TokenArray = as_token_array(tokens)  # checks the ids; never copies a frozen array
-        self._memo = _Memo(self.array)
+        self._array = as_token_array(tokens)  # checks the ids; never copies a frozen array
+        self._memo = _Memo(self._array)
 
     @classmethod
     def of(cls, tokens: PromptTokens | Tokens | Iterable[int]) -> PromptTokens:
@@ -49,9 +49,14 @@ class PromptTokens:
     @classmethod
     def _sharing(cls, array: TokenArray, memo: _Memo | None) -> PromptTokens:
         made = cls.__new__(cls)
-        made.array = array
+        made._array = array
         made._memo = _Memo(array) if memo is None else memo
         return made
+
+    @property
+    def array(self) -> TokenArray:
+        """The tokens: a read-only array nothing can change."""
+        return self._array
 
     def __len__(self) -> int:
         return len(self.array)

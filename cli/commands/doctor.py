@@ -20,6 +20,7 @@ from ..formatting import format_size, render_pairs
 from ..settings import Settings, settings_of
 
 if TYPE_CHECKING:
+    from snapcache.llama.cxx_runtime import LibraryLinkage
     from snapcache.store import DirectoryReport
 
 Status = Literal["ok", "warn", "fail"]
@@ -74,6 +75,7 @@ def doctor(
         _model_check(),
         _gpu_check(info["llama_cpp"]),
         amx_check(info["llama_cpp"]["system_info"]),
+        cxx_runtime_check(info["llama_cpp"]),
     ]
     failed = any(c.status == "fail" for c in checks)
     if as_json:
@@ -295,3 +297,29 @@ def amx_check(system_info: str, cpu_flags: frozenset[str] | None = None) -> Chec
     if condition.compiled:
         return Check("AMX kernels", "ok", "compiled in, unused: this CPU has no AMX")
     return Check("AMX kernels", "ok", "not compiled in")
+
+
+def cxx_runtime_check(llama: dict[str, Any], libraries: list[LibraryLinkage] | None = None) -> Check:
+    """Whether a llama.cpp library exports its own C++ runtime's `__once_proxy`, which crashes GPU decodes."""
+    from snapcache.llama import cxx_runtime
+
+    try:
+        found = cxx_runtime.installed_libraries() if libraries is None else libraries
+        exporting = [lib.path.name for lib in found if lib.exports_once_proxy]
+        fix = cxx_runtime.rebuild_command(llama["system_info"]) if exporting else ""
+    except (OSError, ValueError) as exc:
+        return Check("C++ runtime", "warn", f"could not read llama.cpp's libraries: {exc}")
+    if exporting:
+        # Only GPU processes were seen to crash: cuBLAS and NCCL bring the system's libstdc++ in.
+        return Check(
+            "C++ runtime",
+            "fail" if llama["gpu_offload"] else "warn",
+            f"the C++ runtime linked into {', '.join(exporting)} is exported (std::call_once's "
+            "__once_proxy); with a library that loads libstdc++.so.6 (cuBLAS, blosc2's ndindex) the first "
+            f"GPU decode segfaults. Fix: {fix}",
+        )
+    if not found:
+        return Check("C++ runtime", "ok", "not checked: no ELF libraries in llama_cpp/lib")
+    if any(lib.shared_runtime for lib in found):
+        return Check("C++ runtime", "ok", "llama.cpp uses the shared C++ runtime")
+    return Check("C++ runtime", "ok", "llama.cpp keeps its own C++ runtime to itself")

@@ -315,9 +315,12 @@ def test_doctor_reports_llama_cpp_versions_and_the_cache_directory(snapcache_dir
     assert checks["free disk"]["detail"].endswith(("B", "KiB", "MiB", "GiB", "TiB"))
     assert checks["store"]["status"] == "ok"
     assert checks["default model"]["status"] in {"ok", "warn"}
+    assert checks["C++ runtime"]["status"] in {"ok", "warn", "fail"}
+    assert checks["C++ runtime"]["detail"]
 
     text = invoke("doctor").stdout
     assert "llama.cpp system info:" in text
+    assert "] C++ runtime: " in text
     assert f"cache directory:        {snapcache_dir}" in text
 
 

@@ -271,3 +271,34 @@ def test_a_request_sharing_little_does_not_cut_down_a_held_prompt(
     assert again.restore is not None
     assert again.restore.source == "context"
     assert again.restore.restored_tokens >= len(llm.tokenize(SYSTEM.encode())) - 64 > 100
+
+
+def test_a_generation_step_decodes_its_sequences_in_sequence_order(
+    llm: llama_cpp.Llama, scheduler: Any
+) -> None:
+    """llama.cpp splits a batch over several KV streams into runs of increasing sequence ids, each
+    run reading the weights once: a step lists its sequences in that order, whatever order their
+    requests came in (here the reverse, each scope going back to the sequence holding its prompt)."""
+    scopes = ["a", "b", "c", "d"]
+    asks = prompts(llm, 4, SYSTEM)
+    s = scheduler(n_seq=4)
+    for scope, prompt in zip(scopes, asks, strict=True):
+        s.submit(prompt, GREEDY, scope=scope).result(60)
+    steps: list[list[int]] = []
+    real_decode = s._context.decode
+
+    def recording_decode(chunks: Any) -> Any:
+        if len(chunks) > 1:
+            steps.append([chunk.seq_id for chunk in chunks])
+        return real_decode(chunks)
+
+    s._context.decode = recording_decode
+    params = SamplingParams(temperature=0.0, max_tokens=12)
+    pairs = reversed(list(zip(scopes, asks, strict=True)))
+    later = [s.submit(prompt, params, scope=scope) for scope, prompt in pairs]
+    for request in later:
+        assert len(request.result(60)) > 0
+        assert request.restore is not None
+        assert request.restore.source == "context"
+    assert any(len(step) == 4 for step in steps)
+    assert all(step == sorted(step) for step in steps)

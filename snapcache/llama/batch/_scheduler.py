@@ -336,6 +336,9 @@ class Scheduler:
             self._read(min(reading, key=lambda s: s.order))
 
     def _generate(self, group: list[_Slot]) -> None:
+        # In sequence order: llama.cpp splits a batch over several KV streams into ubatches of
+        # consecutive, increasing sequence ids, and each ubatch reads every weight once.
+        group = sorted(group, key=lambda s: s.seq_id)
         chunks = [Chunk(s.seq_id, [s.next_token], s.n_past, True) for s in group]
         code, rows = self._context.decode(chunks)
         self.decode_calls += 1

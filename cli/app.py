@@ -16,7 +16,7 @@ import snapcache
 from .commands import bench, bundle, check, doctor, entries, serve, warm, why
 from .errors import CliError, describe
 from .formatting import parse_size
-from .settings import REMOTE_BUDGET_ENV, Settings
+from .settings import KV_CACHE_ENV, REMOTE_BUDGET_ENV, Settings
 
 DEBUG_ENV = "SNAPCACHE_DEBUG"
 
@@ -92,7 +92,8 @@ app = typer.Typer(
     cls=_CleanErrors,
     name="snapcache",
     help="Save and restore the llama.cpp state of prompts a local model has already read. "
-    "The global options (--cache-dir, --remote, --remote-budget, -v) may come before or after the command.",
+    "The global options (--cache-dir, --remote, --remote-budget, --kv-cache, -v) may come before or after "
+    "the command.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -138,6 +139,17 @@ def _global_options(
             show_default=False,
         ),
     ] = None,
+    kv_cache: Annotated[
+        str | None,
+        typer.Option(
+            "--kv-cache",
+            envvar=KV_CACHE_ENV,
+            help="The models' K/V cache: f16 (default), or q8_0 / q4_0 with flash attention (less memory, "
+            "faster generation, slower prompt reads). States are found only under the type they were "
+            "saved with: give warm and serve the same. Default: $SNAPCACHE_KV_CACHE, else f16.",
+            show_default=False,
+        ),
+    ] = None,
     version: Annotated[
         bool,
         typer.Option("--version", callback=_show_version, is_eager=True, help="Print the version and exit."),
@@ -151,7 +163,13 @@ def _global_options(
             budget = parse_size(remote_budget)
         except ValueError as exc:
             raise CliError(f"--remote-budget: {exc}") from None
-    ctx.obj = Settings(cache_dir=cache_dir, verbose=verbose, remote=remote, remote_budget=budget)
+    from snapcache.llama.loader import KV_CACHE_TYPES
+
+    if kv_cache is not None and kv_cache not in KV_CACHE_TYPES:
+        raise CliError(f"--kv-cache must be one of {', '.join(KV_CACHE_TYPES)}, got {kv_cache!r}")
+    ctx.obj = Settings(
+        cache_dir=cache_dir, verbose=verbose, remote=remote, remote_budget=budget, kv_cache=kv_cache
+    )
 
 
 class _EchoHandler(logging.Handler):

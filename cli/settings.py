@@ -1,5 +1,5 @@
-"""What the global options decide for every command: the cache directory, the remote tier and how
-chatty to be."""
+"""What the global options decide for every command: the cache directory, the remote tier, the
+models' K/V cache type and how chatty to be."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from snapcache import SnapshotStore
 
 REMOTE_BUDGET_ENV = "SNAPCACHE_REMOTE_BUDGET"
+KV_CACHE_ENV = "SNAPCACHE_KV_CACHE"
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +24,7 @@ class Settings:
     verbose: bool = False
     remote: str | None = None  # a redis:// URL; None: $SNAPCACHE_REMOTE, else no remote tier
     remote_budget: int | None = None  # bytes the remote tier may hold; None: the library's default
+    kv_cache: str | None = None  # the models' K/V cache type (`snapcache.llama.loader.KV_CACHE_TYPES`)
 
     def open_store(self) -> SnapshotStore:
         """The snapshot store in --cache-dir, else in the library's default directory.

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from tiny_model import write_tiny_llama
+from tiny_model import write_geometry_model, write_tiny_llama
 
 # llama.cpp's OpenMP threads spin while idle, one team per thread that decodes; the suite decodes on
 # several threads (servers' request threads, the scheduler's), and spinning idle teams slowed such
@@ -101,6 +101,14 @@ def snapcache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def tiny_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny llama model (seed 0) written once per test session."""
     return write_tiny_llama(tmp_path_factory.mktemp("models") / "tiny-llama-0.gguf", seed=0)
+
+
+@pytest.fixture(scope="session")
+def wide_heads_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small llama with 32-wide attention heads, which a quantized V cache needs (the tiny
+    model's are narrower): for `kv_cache="q8_0"` and flash attention."""
+    path = tmp_path_factory.mktemp("models") / "wide-heads.gguf"
+    return write_geometry_model(path, n_layers=2, n_head_kv=2, head_dim=32, n_embd=64, n_head=2, n_ff=128)
 
 
 @pytest.fixture(scope="session")

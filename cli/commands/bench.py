@@ -69,7 +69,9 @@ def bench(
     text = read_prompt(prompt_file)
     choice = choose_model(model)
     settings = settings_of(ctx)
-    llm = load_llama(choice, n_ctx=n_ctx, threads=threads, verbose=settings.verbose)
+    llm = load_llama(
+        choice, n_ctx=n_ctx, threads=threads, verbose=settings.verbose, kv_cache=settings.kv_cache
+    )
     try:
         check_fits(llm, text)
         with tempfile.TemporaryDirectory(prefix="snapcache-bench-") as directory:

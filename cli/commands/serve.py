@@ -148,7 +148,9 @@ def serve(
         else SnapshotStore(directory, ram_bytes=ram_bytes, disk_bytes=disk_bytes, **remote)
     )
     with store:
-        llm = load_llama(choice, n_ctx=n_ctx, threads=threads, verbose=settings.verbose)
+        llm = load_llama(
+            choice, n_ctx=n_ctx, threads=threads, verbose=settings.verbose, kv_cache=settings.kv_cache
+        )
         try:
             options = ServeOptions(
                 api_key=api_key or os.environ.get(API_KEY_ENV) or None,

@@ -100,7 +100,9 @@ def warm(
     from snapcache import CachedLlama
 
     with settings.open_store() as store:
-        llm = load_llama(choice, n_ctx=n_ctx, threads=threads, verbose=settings.verbose)
+        llm = load_llama(
+            choice, n_ctx=n_ctx, threads=threads, verbose=settings.verbose, kv_cache=settings.kv_cache
+        )
         try:
             check_fits(llm, text)
             cached = CachedLlama(llm, store, scope=scope, exact=not inexact)

@@ -38,7 +38,9 @@ def why(
     from snapcache import CachedLlama
 
     with settings.open_store() as store:
-        llm = load_llama(choice, n_ctx=n_ctx, threads=threads, verbose=settings.verbose)
+        llm = load_llama(
+            choice, n_ctx=n_ctx, threads=threads, verbose=settings.verbose, kv_cache=settings.kv_cache
+        )
         try:
             check_fits(llm, text)
             explanation = CachedLlama(llm, store, scope=scope, save=False).explain_prompt(text, raw=raw)

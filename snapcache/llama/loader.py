@@ -28,6 +28,7 @@ from snapcache.llama.chat_templates import fallback_chat_handler
 
 __all__ = [
     "DEFAULT_N_CTX",
+    "KV_CACHE_TYPES",
     "LLAMA_CPP_LOGGER",
     "check_gguf_file",
     "load_llama",
@@ -38,6 +39,15 @@ __all__ = [
 DEFAULT_N_CTX = 4096
 LLAMA_CPP_LOGGER = "snapcache.llama_cpp"
 _GGUF_MAGIC = b"GGUF"
+# `kv_cache` names: the K/V cache's type, and whether flash attention is on (llama.cpp needs it for a
+# quantized V cache). Each keeps a restored state exact (`support`): flash attention over an F16
+# cache does not, which is why F16 goes without it.
+KV_CACHE_TYPES: dict[str, tuple[int, bool]] = {
+    "f16": (llama_cpp.GGML_TYPE_F16, False),
+    "q8_0": (llama_cpp.GGML_TYPE_Q8_0, True),
+    "q4_0": (llama_cpp.GGML_TYPE_Q4_0, True),
+}
+_KV_CACHE_KEYWORDS = ("type_k", "type_v", "flash_attn")
 _log = logging.getLogger("snapcache")
 
 # ggml's `enum ggml_log_level`; CONT continues the previous line at its level.
@@ -78,6 +88,7 @@ def load_llama(
     n_threads: int | None = None,
     verbose: bool = False,
     use_extra_bufts: bool | None = None,
+    kv_cache: str | None = None,
     **kwargs: Any,
 ) -> llama_cpp.Llama:
     """A `llama_cpp.Llama` of `model_path`, ready for chat; `ModelError` if it cannot be opened.
@@ -87,12 +98,17 @@ def load_llama(
     its family where snapcache knows one (Gemma 3), unless `chat_format` or `chat_handler` is given;
     a model with a template keeps llama-cpp-python's handling of it. `use_extra_bufts` is llama.cpp's
     model parameter (repacked and AMX weight buffers); by default it is on unless this llama.cpp has
-    AMX kernels that this CPU would run, which crash (`snapcache.llama.amx`).
+    AMX kernels that this CPU would run, which crash (`snapcache.llama.amx`). `kv_cache` (one of
+    `KV_CACHE_TYPES`; None: llama-cpp-python's F16 cache without flash attention) sets the K/V cache
+    type and flash attention together, to a pair whose restored states stay exact: "q8_0" and
+    "q4_0" halve and quarter the cache's memory and use flash attention, which generates faster on
+    the CPU but reads prompts slower (docs: choosing settings).
     """
     if not _is_int(n_ctx) or n_ctx < 0:
         raise InvalidArgument(f"n_ctx must be a non-negative int (0: the model's own), got {n_ctx!r}")
     if n_threads is not None and (not _is_int(n_threads) or n_threads < 1):
         raise InvalidArgument(f"n_threads must be a positive int, got {n_threads!r}")
+    kwargs.update(_kv_cache_settings(kv_cache, kwargs))
     path = check_gguf_file(model_path)
     threads = n_threads or usable_cores()
     kwargs.setdefault("n_threads_batch", threads)
@@ -117,6 +133,20 @@ def load_llama(
         if handler is not None:
             llm.chat_handler = handler
     return llm
+
+
+def _kv_cache_settings(kv_cache: str | None, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The `Llama` keywords `kv_cache` stands for; InvalidArgument for an unknown name, or one given
+    beside the keywords it sets."""
+    if kv_cache is None:
+        return {}
+    if kv_cache not in KV_CACHE_TYPES:
+        raise InvalidArgument(f"kv_cache must be one of {', '.join(KV_CACHE_TYPES)}, got {kv_cache!r}")
+    given = [name for name in _KV_CACHE_KEYWORDS if name in kwargs]
+    if given:
+        raise InvalidArgument(f"kv_cache sets {', '.join(given)}: pass one or the other")
+    cache_type, flash_attn = KV_CACHE_TYPES[kv_cache]
+    return {"type_k": cache_type, "type_v": cache_type, "flash_attn": flash_attn}
 
 
 def _is_int(value: object) -> bool:

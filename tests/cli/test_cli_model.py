@@ -216,3 +216,31 @@ def test_warm_inexact_keeps_its_snapshot_apart_from_exact_ones(tiny_model_path, 
     with_server = runner.invoke(app, [*base[:2], "--inexact", "--server", "http://127.0.0.1:9"])
     assert with_server.exit_code != 0
     assert "--inexact belong to the server" in with_server.output
+
+
+def test_kv_cache_keeps_its_snapshots_apart_and_every_command_finds_its_own(
+    wide_heads_model_path, short_prompt
+):
+    base = ["warm", str(short_prompt), "--model", str(wide_heads_model_path), "--n-ctx", "2048", "--json"]
+    quantized = runner.invoke(app, [*base, "--kv-cache", "q8_0"])  # a global option after the command
+    assert quantized.exit_code == 0, quantized.output
+    assert json.loads(quantized.stdout)["from_cache"] is False
+    again = runner.invoke(app, ["--kv-cache", "q8_0", *base])
+    assert again.exit_code == 0, again.output
+    assert json.loads(again.stdout)["from_cache"] is True
+    from_env = runner.invoke(app, base, env={"SNAPCACHE_KV_CACHE": "q8_0"})
+    assert from_env.exit_code == 0, from_env.output
+    assert json.loads(from_env.stdout)["key"] == json.loads(quantized.stdout)["key"]
+    assert json.loads(from_env.stdout)["from_cache"] is True
+    plain = runner.invoke(app, base)  # F16: another fingerprint, so the quantized state is not used
+    assert plain.exit_code == 0, plain.output
+    assert json.loads(plain.stdout)["from_cache"] is False
+    assert json.loads(plain.stdout)["key"] != json.loads(quantized.stdout)["key"]
+    assert len(listed()) == 2
+
+
+def test_an_unknown_kv_cache_is_one_line(wide_heads_model_path, short_prompt):
+    result = run_module("--kv-cache", "f32", "warm", str(short_prompt), "--model", str(wide_heads_model_path))
+    assert result.returncode != 0
+    message = result.stderr.decode().strip()
+    assert message == "snapcache: error: --kv-cache must be one of f16, q8_0, q4_0, got 'f32'"

@@ -234,3 +234,32 @@ def test_llama_cpp_log_goes_to_logging_only_when_asked(tiny_model_path):
     assert any(level == "INFO" and str(tiny_model_path) in text for level, text in first)
     assert any(str(tiny_model_path) in text for _, text in second)
     assert {level for level, _ in second} == {"DEBUG"}
+
+
+# -- the K/V cache ------------------------------------------------------------------------------------
+
+
+def test_kv_cache_sets_the_cache_type_and_flash_attention_together(wide_heads_model_path):
+    import llama_cpp
+
+    from snapcache.llama.support import unsupported_reason
+
+    disabled = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    for name, cache_type, flash_attn in [
+        ("q8_0", llama_cpp.GGML_TYPE_Q8_0, True),
+        ("q4_0", llama_cpp.GGML_TYPE_Q4_0, True),
+        ("f16", llama_cpp.GGML_TYPE_F16, False),
+    ]:
+        llm = load_llama(wide_heads_model_path, n_ctx=256, kv_cache=name)
+        params = llm.context_params
+        assert (params.type_k, params.type_v) == (cache_type, cache_type)
+        assert (params.flash_attn_type != disabled) is flash_attn
+        assert unsupported_reason(llm) is None  # every choice keeps restores exact
+        llm.close()
+
+
+def test_kv_cache_refuses_an_unknown_name_and_the_keywords_it_sets(wide_heads_model_path):
+    with pytest.raises(InvalidArgument, match="one of f16, q8_0, q4_0, got 'f32'"):
+        load_llama(wide_heads_model_path, n_ctx=256, kv_cache="f32")
+    with pytest.raises(InvalidArgument, match="kv_cache sets flash_attn"):
+        load_llama(wide_heads_model_path, n_ctx=256, kv_cache="q8_0", flash_attn=False)

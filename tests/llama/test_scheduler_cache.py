@@ -159,3 +159,26 @@ def test_requests_of_a_scheduler_with_one_sequence_restore_as_well(
     assert request.result(60) == solo(llm, prompt, SamplingParams(temperature=0.0, max_tokens=8))
     assert request.restore is not None
     assert request.restore.restored_tokens > 0
+
+
+@pytest.mark.parametrize("kv_cache", ["q8_0", "q4_0"])
+def test_a_quantized_cache_crosses_layouts_and_answers_as_cold(
+    make_llama: Any, wide_heads_model_path: Path, store: SnapshotStore, kv_cache: str
+) -> None:
+    """`load_llama(kv_cache=...)`'s flash attention over a quantized cache: a state warmed on the
+    Llama's own context serves a request in a sequence of the scheduler's, and the answer is cold's."""
+    from snapcache.llama.loader import KV_CACHE_TYPES
+
+    cache_type, _ = KV_CACHE_TYPES[kv_cache]
+    quantized = make_llama(
+        wide_heads_model_path, n_ctx=N_CTX, type_k=cache_type, type_v=cache_type, flash_attn=True
+    )
+    prompt = prompts(quantized, 3, SYSTEM)[2]
+    expected = solo(quantized, prompt)
+    CachedLlama(quantized, store).warm(list(quantized.tokenize(SYSTEM.encode())))
+    with Scheduler(quantized, store, n_seq=2, mode="exact") as s:
+        request = s.submit(prompt, GREEDY)
+        assert request.result(60) == expected
+    assert request.restore is not None
+    assert request.restore.source == "ram"
+    assert request.restore.restored_tokens >= 64

@@ -90,6 +90,14 @@ class Warmer:
     ) -> WarmResult:
         priority = validate_priority(priority)
         scope = self._scope_of(scope)
+        # States are saved only where reading on from them is a cold read (the split alignment).
+        alignment = self._readiness.alignment
+        if len(tokens) < alignment:
+            raise InvalidArgument(
+                f"nothing to warm: the prompt has {len(tokens)} tokens, and this model's states are "
+                f"saved at multiples of {alignment}"
+            )
+        tokens = tokens[: align_down(len(tokens), alignment)]
         total = len(tokens)
         n_ctx = int(self._llm.n_ctx())
         if total >= n_ctx:
@@ -97,7 +105,6 @@ class Warmer:
                 f"the prompt has {total} tokens, but this Llama's context holds {n_ctx} "
                 f"(and needs room for one more): create the Llama with n_ctx > {total}"
             )
-        alignment = self._readiness.alignment
         return self._loader.store_prefix(tokens, scope, priority, alignment, progress, started)
 
     def _system_tokens(self, head: list[Mapping[str, Any]]) -> TokenArray:

@@ -77,15 +77,16 @@ def test_restore_then_suffix_matches_cold(cached, cold_runs):
 
 def test_prompt_exactly_as_long_as_snapshot(cached, cold_runs):
     warmer = cached()
-    # 641 tokens: a cold read leaves the last token alone in its block of rows, as a restore does.
+    # 641 tokens, warmed at the split alignment (640): the completion of exactly those tokens reads
+    # the last one alone after the restore, as a cold read leaves it alone in its block of rows.
     tokens = warmer.llm.tokenize(SYSTEM.encode())[:641]
-    warmer.warm(tokens)
+    assert warmer.warm(tokens).token_count == 640 == 641 - 641 % warmer.alignment
 
     fresh = cached()
     text = fresh.create_completion(tokens, **GREEDY)["choices"][0]["text"]
 
     info = fresh.last_restore
-    assert (info.restored_tokens, info.evaluated_tokens) == (641, 1)
+    assert (info.restored_tokens, info.evaluated_tokens) == (640, 1)
     assert (text, context_of(fresh.llm)) == cold_runs(tokens)
 
 
@@ -159,6 +160,24 @@ def test_warm_then_chat_hits_the_warmed_prefix(cached, cold_runs):
 
     assert (fresh.last_restore.restored_tokens, fresh.last_restore.source) == (warmed.token_count, "ram")
     assert (reply, context_of(fresh.llm)) == cold_runs(messages)
+
+
+def test_a_raw_warm_is_saved_where_reading_on_is_a_cold_read(cached, cold_runs):
+    """Raw tokens of any length are warmed at the model's split alignment, so a restore reads on
+    from a split where the reply is the cold one (a restore from an unaligned point is not: with a
+    Q4_0 cache and flash attention it changed Gemma's greedy reply)."""
+    warmer = cached()
+    tokens = list(warmer.llm.tokenize(SYSTEM.encode()))
+    length = len(tokens) - 40
+    assert length % warmer.alignment != 0
+    warmed = warmer.warm(tokens[:length])
+    assert warmed.token_count == length - length % warmer.alignment
+
+    prompt = tokens + list(warmer.llm.tokenize(b" Question: who comes first?", add_bos=False))
+    reader = cached()
+    text = reader.create_completion(prompt, **GREEDY)["choices"][0]["text"]
+    assert reader.last_restore.restored_tokens == warmed.token_count
+    assert (text, context_of(reader.llm)) == cold_runs(prompt)
 
 
 def _counting_long_tokenizations(llm: Any, shortest: int) -> list[int]:

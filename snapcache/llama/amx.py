@@ -27,7 +27,14 @@ import llama_cpp.llama_cpp as llama_cpp_bindings
 from snapcache.llama.build_flags import AMX_FLAGS, instruction_set_options, read_cpu_flags
 from snapcache.llama.fingerprint import llama_system_info
 
-__all__ = ["AmxCondition", "amx_condition", "loading_without_extra_buffers", "rebuild_command", "warn_once"]
+__all__ = [
+    "AmxCondition",
+    "amx_condition",
+    "loading_without_extra_buffers",
+    "pip_rebuild_command",
+    "rebuild_command",
+    "warn_once",
+]
 
 _log = logging.getLogger("snapcache")
 # llama.cpp's system info lists the CPU backend's compiled features: `CPU : SSE3 = 1 | ... | AMX_INT8 = 1 |`.
@@ -62,13 +69,18 @@ def rebuild_command(cpu_flags: frozenset[str] | None = None) -> str:
     """The pip command that rebuilds this llama-cpp-python without AMX, keeping the CPU's other kernels."""
     flags = read_cpu_flags() if cpu_flags is None else cpu_flags
     # The AMX options are left unnamed: with GGML_NATIVE off they default to off.
-    options = instruction_set_options(flags)
+    return pip_rebuild_command(instruction_set_options(flags))
+
+
+def pip_rebuild_command(cmake_options: list[str]) -> str:
+    """The pip command that rebuilds the installed llama-cpp-python with `cmake_options` (pip's wheel
+    cache ignores CMAKE_ARGS, hence --no-cache-dir)."""
     try:
         version = metadata.version("llama-cpp-python")
     except metadata.PackageNotFoundError:
         version = llama_cpp.__version__
     return (
-        f'CMAKE_ARGS="{" ".join(options)}" pip install --force-reinstall --no-deps --no-cache-dir '
+        f'CMAKE_ARGS="{" ".join(cmake_options)}" pip install --force-reinstall --no-deps --no-cache-dir '
         f"llama-cpp-python=={version}"
     )
 

@@ -15,12 +15,12 @@ import re
 import struct
 import sys
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import BinaryIO
 
 import llama_cpp
 
+from snapcache.llama.amx import pip_rebuild_command
 from snapcache.llama.build_flags import has_amx, instruction_set_options, read_cpu_flags
 from snapcache.llama.fingerprint import llama_system_info
 
@@ -122,14 +122,7 @@ def rebuild_command(system_info: str | None = None, cpu_flags: frozenset[str] | 
     if has_amx(flags):
         options += instruction_set_options(flags)
     options.append(EXCLUDE_LIBS)
-    try:
-        version = metadata.version("llama-cpp-python")
-    except metadata.PackageNotFoundError:
-        version = llama_cpp.__version__
-    return (
-        f'CMAKE_ARGS="{" ".join(options)}" pip install --force-reinstall --no-deps --no-cache-dir '
-        f"llama-cpp-python=={version}"
-    )
+    return pip_rebuild_command(options)
 
 
 def _linkage(path: Path, file: BinaryIO) -> LibraryLinkage | None:

@@ -17,6 +17,18 @@ from snapcache.key import BLOCK_TOKENS, SnapshotKey, as_token_array, block_keys,
 from snapcache.prompt_tokens import PromptTokens
 
 
+class _CountingHashlib:
+    """`hashlib` for key.py that counts the token prefixes it hashes (by their bytes) in `hashed`."""
+
+    def __init__(self, hashed: collections.Counter[bytes]) -> None:
+        self._hashed = hashed
+
+    def blake2b(self, data: Any = b"", **kwargs: Any) -> Any:
+        if kwargs.get("person") == b"snapcache.tok1":
+            self._hashed[bytes(data)] += 1
+        return hashlib.blake2b(data, **kwargs)
+
+
 def test_a_validated_array_comes_back_unchanged():
     tokens = as_token_array([1, 2, 3])
     assert as_token_array(tokens) is tokens
@@ -103,15 +115,8 @@ def test_prompt_tokens_refuse_an_array_someone_can_still_write():
 
 def test_prompt_tokens_hash_once(monkeypatch):
     hashed: collections.Counter[bytes] = collections.Counter()
-    real_blake2b = hashlib.blake2b
 
-    class CountingHashlib:
-        def blake2b(self, data: Any = b"", **kwargs: Any) -> Any:
-            if kwargs.get("person") == b"snapcache.tok1":
-                hashed[bytes(data)] += 1
-            return real_blake2b(data, **kwargs)
-
-    monkeypatch.setattr(key_module, "hashlib", CountingHashlib())
+    monkeypatch.setattr(key_module, "hashlib", _CountingHashlib(hashed))
     prompt = PromptTokens(as_token_array(range(2 * BLOCK_TOKENS)))
     for _ in range(3):
         prompt.key("fp", "s")
@@ -143,18 +148,11 @@ def test_warm_copies_the_tokens_once_and_hashes_each_prefix_once(cached, monkeyp
         return real_copy(array)
 
     hashed: collections.Counter[bytes] = collections.Counter()
-    real_blake2b = hashlib.blake2b
-
-    class CountingHashlib:
-        def blake2b(self, data: Any = b"", **kwargs: Any) -> Any:
-            if kwargs.get("person") == b"snapcache.tok1":
-                hashed[bytes(data)] += 1
-            return real_blake2b(data, **kwargs)
 
     warmer = cached()
     tokens = warmer.llm.tokenize(DOCUMENT.encode())
     monkeypatch.setattr(key_module, "_frozen_copy", counting_copy)
-    monkeypatch.setattr(key_module, "hashlib", CountingHashlib())
+    monkeypatch.setattr(key_module, "hashlib", _CountingHashlib(hashed))
     warmed = warmer.warm(tokens)
     warmer.store.flush()
 
@@ -181,18 +179,11 @@ def test_warm_copies_the_tokens_once_and_hashes_each_prefix_once(cached, monkeyp
 @pytest.mark.model
 def test_a_completion_hashes_each_prefix_once(cached, monkeypatch):
     hashed: collections.Counter[bytes] = collections.Counter()
-    real_blake2b = hashlib.blake2b
-
-    class CountingHashlib:
-        def blake2b(self, data: Any = b"", **kwargs: Any) -> Any:
-            if kwargs.get("person") == b"snapcache.tok1":
-                hashed[bytes(data)] += 1
-            return real_blake2b(data, **kwargs)
 
     llm = cached()
     llm.warm(llm.llm.tokenize(DOCUMENT.encode()))
     llm.store.flush()
-    monkeypatch.setattr(key_module, "hashlib", CountingHashlib())
+    monkeypatch.setattr(key_module, "hashlib", _CountingHashlib(hashed))
     # Restores the warmed prefix, then saves the prompt's end and its new blocks.
     llm.create_completion(DOCUMENT * 2 + " And more.", max_tokens=4, temperature=0.0)
     llm.store.flush()

@@ -97,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     if pages_dir is not None and not args.no_pages:
         pages = write_reports.write_reports(args.results, pages_dir)
         print(f"{len(pages)} benchmark page(s) written into {pages_dir}")
+        if pages_dir == write_reports.DOCS_DIR:
+            for path in write_reports.write_excerpts(args.results):
+                print(f"excerpts written into {path.relative_to(_common.ROOT)}")
     return 1 if failures else 0
 
 

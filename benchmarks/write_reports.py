@@ -5,6 +5,10 @@ benchmarks/results/ and writes docs/benchmarks/<name>.md: the machine, the date 
 the run in its header, then its tables. A page is written only from a result; pages of results not
 present now are kept (they stay the published figures until a new run replaces them), and a quick
 run (`--quick`) never replaces the page of a full run. The index lists every generated page.
+
+A table quoted elsewhere (the README, a guide) is written there too, between
+`<!-- excerpt: NAME [table=N] [columns=0,1,3] -->` and `<!-- /excerpt -->`: that table of the result
+NAME (the first by default), those columns, after a line saying where and when it was measured.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ import argparse
 import ast
 import contextlib
 import json
+import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,6 +34,9 @@ FACTS = "<!-- report: "
 INDEX = "index.md"
 EARLIER = "earlier-runs.md"
 NOT_RECORDED = "not recorded in this result"
+# Files that may quote a result's table between excerpt markers.
+EXCERPT_FILES = ("README.md", "docs/guides/serving.md", "docs/guides/settings.md")
+_EXCERPT = re.compile(r"(<!-- excerpt: (?P<spec>[^>]*?) -->\n)(?P<body>.*?)(<!-- /excerpt -->)", re.DOTALL)
 
 
 # -- one page -----------------------------------------------------------------------------------------
@@ -82,8 +91,13 @@ def _machine_rows(machine: object) -> list[tuple[str, str]]:
         cpu += f", {machine['memory_gib']} GiB RAM"
     versions = ", ".join(
         f"{label} {machine[key]}"
-        for key, label in (("python", "Python"), ("llama_cpp_python", "llama-cpp-python"),
-                           ("numpy", "numpy"), ("zstandard", "zstandard"), ("snapcache", "snapcache"))
+        for key, label in (
+            ("python", "Python"),
+            ("llama_cpp_python", "llama-cpp-python"),
+            ("numpy", "numpy"),
+            ("zstandard", "zstandard"),
+            ("snapcache", "snapcache"),
+        )
         if machine.get(key)
     )
     rows = [("machine", cpu)]
@@ -137,7 +151,8 @@ def render_page(name: str, result: dict[str, Any], source: str) -> str:
     header += _machine_rows(result.get("machine"))
     # Scalars a script added beside its tables (the model, n_ctx...); lists of raw rows stay in the JSON.
     header += [
-        (key.replace("_", " "), str(value)) for key, value in result.items()
+        (key.replace("_", " "), str(value))
+        for key, value in result.items()
         if key not in {"benchmark", "quick", "machine", "created_at", "command", "tables"}
         and isinstance(value, (str, int, float, bool))
     ]
@@ -171,7 +186,7 @@ def _page_facts(path: Path) -> dict[str, str]:
     lines = path.read_text(encoding="utf-8").splitlines()
     if len(lines) > 1 and lines[1].startswith(FACTS) and lines[1].endswith("-->"):
         with contextlib.suppress(ValueError):
-            facts = json.loads(lines[1][len(FACTS):-3])
+            facts = json.loads(lines[1][len(FACTS) : -3])
             if isinstance(facts, dict):
                 return {str(k): str(v) for k, v in facts.items()}
     return {}
@@ -195,8 +210,14 @@ def render_index(pages: Sequence[Path]) -> str:
         rows = []
         for page in pages:
             facts = _page_facts(page)
-            rows.append([f"[{page.stem}]({page.name})", facts.get("date", ""), facts.get("run", ""),
-                         facts.get("summary", "")])
+            rows.append(
+                [
+                    f"[{page.stem}]({page.name})",
+                    facts.get("date", ""),
+                    facts.get("run", ""),
+                    facts.get("summary", ""),
+                ]
+            )
         lines += markdown_table(["benchmark", "date", "run", "what it measures"], rows)
     else:
         lines.append("No results have been turned into pages yet: run `make bench`.")
@@ -247,6 +268,61 @@ def write_reports(results_dir: Path = RESULTS_DIR, docs_dir: Path = DOCS_DIR) ->
     return written
 
 
+# -- excerpts ------------------------------------------------------------------------------------------
+
+
+def render_excerpt(spec: str, results: dict[str, dict[str, Any]], page_link: str) -> str | None:
+    """The body an excerpt `spec` ("NAME table=N columns=0,2") stands for; None without its result."""
+    name, *options = spec.split()
+    result = results.get(name)
+    if result is None or result.get("quick") or not isinstance(result.get("tables"), list):
+        return None
+    settings = dict(option.partition("=")[::2] for option in options)
+    tables = result["tables"]
+    index = int(settings.get("table", "0"))
+    if not 0 <= index < len(tables):
+        return None
+    table = tables[index]
+    columns = list(range(len(table["columns"])))
+    if settings.get("columns"):
+        columns = [int(c) for c in settings["columns"].split(",") if int(c) < len(table["columns"])]
+    machine = result.get("machine") if isinstance(result.get("machine"), dict) else {}
+    date = str(result.get("created_at") or "")[:10]
+    where = f"{machine.get('cpu_model', '?')}, {machine.get('cores', '?')} cores, {date}"
+    lines = [f"`{result.get('command', name)}`, {where} ([report]({page_link}/{name}.md)):", ""]
+    lines += markdown_table(
+        [table["columns"][c] for c in columns], [[row[c] for c in columns] for row in table["rows"]]
+    )
+    return "\n".join(lines) + "\n"
+
+
+def write_excerpts(results_dir: Path, root: Path = ROOT, docs_dir: Path = DOCS_DIR) -> list[Path]:
+    """Fill the excerpt regions of `EXCERPT_FILES` under `root` from the results; the files changed."""
+    results = {}
+    for json_path in sorted(results_dir.glob("*.json")):
+        with contextlib.suppress(OSError, ValueError):
+            result = json.loads(json_path.read_text(encoding="utf-8"))
+            if isinstance(result, dict):
+                results[json_path.stem] = result
+    changed = []
+    for name in EXCERPT_FILES:
+        path = root / name
+        if not path.exists():
+            continue
+        text = path.read_text(encoding="utf-8")
+        link = Path(os.path.relpath(docs_dir, path.parent)).as_posix()
+
+        def fill(match: re.Match[str], link: str = link) -> str:
+            body = render_excerpt(match["spec"], results, link)
+            return match.group(0) if body is None else match.group(1) + body + match.group(4)
+
+        updated = _EXCERPT.sub(fill, text)
+        if updated != text:
+            path.write_text(updated, encoding="utf-8")
+            changed.append(path)
+    return changed
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", type=Path, default=RESULTS_DIR, help="where the JSON results are")
@@ -256,6 +332,9 @@ def main(argv: list[str] | None = None) -> int:
     shown = args.docs.resolve()
     where = shown.relative_to(ROOT) if shown.is_relative_to(ROOT) else shown
     print(f"{len(written)} benchmark page(s) written into {where}")
+    if args.docs.resolve() == DOCS_DIR:
+        for path in write_excerpts(args.results):
+            print(f"excerpts written into {path.relative_to(ROOT)}")
     return 0
 
 

@@ -208,3 +208,28 @@ def test_run_all_writes_the_pages_of_its_results(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert index.read_text(encoding="utf-8") == before
+
+
+def test_an_excerpt_quotes_a_results_table_where_its_markers_are(tmp_path: Path) -> None:
+    result_path = _result(tmp_path, "lookup_scaling", quick=False, rows=[["512", "37.7 µs", "a"]])
+    root = tmp_path / "repo"
+    guide = root / "docs" / "guides" / "serving.md"
+    guide.parent.mkdir(parents=True)
+    stale = "| old | table |\n"
+    guide.write_text(
+        f"Before.\n<!-- excerpt: lookup_scaling columns=0,1 -->\n{stale}<!-- /excerpt -->\nAfter.\n"
+        "<!-- excerpt: no_such_result -->\nkept\n<!-- /excerpt -->\n",
+        encoding="utf-8",
+    )
+    changed = write_reports.write_excerpts(result_path.parent, root, root / "docs" / "benchmarks")
+    assert changed == [guide]
+    text = guide.read_text(encoding="utf-8")
+    result = json.loads(result_path.read_text(encoding="utf-8"))
+    assert stale not in text
+    assert f"`{result['command']}`, {result['machine']['cpu_model']}" in text
+    assert "([report](../benchmarks/lookup_scaling.md))" in text
+    assert "| prompt tokens | snapcache |\n| --- | ---: |\n| 512 | 37.7 µs |\n<!-- /excerpt -->" in text
+    assert text.startswith("Before.\n")
+    assert "<!-- /excerpt -->\nAfter.\n" in text
+    assert "no_such_result -->\nkept\n" in text  # without its result an excerpt stays as it was
+    assert write_reports.write_excerpts(result_path.parent, root, root / "docs" / "benchmarks") == []

@@ -333,3 +333,13 @@ def test_bench_gpu_restore_quick(tmp_path: Path) -> None:
     payload = _load_json(out, "bench_gpu_restore")
     # The restored greedy tokens are those of a cold run.
     assert [row[-1] for row in payload["tables"][0]["rows"]] == ["yes"]
+
+
+def test_kv_cache_types_quick(tmp_path: Path) -> None:
+    out = tmp_path / "kv.json"
+    proc = _run("kv_cache_types.py", "--quick", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    payload = _load_json(out, "kv_cache_types")
+    rows = payload["tables"][0]["rows"]
+    assert [row[0] for row in rows] == ["f16", "q8_0", "q4_0"]
+    assert [row[-1] for row in rows] == ["yes", "yes", "yes"]  # every choice restores exactly

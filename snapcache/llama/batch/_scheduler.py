@@ -118,8 +118,9 @@ class Scheduler:
     ) -> None:
         if isinstance(n_seq, bool) or not isinstance(n_seq, int) or not 1 <= n_seq <= 256:
             raise InvalidArgument(f"n_seq must be an int from 1 to 256, got {n_seq!r}")
-        if seq_ctx is not None and (isinstance(seq_ctx, bool) or not isinstance(seq_ctx, int)
-                                    or seq_ctx < 16):
+        if seq_ctx is not None and (
+            isinstance(seq_ctx, bool) or not isinstance(seq_ctx, int) or seq_ctx < 16
+        ):
             raise InvalidArgument(f"seq_ctx must be an int of at least 16 tokens, got {seq_ctx!r}")
         if mode not in MODES:
             raise InvalidArgument(f"mode must be one of {', '.join(MODES)}, got {mode!r}")

@@ -145,8 +145,8 @@ def _global_options(
             "--kv-cache",
             envvar=KV_CACHE_ENV,
             help="The models' K/V cache: f16 (default), or q8_0 / q4_0 with flash attention (less memory, "
-            "faster generation, slower prompt reads). States are found only under the type they were "
-            "saved with: give warm and serve the same. Default: $SNAPCACHE_KV_CACHE, else f16.",
+            "slower prompt reads; q8_0 generates faster). States are found only under the type they "
+            "were saved with: give warm and serve the same. Default: $SNAPCACHE_KV_CACHE, else f16.",
             show_default=False,
         ),
     ] = None,

@@ -101,8 +101,8 @@ def load_llama(
     AMX kernels that this CPU would run, which crash (`snapcache.llama.amx`). `kv_cache` (one of
     `KV_CACHE_TYPES`; None: llama-cpp-python's F16 cache without flash attention) sets the K/V cache
     type and flash attention together, to a pair whose restored states stay exact: "q8_0" and
-    "q4_0" halve and quarter the cache's memory and use flash attention, which generates faster on
-    the CPU but reads prompts slower (docs: choosing settings).
+    "q4_0" halve and quarter the cache's memory and use flash attention, which reads prompts slower
+    on the CPU; "q8_0" generates faster there (docs: choosing settings).
     """
     if not _is_int(n_ctx) or n_ctx < 0:
         raise InvalidArgument(f"n_ctx must be a non-negative int (0: the model's own), got {n_ctx!r}")

@@ -49,7 +49,7 @@ from snapcache.formats.pack_file import (
     PackTooLarge,
     encode_pack,
 )
-from snapcache.formats.snapshot_file import EncodedFile, encode, mac_key
+from snapcache.formats.snapshot_file import EncodedFile, Encoding, mac_key
 from snapcache.key import SnapshotKey, TokenArray, rolling_hash, validate_budget
 from snapcache.snapshot import Buffer, Snapshot
 from snapcache.tier import CatalogRow, EntryInfo, PayloadSource, TierName
@@ -101,8 +101,7 @@ class DiskTier:
             budget_bytes = validate_budget("budget_bytes", budget_bytes)
         if secret is not None and (not isinstance(secret, bytes) or not secret):
             raise InvalidArgument("secret must be non-empty bytes or None")
-        self._level = codec.validate_level(compression_level)
-        self._shuffle = bool(shuffle)
+        level = codec.validate_level(compression_level)
         self._mac_key = None if secret is None else mac_key(secret)
         self.directory = prepare_cache_dir(Path(directory), allow_shared_dir)
         self._files = self.directory / FILES_DIR
@@ -119,6 +118,7 @@ class DiskTier:
                 logger.warning("could not reclaim debris in %s: %s", self._files, exc)
         self._removals = Removals(self._index, self._open_index, self._files, on_change)
         self._store_id = self._index.store_id
+        self._encoding = Encoding(self._store_id, level, bool(shuffle), self._mac_key)
         self._stored = StoredFiles(self._files, mac_key=self._mac_key, store_id=self._store_id)
         self._reads = IndexedReads(
             self._open_index,
@@ -177,15 +177,7 @@ class DiskTier:
                 if snapshot.priority > current.priority:
                     index.set_priority(key.id, current.file_name, snapshot.priority)
                 return True
-        source = self.payloads
-        encoded = encode(
-            snapshot,
-            store_id=self._store_id,
-            level=self._level,
-            shuffle=self._shuffle,
-            mac_secret=self._mac_key,
-            payload=None if source is None else source(snapshot, self._level, self._shuffle),
-        )
+        encoded = self._encoding.encode(snapshot, self.payloads)
         if not self._admits([key.id], snapshot.priority, encoded.size):
             return False
         file_name = files.new_file_name(key)
@@ -223,16 +215,16 @@ class DiskTier:
         `used_at`; whether each was kept. A run whose header would be too large is halved."""
         if len(run) < 2:
             return [self.put(snapshot) for snapshot in run]
-        source = self.payloads
+        encoding, source = self._encoding, self.payloads
         if payloads is None and source is not None:
-            payloads = [source(snapshot, self._level, self._shuffle) for snapshot in run]
+            payloads = [source(snapshot, encoding.level, encoding.shuffle) for snapshot in run]
         try:
             encoded = encode_pack(
                 run,
-                store_id=self._store_id,
-                level=self._level,
-                shuffle=self._shuffle,
-                mac_secret=self._mac_key,
+                store_id=encoding.store_id,
+                level=encoding.level,
+                shuffle=encoding.shuffle,
+                mac_secret=encoding.mac_secret,
                 payloads=payloads,
             )
         except PackTooLarge:  # long scopes: fewer blocks per pack

@@ -38,6 +38,7 @@ from snapcache.formats import codec
 from snapcache.formats.envelope import FLAG_MAC, PRELUDE, CheckedHead, Envelope, MacMismatch, mac_key
 from snapcache.key import SnapshotKey, TokenArray
 from snapcache.snapshot import MAX_PRIORITY, Buffer, Snapshot
+from snapcache.tier import PayloadSource
 
 MAGIC = b"\x89SNAPC\r\n"
 FORMAT_VERSION = 2
@@ -61,6 +62,7 @@ __all__ = [
     "PRELUDE",
     "SNAPSHOT",
     "EncodedFile",
+    "Encoding",
     "FileHeader",
     "MacMismatch",
     "checked_time_and_priority",
@@ -160,6 +162,32 @@ def encode(
     )
     size = sum(memoryview(p).nbytes for p in parts)
     return EncodedFile(parts=parts, size=size, state_bytes=state.nbytes)
+
+
+@dataclass(frozen=True, slots=True)
+class Encoding:
+    """How one tier encodes its snapshots: its store id, compression settings and MAC key."""
+
+    store_id: str
+    level: int
+    shuffle: bool
+    mac_secret: bytes | None
+
+    def payload(self, snapshot: Snapshot, source: PayloadSource | None) -> Buffer | None:
+        """The state compressed by `source` (the store's shared payloads) at these settings; None
+        without one."""
+        return None if source is None else source(snapshot, self.level, self.shuffle)
+
+    def encode(self, snapshot: Snapshot, source: PayloadSource | None = None) -> EncodedFile:
+        """`encode(snapshot)` at these settings, its state compressed by `source` where given."""
+        return encode(
+            snapshot,
+            store_id=self.store_id,
+            level=self.level,
+            shuffle=self.shuffle,
+            mac_secret=self.mac_secret,
+            payload=self.payload(snapshot, source),
+        )
 
 
 def decode(

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 from snapcache.errors import CorruptSnapshot, InvalidArgument
 from snapcache.formats import codec
-from snapcache.formats.snapshot_file import MacMismatch, decode, encode, mac_key
+from snapcache.formats.snapshot_file import Encoding, MacMismatch, decode, mac_key
 from snapcache.key import SnapshotKey, rolling_hash, validate_budget
 from snapcache.remote import listing
 from snapcache.remote.budget import FORGET, PUT, TOUCH, BudgetKeys
@@ -110,8 +110,9 @@ class RemoteTier:
         self._forget_script = self._reader.register_script(FORGET)
         self._mac_key = None if secret is None else mac_key(secret)
         self._store_id = f"remote:{self.prefix}"
-        self._level = codec.validate_level(compression_level)
-        self._shuffle = bool(shuffle)
+        self._encoding = Encoding(
+            self._store_id, codec.validate_level(compression_level), bool(shuffle), self._mac_key
+        )
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(
             (
@@ -303,16 +304,8 @@ class RemoteTier:
         if trusted and held is not None and held >= snapshot.priority:
             self._count("already_held")
             return True
-        source = self.payloads
         try:
-            encoded = encode(
-                snapshot,
-                store_id=self._store_id,
-                level=self._level,
-                shuffle=self._shuffle,
-                mac_secret=self._mac_key,
-                payload=None if source is None else source(snapshot, self._level, self._shuffle),
-            )
+            encoded = self._encoding.encode(snapshot, self.payloads)
         except (CorruptSnapshot, ValueError) as exc:
             log.warning("snapcache: snapshot %s not sent to the remote tier: %s", snapshot.key.id[:16], exc)
             return False

@@ -163,10 +163,12 @@ def _global_options(
             budget = parse_size(remote_budget)
         except ValueError as exc:
             raise CliError(f"--remote-budget: {exc}") from None
-    from snapcache.llama.loader import KV_CACHE_TYPES
+    if kv_cache is not None:
+        # Imported only here: it loads llama.cpp, which most commands never need.
+        from snapcache.llama.loader import KV_CACHE_TYPES
 
-    if kv_cache is not None and kv_cache not in KV_CACHE_TYPES:
-        raise CliError(f"--kv-cache must be one of {', '.join(KV_CACHE_TYPES)}, got {kv_cache!r}")
+        if kv_cache not in KV_CACHE_TYPES:
+            raise CliError(f"--kv-cache must be one of {', '.join(KV_CACHE_TYPES)}, got {kv_cache!r}")
     ctx.obj = Settings(
         cache_dir=cache_dir, verbose=verbose, remote=remote, remote_budget=budget, kv_cache=kv_cache
     )

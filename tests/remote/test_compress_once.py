@@ -3,6 +3,7 @@ the bytes each tier stores are those it would store on its own."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 redis = pytest.importorskip("redis", reason="the remote tier needs the redis client (snapcache[remote])")
 
 from block_snapshots import block_snapshots  # noqa: E402
+from redis_server import RedisServer, emptied, running_redis  # noqa: E402
 
 from snapcache import SnapshotKey, SnapshotStore  # noqa: E402
 from snapcache.formats import codec  # noqa: E402
@@ -21,6 +23,17 @@ from snapcache.store.shared_payloads import SharedPayloads  # noqa: E402
 
 SECRET = b"compress once"
 TOKENS = np.arange(300, dtype=np.int32)
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    with running_redis(tmp_path_factory.mktemp("redis")) as server:
+        yield server
+
+
+@pytest.fixture
+def url(redis_server: RedisServer) -> str:
+    return emptied(redis_server).url
 
 
 @pytest.fixture

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +11,7 @@ import pytest
 
 redis = pytest.importorskip("redis", reason="the remote tier needs the redis client (snapcache[remote])")
 
-from redis_server import RedisServer  # noqa: E402
+from redis_server import RedisServer, emptied, running_redis  # noqa: E402
 
 from snapcache.key import BLOCK_TOKENS, SnapshotKey, block_keys  # noqa: E402
 from snapcache.remote.tier import RemoteTier  # noqa: E402
@@ -19,6 +20,18 @@ from snapcache.store import SnapshotStore  # noqa: E402
 SECRET = b"team secret"
 FINGERPRINT = "fp-remote-reads"
 TOKENS = np.arange(1, 1001, dtype=np.int32)
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    with running_redis(tmp_path_factory.mktemp("redis")) as server:
+        yield server
+
+
+@pytest.fixture
+def url(redis_server: RedisServer) -> str:
+    """The module's server, empty."""
+    return emptied(redis_server).url
 
 
 def open_store(directory: Path, url: str) -> SnapshotStore:

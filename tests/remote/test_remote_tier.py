@@ -13,7 +13,7 @@ import pytest
 
 redis = pytest.importorskip("redis", reason="the remote tier needs the redis client (snapcache[remote])")
 
-from redis_server import RedisServer, emptied  # noqa: E402
+from redis_server import RedisServer, emptied, running_redis  # noqa: E402
 
 from snapcache.formats.snapshot_file import encode  # noqa: E402
 from snapcache.key import SnapshotKey, as_token_array, block_keys, rolling_hash  # noqa: E402
@@ -26,6 +26,12 @@ FINGERPRINT = "fp-remote-test"
 # Each call a lookup makes is bounded by the tier's timeout; this is the bound asserted, generous for
 # a shared machine (the timeout is 0.1 s).
 CALL_BOUND_S = 1.5
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    with running_redis(tmp_path_factory.mktemp("redis")) as server:
+        yield server
 
 
 @pytest.fixture

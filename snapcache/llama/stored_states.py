@@ -158,13 +158,21 @@ class StoredStates:
         return None if found is None else found.snapshot
 
     def find(
-        self, tokens: TokenArray | PromptTokens, scope: str, *, blocks_alone: bool, pad_windows: bool = False
+        self,
+        tokens: TokenArray | PromptTokens,
+        scope: str,
+        *,
+        blocks_alone: bool,
+        pad_windows: bool = False,
+        longer_than: int = 0,
     ) -> Found | None:
         """The longest prefix of `tokens` this store can restore, assembled; None on a miss.
 
         `blocks_alone`: whether a run of blocks without a record may serve (a model with one cache).
         Blocks never cover the prompt's last token, which a completion must read itself.
         `pad_windows`: assemble a sliding-window cache padded (see `blocks.assemble`).
+        `longer_than`: a prefix of at most this many tokens is a miss, and is never assembled (the
+        caller holds one that long already).
         """
         prompt = PromptTokens.of(tokens)
         best: Found | None = None
@@ -175,7 +183,7 @@ class StoredStates:
             except (SnapcacheError, OSError) as exc:
                 _log.warning("snapshot lookup failed, reading the prompt in full: %s", exc)
                 found = None
-            if found is None:
+            if found is None or found[0].key.token_count <= longer_than:
                 break
             snapshot, tier = found
             prompt.learn(snapshot.key, snapshot.tokens)  # the store hashed that prefix already
@@ -186,7 +194,7 @@ class StoredStates:
             query = prompt.prefix(snapshot.key.token_count - 1)
         if blocks_alone:
             limit = (len(prompt) - 1) // BLOCK_TOKENS
-            longest = 0 if best is None else best.snapshot.key.token_count
+            longest = max(longer_than, 0 if best is None else best.snapshot.key.token_count)
             if limit * BLOCK_TOKENS > longest:
                 try:
                     from_blocks = self._from_blocks(prompt, scope, limit, longest)

@@ -428,3 +428,34 @@ def test_find_on_a_closed_store_is_a_miss(make_llama, tiny_model_path, tmp_path)
 
 def block_keys_of(fingerprint: str, tokens: list[int], n_blocks: int) -> list[SnapshotKey]:
     return block_keys(fingerprint, "default", as_token_array(tokens), n_blocks)
+
+
+@pytest.mark.parametrize("blocks_alone", [False, True])
+def test_a_prefix_no_longer_than_the_one_held_is_a_miss_and_never_assembled(
+    make_llama, tiny_model_path, store, blocks_alone
+):
+    """`find(longer_than=n)`: a caller that holds n tokens of the prompt (a live sequence) gets
+    only a longer prefix, and the store's shorter one is not read and assembled for nothing."""
+    from snapcache.llama.blocks import KIND_PREFIX
+    from snapcache.llama.stored_states import RestorePoint, StoredStates
+
+    llm = make_llama(tiny_model_path, n_ctx=N_CTX)
+    tokens = llm.tokenize(RAW.encode())[:192]
+    llm.eval(tokens)
+    states = StoredStates(store, "f" * 64)
+    assert states.save(capture_sequence(llm), "default", [RestorePoint(192, 0, KIND_PREFIX)], blocks_upto=192)
+    assembled: list[int] = []
+    real_assemble = states._assemble
+
+    def counting(keys: Any, *args: Any) -> Any:
+        assembled.append(len(keys))
+        return real_assemble(keys, *args)
+
+    states._assemble = counting  # type: ignore[method-assign]
+    query = as_token_array([*tokens, 5, 6])
+    assert states.find(query, "default", blocks_alone=blocks_alone, longer_than=192) is None
+    assert assembled == []
+    found = states.find(query, "default", blocks_alone=blocks_alone, longer_than=191)
+    assert found is not None
+    assert found.snapshot.key.token_count == 192
+    assert assembled == [3]

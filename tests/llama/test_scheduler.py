@@ -302,3 +302,44 @@ def test_a_generation_step_decodes_its_sequences_in_sequence_order(
         assert request.restore.source == "context"
     assert any(len(step) == 4 for step in steps)
     assert all(step == sorted(step) for step in steps)
+
+
+def _recorded(s: Scheduler, on_read: Any = None) -> list[tuple[str, list[int]]]:
+    """The scheduler's decodes from now on, as ("read", [seq]) or ("step", [seqs]); `on_read(seq_id)`
+    runs on the scheduler's thread before each prompt read."""
+    events: list[tuple[str, list[int]]] = []
+    real_decode = s._context.decode
+
+    def recording_decode(chunks: Any) -> Any:
+        seqs = [chunk.seq_id for chunk in chunks]
+        reading = len(chunks) == 1 and len(chunks[0].tokens) > 1
+        if reading and on_read is not None:
+            on_read(seqs[0])
+        events.append(("read" if reading else "step", seqs))
+        return real_decode(chunks)
+
+    s._context.decode = recording_decode
+    return events
+
+
+def test_a_request_that_comes_during_a_read_is_read_before_the_next_step(
+    llm: llama_cpp.Llama, scheduler: Any
+) -> None:
+    """A burst's questions reach the scheduler a few milliseconds apart: one that comes while the
+    first is read joins before the generation step, so its first token waits for no step."""
+    first = prompts(llm, 1)[0]
+    second = llm.tokenize(b"Question 9: where does the quick brown fox sleep?")
+    s = scheduler(n_seq=2)
+    later: list[Any] = []
+
+    def submit_second(seq_id: int) -> None:
+        if not later:
+            later.append(s.submit(second, GREEDY))
+
+    events = _recorded(s, submit_second)
+    one = s.submit(first, GREEDY)
+    assert one.result(60) == solo(llm, first)
+    assert later[0].result(60)
+    kinds = [kind for kind, _ in events]
+    assert kinds[:2] == ["read", "read"]
+    assert events[2] == ("step", [0, 1])

@@ -10,7 +10,7 @@ from typing import Any
 import llama_cpp
 import numpy as np
 import pytest
-from test_scheduler import GREEDY, N_CTX, SYSTEM, prompts, solo
+from test_scheduler import GREEDY, N_CTX, SYSTEM, _recorded, prompts, solo
 
 from snapcache.key import DEFAULT_SCOPE
 from snapcache.llama import capture_sequence
@@ -182,3 +182,31 @@ def test_a_quantized_cache_crosses_layouts_and_answers_as_cold(
     assert request.restore is not None
     assert request.restore.source == "ram"
     assert request.restore.restored_tokens >= 64
+
+
+def test_states_are_stored_after_the_reads_of_a_burst(llm: llama_cpp.Llama, scheduler: Any) -> None:
+    """A burst's prompts are all read before the states taken on the way are stored, so that no
+    first token waits for another request's save; what is stored then serves the next request."""
+    asks = [llm.tokenize(f"Question {i}: {'where is the quick brown fox? ' * 2}".encode()) for i in range(2)]
+    s = scheduler(n_seq=2)
+    events = _recorded(s)
+    cache = s._cache
+    real_save = cache.save
+
+    def recording_save(pending: Any) -> int:
+        events.append(("save", [len(pending.captured.tokens)]))
+        return int(real_save(pending))
+
+    cache.save = recording_save
+    with s._cond:  # both wait before the scheduler takes either
+        burst = [s.submit(prompt, GREEDY) for prompt in asks]
+    for request, prompt in zip(burst, asks, strict=True):
+        assert request.result(60) == solo(llm, prompt)
+    kinds = [kind for kind, _ in events]
+    assert kinds[:2] == ["read", "read"]
+    assert kinds.count("save") == 2
+    assert kinds.index("save") == 2
+    again = s.submit(asks[0], GREEDY, scope=DEFAULT_SCOPE)
+    assert again.result(60) == solo(llm, asks[0])
+    assert again.restore is not None
+    assert again.restore.restored_tokens >= 64

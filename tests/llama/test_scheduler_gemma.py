@@ -124,3 +124,30 @@ def test_a_chat_through_batched_llama_is_the_llamas_and_restores_its_system_part
         assert got["choices"][0]["finish_reason"] == want["choices"][0]["finish_reason"]
     assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     assert second["usage"]["prompt_tokens_details"]["cached_tokens"] > 512
+
+
+def test_a_prompt_end_point_is_skipped_while_others_wait_for_their_first_token(
+    gemma: llama_cpp.Llama, cold: Any, store: SnapshotStore
+) -> None:
+    """On a sliding-window model a restore point near the prompt's end costs its read a stop (a
+    capture and a decode more). While another request waits for its first token, the read goes
+    on past it; the last of a burst, with nobody waiting, stops and saves it. Both answer as cold."""
+    from snapcache.key import SnapshotKey
+    from snapcache.llama.checkpoints import final_point
+
+    system = list(gemma.tokenize(SYSTEM.encode()))
+    CachedLlama(gemma, store, "agents").warm(system)
+    asks = [prompt_of(gemma, q) for q in QUESTIONS[:2]]
+    with Scheduler(gemma, store, n_seq=2, mode="exact") as s:
+        assert s.fingerprint is not None
+        alignment = s._cache.alignment
+        with s._cond:  # both wait before the scheduler takes either
+            burst = [s.submit(prompt, GREEDY, scope="agents") for prompt in asks]
+        assert [r.result(300) for r in burst] == [cold(p) for p in asks]
+        store.flush()
+        for request in burst:
+            assert request.restore is not None
+            assert 512 < request.restore.restored_tokens < final_point(len(request.prompt), alignment)
+        ends = [prompt[: final_point(len(prompt), alignment)] for prompt in asks]
+        keys = [SnapshotKey.for_tokens(s.fingerprint, "agents", end) for end in ends]
+        assert [store.held_priority(key) is not None for key in keys] == [False, True]

@@ -12,6 +12,7 @@ ladder of window points along raw prompts, and superseding a conversation's prev
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import llama_cpp
 
@@ -25,13 +26,23 @@ from snapcache.llama.fingerprint_notes import FingerprintNotes
 from snapcache.llama.prefix_loader import PrefixLoader
 from snapcache.llama.readiness import Readiness
 from snapcache.llama.reports import Source
-from snapcache.llama.state import can_truncate, pads_windows
+from snapcache.llama.state import CapturedState, can_truncate, pads_windows
 from snapcache.llama.stored_states import RestorePoint
 from snapcache.store import SnapshotStore
 
-__all__ = ["SequenceCache"]
+__all__ = ["PendingSave", "SequenceCache"]
 
 _log = logging.getLogger("snapcache")
+
+
+@dataclass(frozen=True, slots=True)
+class PendingSave:
+    """A sequence's state taken at restore points, not stored yet."""
+
+    captured: CapturedState
+    scope: str
+    points: tuple[RestorePoint, ...]
+    blocks_upto: int
 
 
 class SequenceCache:
@@ -70,7 +81,11 @@ class SequenceCache:
         query = tokens[:-1]
         while len(query) > longer_than:
             found = self._states.find(
-                query, scope, blocks_alone=self.one_capture, pad_windows=self._pad_windows
+                query,
+                scope,
+                blocks_alone=self.one_capture,
+                pad_windows=self._pad_windows,
+                longer_than=longer_than,
             )
             if found is None:
                 break
@@ -106,13 +121,16 @@ class SequenceCache:
                 last = point.n_tokens
         return kept
 
-    def save_point(
+    def capture_point(
         self, context: SequenceContext, seq_id: int, tokens: TokenArray, scope: str, point: RestorePoint
-    ) -> int:
-        """Save the sequence, which holds exactly `tokens[:point.n_tokens]`, for `point`."""
-        return self._save_capture(context, seq_id, tokens[: point.n_tokens], scope, [point], 0)
+    ) -> PendingSave | None:
+        """The state of the sequence, which holds exactly `tokens[:point.n_tokens]`, to store for
+        `point` with `save` (the sequence may read on meanwhile); None if it cannot be taken."""
+        if not self._save:
+            return None
+        return self._capture(context, seq_id, tokens[: point.n_tokens], scope, (point,), 0)
 
-    def save_prompt(
+    def capture_prompt(
         self,
         context: SequenceContext,
         seq_id: int,
@@ -120,25 +138,35 @@ class SequenceCache:
         scope: str,
         points: list[RestorePoint],
         reused: int,
-    ) -> int:
-        """Save the points of a prompt read whole (the sequence holds exactly `tokens`), and its blocks,
-        from one capture (a model with one cache)."""
+    ) -> PendingSave | None:
+        """The state of a prompt read whole (the sequence holds exactly `tokens`) to store with
+        `save` for its points and its blocks, from one capture (a model with one cache); None if
+        there is nothing to save or it cannot be taken."""
         if not self._save or not (points or len(tokens) - reused >= BLOCK_TOKENS):
-            return 0
-        return self._save_capture(context, seq_id, tokens, scope, points, len(tokens))
+            return None
+        return self._capture(context, seq_id, tokens, scope, tuple(points), len(tokens))
 
-    def _save_capture(
+    def save(self, pending: PendingSave) -> int:
+        """Store what `capture_point` or `capture_prompt` took; how many restore points were stored."""
+        try:
+            return self._states.save(
+                pending.captured, pending.scope, pending.points, blocks_upto=pending.blocks_upto
+            )
+        except (SnapcacheError, OSError) as exc:
+            _log.warning("could not save the state of %d tokens: %s", len(pending.captured.tokens), exc)
+            return 0
+
+    def _capture(
         self,
         context: SequenceContext,
         seq_id: int,
         tokens: TokenArray,
         scope: str,
-        points: list[RestorePoint],
+        points: tuple[RestorePoint, ...],
         blocks_upto: int,
-    ) -> int:
+    ) -> PendingSave | None:
         try:
-            captured = context.capture(seq_id, tokens)
-            return self._states.save(captured, scope, points, blocks_upto=blocks_upto)
-        except (SnapcacheError, OSError) as exc:
+            return PendingSave(context.capture(seq_id, tokens), scope, points, blocks_upto)
+        except SnapcacheError as exc:
             _log.warning("could not save the state of %d tokens of sequence %d: %s", len(tokens), seq_id, exc)
-            return 0
+            return None

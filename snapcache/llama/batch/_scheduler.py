@@ -51,9 +51,10 @@ from snapcache.key import DEFAULT_SCOPE, Tokens, as_token_array, validate_scope
 from snapcache.llama.adapters import adapter_settings
 from snapcache.llama.batch._context import Chunk, SequenceContext
 from snapcache.llama.batch._live import Held, LivePrefixes
-from snapcache.llama.batch._prefix import SequenceCache
+from snapcache.llama.batch._prefix import PendingSave, SequenceCache
 from snapcache.llama.batch._request import FinishReason, Request, SchedulerError
 from snapcache.llama.batch._sampling import SamplerChain, SamplingParams
+from snapcache.llama.blocks import KIND_PROMPT_END
 from snapcache.llama.checkpoints import CHECKPOINT_ALIGN
 from snapcache.llama.reports import RestoreInfo
 from snapcache.llama.state import can_truncate
@@ -138,6 +139,7 @@ class Scheduler:
         self._context = SequenceContext(llm, n_seq, seq_ctx)
         self._waiting: deque[Request] = deque()
         self._slots: dict[int, _Slot] = {}
+        self._saves: list[tuple[_Slot, PendingSave]] = []  # taken by reads, stored after them
         self._free = list(range(n_seq))
         alignment = CHECKPOINT_ALIGN if self._cache is None else self._cache.alignment
         self._live = LivePrefixes(self._context, alignment, can_truncate(llm))
@@ -235,16 +237,7 @@ class Scheduler:
                     self._drop_cancelled_waiting()
                 if self._closing:
                     return
-                admitted: list[tuple[Request, int]] = []
-                for request in list(self._waiting):
-                    if not self._free:
-                        break
-                    if self._follows(request, [r for r, _ in admitted]):
-                        continue
-                    self._waiting.remove(request)
-                    seq_id = self._live.choose(self._free, request.scope, request.prompt)
-                    self._free.remove(seq_id)
-                    admitted.append((request, seq_id))
+                admitted = self._take_waiting()
             try:
                 for request, seq_id in admitted:
                     self._admit(request, seq_id)
@@ -253,8 +246,24 @@ class Scheduler:
                 self._step()
             except Exception as exc:  # a bug must not leave every client waiting forever
                 _log.exception("the scheduler failed a step; its requests end with an error")
+                self._saves.clear()
                 for slot in list(self._slots.values()):
                     self._finish(slot, "error", exc)
+
+    def _take_waiting(self) -> list[tuple[Request, int]]:
+        """The waiting requests that take a free sequence now, first come first served, each with
+        its sequence (called holding `_cond`)."""
+        admitted: list[tuple[Request, int]] = []
+        for request in list(self._waiting):
+            if not self._free:
+                break
+            if self._follows(request, [r for r, _ in admitted]):
+                continue
+            self._waiting.remove(request)
+            seq_id = self._live.choose(self._free, request.scope, request.prompt)
+            self._free.remove(seq_id)
+            admitted.append((request, seq_id))
+        return admitted
 
     def _follows(self, request: Request, admitted: list[Request]) -> bool:
         """Whether `request` should wait for a request ahead of it with the same chat prefix in its
@@ -322,10 +331,20 @@ class Scheduler:
     def _step(self) -> None:
         # Prompts with little left to read (a question after a restored prefix) are read first, each
         # alone, earliest first: their first tokens come without waiting a generation step each.
+        # Requests that came meanwhile join before the step, so that a burst's questions are all
+        # read before anyone's next token. The states taken on the way are stored after the reads.
         # A longer read goes one chunk per step, so that it does not hold the others' answers back.
-        for slot in sorted(self._slots.values(), key=lambda s: s.order):
-            while slot.seq_id in self._slots and 0 < len(slot.request.prompt) - slot.n_past <= SHORT_READ:
-                self._read(slot)
+        while True:
+            for slot in sorted(self._slots.values(), key=lambda s: s.order):
+                while slot.seq_id in self._slots and 0 < len(slot.request.prompt) - slot.n_past <= SHORT_READ:
+                    self._read(slot)
+            self._store_saves()
+            with self._cond:
+                admitted = [] if self._closing else self._take_waiting()
+            if not admitted:
+                break
+            for request, seq_id in admitted:
+                self._admit(request, seq_id)
         slots = list(self._slots.values())
         generating = [s for s in slots if s.n_past >= len(s.request.prompt)]
         if generating:
@@ -335,6 +354,18 @@ class Scheduler:
         reading = [s for s in slots if s.n_past < len(s.request.prompt) and s.seq_id in self._slots]
         if reading:
             self._read(min(reading, key=lambda s: s.order))
+            self._store_saves()
+
+    def _store_saves(self) -> None:
+        """Store the states the reads took at restore points (out of the way of first tokens)."""
+        cache = self._cache
+        while self._saves and cache is not None:
+            slot, pending = self._saves.pop(0)
+            stored = cache.save(pending)
+            slot.checkpoints += stored
+            request = slot.request
+            if stored and request.restore is not None:
+                request.restore = replace(request.restore, checkpoints=slot.checkpoints)
 
     def _generate(self, group: list[_Slot]) -> None:
         # In sequence order: llama.cpp splits a batch over several KV streams into ubatches of
@@ -357,6 +388,8 @@ class Scheduler:
         tokens = slot.request.prompt
         n = len(tokens)
         end = min(n, slot.n_past + self._context.n_batch)
+        if slot.stops and slot.stops[0].n_tokens < end and self._skips_prompt_end(slot, end):
+            slot.stops.pop(0)
         if slot.stops and slot.stops[0].n_tokens < end:
             end = slot.stops[0].n_tokens
         code, rows = self._context.decode(
@@ -370,23 +403,33 @@ class Scheduler:
         cache = self._cache
         if cache is not None and slot.stops and slot.stops[0].n_tokens == end:
             point = slot.stops.pop(0)
-            slot.checkpoints += cache.save_point(
-                self._context, slot.seq_id, tokens, slot.request.scope, point
-            )
+            pending = cache.capture_point(self._context, slot.seq_id, tokens, slot.request.scope, point)
+            if pending is not None:
+                self._saves.append((slot, pending))
         if end < n:
             return
         reason = self._take(slot, slot.sampler.sample(self._context.ctx, rows[0]))
-        # The sequence holds exactly the prompt until the first token is decoded: save it now,
-        # after that token went to its reader.
+        # The sequence holds exactly the prompt until the first token is decoded: take its state
+        # now, after that token went to its reader.
         if cache is not None and cache.one_capture:
-            slot.checkpoints += cache.save_prompt(
+            pending = cache.capture_prompt(
                 self._context, slot.seq_id, tokens, slot.request.scope, slot.points, slot.reused
             )
-        request = slot.request
-        if request.restore is not None and slot.checkpoints:
-            request.restore = replace(request.restore, checkpoints=slot.checkpoints)
+            if pending is not None:
+                self._saves.append((slot, pending))
         if reason is not None:
             self._finish(slot, reason)
+
+    def _skips_prompt_end(self, slot: _Slot, end: int) -> bool:
+        """Whether the read of `slot`'s prompt up to `end`, its end, goes on past the restore point
+        near it instead of stopping there to save it (a sliding-window model's stop: a capture and
+        a decode more): while other requests wait for their first tokens, which come sooner."""
+        if end != len(slot.request.prompt) or slot.stops[0].kind != KIND_PROMPT_END:
+            return False
+        if any(s is not slot and s.n_past < len(s.request.prompt) for s in self._slots.values()):
+            return True
+        with self._cond:
+            return bool(self._waiting)
 
     def _take(self, slot: _Slot, token: int) -> FinishReason | None:
         """Hand a sampled token to its request; why the request ends with it, or None."""

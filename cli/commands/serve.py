@@ -118,14 +118,6 @@ def serve(
     ] = DEFAULT_MAX_TOKENS,
 ) -> None:
     """Serve MODEL over an OpenAI-compatible HTTP API, restoring cached prompts before each completion."""
-    # llama.cpp's OpenMP keeps a team of threads per calling thread, spinning a while when idle. One
-    # request at a time decodes on whichever request worker runs it, and the idle teams of the others
-    # took the cores from the busy one: passive waiting made a burst of 4 requests 2-5 times faster on
-    # 2 cores (Gemma-3-270M). With --parallel N one scheduler thread does the decoding, back to back,
-    # and libgomp's default is the faster: 4 streams of 128 tokens took 9.6 s instead of 12.9 s over
-    # HTTP. libgomp reads this when llama_cpp loads, below; a user's own setting stays.
-    if parallel <= 1:
-        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     try:
         from snapcache.server import ServeOptions, create_app
         from snapcache.server import serve as run_server

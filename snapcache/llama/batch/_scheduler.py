@@ -11,10 +11,17 @@ reading waits for that one to save it, then restores it. One thread runs the ste
 
 - first, every prompt with at most `SHORT_READ` tokens left to read (a question after a restored
   prefix), each read whole, alone, earliest first, so that its first token waits for no step;
+  requests that came meanwhile join and are read too (a burst's questions come a few
+  milliseconds apart), and only then are the states taken on the way stored;
 - the next token of every generating sequence: in `batched` mode one `llama_decode` for all of
   them, in `exact` mode one `llama_decode` per sequence;
 - then one chunk (at most `n_batch` tokens, cut at restore points) of the prompt of the earliest
   request still reading a longer prompt, decoded alone.
+
+A sliding-window model reads to each restore point and saves it there (a capture and a decode
+more). While other requests wait for their first tokens, the last chunk of a prompt reads on past
+its prompt-end point instead, so that their first tokens come sooner; the last request of a burst,
+with nobody waiting behind it, still stops there. The chat-prefix point is always kept.
 
 Prompts are always read alone, in the chunks a single-sequence Llama reads them in: a prompt's
 KV cells, its first token and the states saved from it are those of a cold single-sequence run
@@ -29,7 +36,7 @@ Gemma-3-270M, 2 threads, 4 requests of 80 prompt and 128 generated tokens): 54.9
 batched, 40.1 exact, 39.3 one by one on the Llama; exact mode's gain is fairness (slowest first
 token 1.0 s instead of 10.0 s), not throughput.
 
-The module stays whole at about 430 lines: the loop, admission, the step and the end of a request
+The module stays whole at about 480 lines: the loop, admission, the step and the end of a request
 are one state machine over the same slots; what sequences keep between requests is `_live`.
 """
 

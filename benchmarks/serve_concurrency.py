@@ -19,8 +19,9 @@ A burst's figures are its slowest first token and its last token, from the momen
 were sent; medians of --runs, the servers taking turns run by run. The servers:
 
 - `snapcache serve --parallel 4` (batched steps, the default), with `--batch-mode exact`, with
-  `--kv-cache q8_0` (flash attention over a Q8_0 K/V cache), and with `--parallel 1` (one request
-  at a time);
+  `--kv-cache q8_0` (flash attention over a Q8_0 K/V cache), with `--inexact` (restores and reuses
+  prefixes at any token, not only on the split alignment), and with `--parallel 1` (one request at
+  a time);
 - `llama-server -np 4 --cache-ram 2048` built from the llama.cpp that llama-cpp-python vendors: found
   with --llama-server, in benchmarks/results/llama-server-build/, or built there from the source
   distribution (about 10 minutes on 2 cores; --no-build skips the column instead);
@@ -124,6 +125,8 @@ CONFIGS = [
            ("--parallel", "4", "--batch-mode", "exact")),
     Config("snapcache-4-q8", "snapcache serve --parallel 4 --kv-cache q8_0", "snapcache",
            ("--parallel", "4", "--kv-cache", "q8_0")),
+    Config("snapcache-4-inexact", "snapcache serve --parallel 4 --inexact", "snapcache",
+           ("--parallel", "4", "--inexact")),
     Config("snapcache-1", "snapcache serve --parallel 1", "snapcache", ("--parallel", "1")),
     Config("llama-server", f"llama-server -np 4 --cache-ram {LLAMA_SERVER_CACHE_MIB}", "llama-server"),
     Config("example", "llama-cpp-python batched example server (4 sequences, disk cache)", "example"),

@@ -109,12 +109,10 @@ def parallel_model(
     if n_seq <= 1:
         return None
     reason = unbatched_reason(llm)
-    if reason is None and not exact:
-        reason = "inexact restores (--inexact) are not batched yet"
     if reason is not None:
         _log.warning("--parallel %d: %s; requests run one at a time", n_seq, reason)
         return None
-    scheduler = Scheduler(llm, store, n_seq=n_seq, mode=mode, priority=priority, seq_ctx=seq_ctx)
+    scheduler = Scheduler(llm, store, n_seq=n_seq, mode=mode, priority=priority, seq_ctx=seq_ctx, exact=exact)
     _log.info("%d requests at once (%s mode), %d tokens each", n_seq, mode, scheduler.n_ctx)
     return ParallelModel(BatchedLlama(scheduler, scope=current_scope, listener=listener), store)
 

@@ -210,3 +210,28 @@ def test_states_are_stored_after_the_reads_of_a_burst(llm: llama_cpp.Llama, sche
     assert again.result(60) == solo(llm, asks[0])
     assert again.restore is not None
     assert again.restore.restored_tokens >= 64
+
+
+def test_an_inexact_scheduler_reuses_prompts_at_any_token_under_its_own_fingerprint(
+    llm: llama_cpp.Llama, scheduler: Any
+) -> None:
+    """`exact=False`: a later request reuses every token it shares with the prompt a sequence holds
+    (not cut down to the split alignment), and what it saves is kept apart from exact states."""
+    from snapcache.llama.fingerprint import model_fingerprint
+
+    asks = [llm.tokenize(f"{SYSTEM}Question {i}: where is the fox?".encode()) for i in range(2)]
+    shared = next(i for i, (a, b) in enumerate(zip(*asks, strict=False)) if a != b)
+    assert shared % 64 != 0
+    inexact = scheduler(n_seq=2, exact=False)
+    assert inexact.fingerprint == model_fingerprint(llm, exact=False)
+    assert inexact.fingerprint != model_fingerprint(llm)
+    assert inexact.submit(asks[0], GREEDY, scope="a").result(60)
+    later = inexact.submit(asks[1], GREEDY, scope="a")
+    assert later.result(60)
+    assert later.restore is not None
+    assert (later.restore.source, later.restore.restored_tokens) == ("context", shared)
+    exact = scheduler(n_seq=1)
+    again = exact.submit(asks[0], GREEDY, scope="a")
+    assert again.result(60) == solo(llm, asks[0])
+    assert again.restore is not None
+    assert again.restore.restored_tokens == 0

@@ -151,3 +151,25 @@ def test_a_prompt_end_point_is_skipped_while_others_wait_for_their_first_token(
         ends = [prompt[: final_point(len(prompt), alignment)] for prompt in asks]
         keys = [SnapshotKey.for_tokens(s.fingerprint, "agents", end) for end in ends]
         assert [store.held_priority(key) is not None for key in keys] == [False, True]
+
+
+def test_an_inexact_scheduler_restores_and_reuses_a_sliding_window_model_at_any_token(
+    gemma: llama_cpp.Llama, store: SnapshotStore
+) -> None:
+    """`exact=False` on Gemma: a system part warmed inexact restores at its own length (not cut to
+    the split alignment), and the questions of a later burst reuse it from the sequences."""
+    system = list(gemma.tokenize(SYSTEM.encode()))
+    CachedLlama(gemma, store, "agents", exact=False).warm(system)
+    asks = [prompt_of(gemma, q) for q in QUESTIONS]
+    with Scheduler(gemma, store, n_seq=2, exact=False) as s:
+        first = s.submit(asks[0], GREEDY, scope="agents")
+        assert first.result(300)
+        assert first.restore is not None
+        assert first.restore.restored_tokens == len(system)
+        burst = [s.submit(prompt, GREEDY, scope="agents") for prompt in asks[1:]]
+        for request in burst:
+            tokens = request.result(300)
+            assert tokens
+            assert request.finish_reason in ("stop", "length")
+            assert request.restore is not None
+            assert request.restore.restored_tokens >= len(system)

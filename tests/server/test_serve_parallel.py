@@ -395,3 +395,17 @@ def test_a_grammar_takes_the_model_s_own_path_beside_batched_requests(batched: S
     assert again.text in {"yes", "no"}
     assert again.source in {"ram", "context"}
     assert again.cached_tokens >= 64
+
+
+def test_inexact_requests_are_batched(tiny_model_path: Path, tmp_path: Path) -> None:
+    """--inexact no longer sends every request to the model's own context one at a time: they take
+    the scheduler's sequences, restore and reuse prefixes there (under the inexact fingerprint)."""
+    log = tmp_path / "log.txt"
+    with running_server(tiny_model_path, tmp_path / "cache", log, "--parallel", "2", "--inexact") as server:
+        scope = fresh("inexact")
+        assert ask(server, QUESTIONS[0], scope=scope).source == "none"
+        answers = at_once([lambda q=q: ask(server, q, scope=scope) for q in QUESTIONS[1:3]])
+        assert all(a.completion_tokens > 0 and a.finish_reason in ("stop", "length") for a in answers)
+        assert any(a.source == "context" and a.cached_tokens > 0 for a in answers)
+        assert stats(server)["parallel"]["sequences"] == 2
+    assert "one at a time" not in log.read_text(encoding="utf-8")

@@ -4,9 +4,11 @@ It is `PrefixLoader` and `CompletionCache` with a sequence id: the same `StoredS
 assembles prefixes and saves captures, under the Llama's own fingerprint (states cross between the
 layouts in `SequenceContext`), at the same restore points (`checkpoints.checkpoint_plan`: the end of
 the system messages of a chat, and near the end of the prompt, on the model's measured split
-alignment). A model with one cache saves every point from one capture of the prompt once it has
-been read; a sliding-window model reads to each point and saves it there. Not done here (yet): the
-ladder of window points along raw prompts, and superseding a conversation's previous prompt end.
+alignment; an inexact cache, `exact=False`, splits anywhere and keeps its states apart under the
+inexact fingerprint, as `CachedLlama(exact=False)` does). A model with one cache saves every point
+from one capture of the prompt once it has been read; a sliding-window model reads to each point and
+saves it there. Not done here (yet): the ladder of window points along raw prompts, and superseding
+a conversation's previous prompt end.
 """
 
 from __future__ import annotations
@@ -49,14 +51,23 @@ class SequenceCache:
     """Restores into, and saves from, the sequences of one `SequenceContext` (see the module docstring).
 
     `uncacheable` says why this Llama's states can be neither restored nor saved (None: they can).
+    `exact=False`: restore and save at any token (see `CacheHook`'s `exact`).
     """
 
     def __init__(
-        self, llm: llama_cpp.Llama, store: SnapshotStore, *, save: bool, min_tokens: int, priority: int
+        self,
+        llm: llama_cpp.Llama,
+        store: SnapshotStore,
+        *,
+        save: bool,
+        min_tokens: int,
+        priority: int,
+        exact: bool = True,
     ) -> None:
         self.store = store
-        loader = PrefixLoader(llm, store, model_fingerprint(llm))
-        readiness = Readiness(llm, loader, FingerprintNotes(store.directory), exact=True)
+        self.exact = exact
+        loader = PrefixLoader(llm, store, model_fingerprint(llm, exact=exact))
+        readiness = Readiness(llm, loader, FingerprintNotes(store.directory), exact=exact)
         self.uncacheable = readiness.reason_not(saving=save)
         if self.uncacheable is not None:
             _log.warning("%s", self.uncacheable)
@@ -108,8 +119,9 @@ class SequenceCache:
             priority=self._priority,
             after=reused,
             alignment=self.alignment,
+            exact=self.exact,
         )
-        end = final_point(len(tokens), self.alignment)
+        end = final_point(len(tokens), self.alignment, exact=self.exact)
         points = [RestorePoint(p, prio, KIND_PROMPT_END if p == end else KIND_PREFIX) for p, prio in plan]
         if self.one_capture:
             return points

@@ -108,8 +108,11 @@ class Scheduler:
     `store` (None: no cache) restores prefixes and saves states as `CachedLlama` does, under the
     Llama's own fingerprint; `save=False` only restores; `min_tokens` and `priority` as in
     `CachedLlama`; `seq_ctx`: the tokens each sequence holds (default and most: the Llama's
-    `n_ctx`). `close` ends it (also a context manager). What each request restored is on the
-    request (`Request.restore`); `BatchedLlama` tells a listener, on the reader's thread.
+    `n_ctx`); `exact=False` restores, saves and reuses live prefixes at any token, under the inexact
+    fingerprint (`CachedLlama(exact=False)`'s): a burst reads only what its prompts do not share,
+    and answers are no longer bit for bit a cold run's. `close` ends it (also a context manager).
+    What each request restored is on the request (`Request.restore`); `BatchedLlama` tells a
+    listener, on the reader's thread.
     """
 
     def __init__(
@@ -123,6 +126,7 @@ class Scheduler:
         min_tokens: int = DEFAULT_MIN_TOKENS,
         priority: int = 0,
         seq_ctx: int | None = None,
+        exact: bool = True,
     ) -> None:
         if isinstance(n_seq, bool) or not isinstance(n_seq, int) or not 1 <= n_seq <= 256:
             raise InvalidArgument(f"n_seq must be an int from 1 to 256, got {n_seq!r}")
@@ -141,7 +145,7 @@ class Scheduler:
         self._cache = (
             None
             if store is None
-            else SequenceCache(llm, store, save=save, min_tokens=min_tokens, priority=priority)
+            else SequenceCache(llm, store, save=save, min_tokens=min_tokens, priority=priority, exact=exact)
         )
         self._context = SequenceContext(llm, n_seq, seq_ctx)
         self._waiting: deque[Request] = deque()

@@ -248,10 +248,7 @@ class Scheduler:
                     self._drop_cancelled_waiting()
                 if self._closing:
                     return
-                admitted = self._take_waiting()
             try:
-                for request, seq_id in admitted:
-                    self._admit(request, seq_id)
                 for slot in [s for s in self._slots.values() if s.request.cancelled]:
                     self._finish(slot, "cancelled")
                 self._step()
@@ -264,6 +261,7 @@ class Scheduler:
     def _take_waiting(self) -> list[tuple[Request, int]]:
         """The waiting requests that take a free sequence now, first come first served, each with
         its sequence (called holding `_cond`)."""
+        self._drop_cancelled_waiting()
         admitted: list[tuple[Request, int]] = []
         for request in list(self._waiting):
             if not self._free:
@@ -340,22 +338,23 @@ class Scheduler:
         self._slots[seq_id] = slot
 
     def _step(self) -> None:
-        # Prompts with little left to read (a question after a restored prefix) are read first, each
-        # alone, earliest first: their first tokens come without waiting a generation step each.
-        # Requests that came meanwhile join before the step, so that a burst's questions are all
-        # read before anyone's next token. The states taken on the way are stored after the reads.
-        # A longer read goes one chunk per step, so that it does not hold the others' answers back.
+        # Waiting requests join, then prompts with little left to read (a question after a restored
+        # prefix) are read first, each alone, earliest first: their first tokens come without waiting
+        # a generation step each. Requests that came meanwhile join too, so that a burst's questions
+        # are all read before anyone's next token. The states taken on the way are stored after the
+        # reads. A longer read goes one chunk per step, so that it does not hold the others' answers
+        # back.
         while True:
+            with self._cond:
+                admitted = [] if self._closing else self._take_waiting()
+            for request, seq_id in admitted:
+                self._admit(request, seq_id)
             for slot in sorted(self._slots.values(), key=lambda s: s.order):
                 while slot.seq_id in self._slots and 0 < len(slot.request.prompt) - slot.n_past <= SHORT_READ:
                     self._read(slot)
             self._store_saves()
-            with self._cond:
-                admitted = [] if self._closing else self._take_waiting()
             if not admitted:
                 break
-            for request, seq_id in admitted:
-                self._admit(request, seq_id)
         slots = list(self._slots.values())
         generating = [s for s in slots if s.n_past >= len(s.request.prompt)]
         if generating:

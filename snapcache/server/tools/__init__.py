@@ -1,0 +1,34 @@
+"""Tool calls in the model's own chat template: tools and results rendered, calls parsed per format.
+
+`tool_format_for(template)` finds the format (Hermes/Qwen, Llama 3.x, Mistral, FunctionGemma,
+Gemma 4, or none); `ToolFormat.parse` and `ToolFormat.stream` read replies detokenized with special
+tokens; `render_prompt` renders a conversation with tools through the template.
+"""
+
+from __future__ import annotations
+
+from snapcache.server.tools._detect import NO_TOOL_FORMAT, renders_tools, tool_format_for
+from snapcache.server.tools._format import ToolFormat
+from snapcache.server.tools._messages import content_text, default_calls_as_text, render_messages
+from snapcache.server.tools._prompt import ChatTemplateError, render_prompt
+from snapcache.server.tools._stream import StreamItem, ToolCallStream
+from snapcache.server.tools._values import ParsedReply, ToolCall, ToolCallDelta, ToolSpec, new_call_id
+
+__all__ = [
+    "NO_TOOL_FORMAT",
+    "ChatTemplateError",
+    "ParsedReply",
+    "StreamItem",
+    "ToolCall",
+    "ToolCallDelta",
+    "ToolCallStream",
+    "ToolFormat",
+    "ToolSpec",
+    "content_text",
+    "default_calls_as_text",
+    "new_call_id",
+    "render_messages",
+    "render_prompt",
+    "renders_tools",
+    "tool_format_for",
+]

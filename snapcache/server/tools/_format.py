@@ -1,0 +1,47 @@
+"""ToolFormat: a chat template's call format, and how to read replies written in it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from snapcache.server.tools._stream import ToolCallStream, parse_reply
+from snapcache.server.tools._syntax import CallSyntax
+from snapcache.server.tools._values import ParsedReply
+
+
+@dataclass(frozen=True, slots=True)
+class ToolFormat:
+    """How a model writes tool calls, found from its chat template by `tool_format_for`.
+
+    `name` is one of "hermes", "llama3", "mistral", "functiongemma", "gemma4", or "none" where the
+    template has no call format of its own (the caller then describes the tools itself and
+    constrains the reply with a grammar). `renders_tools` says the template places the `tools` it is
+    given in the prompt itself. `stop` lists texts to stop generation at, beyond the model's own
+    end-of-turn tokens.
+    """
+
+    name: str
+    renders_tools: bool = False
+    stop: tuple[str, ...] = ()
+    syntax: CallSyntax | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def native(self) -> bool:
+        """Whether the model has a call format of its own (so `parse` can find calls)."""
+        return self.syntax is not None
+
+    def parse(self, text: str) -> ParsedReply:
+        """Split a whole reply into content and tool calls.
+
+        `text` must be the reply detokenized with special tokens (`detokenize(..., special=True)`):
+        markers such as `[TOOL_CALLS]`, `<|python_tag|>` or `<start_function_call>` are special
+        tokens and vanish from text detokenized without them. Parallel calls come back in order;
+        a malformed call stays in the content; ids are the model's where its format has them, else
+        `call_` and random hex; arguments are compact JSON text of an object. Without calls the
+        content is the text unchanged; with calls it is stripped of surrounding whitespace.
+        """
+        return parse_reply(self.syntax, text)
+
+    def stream(self) -> ToolCallStream:
+        """A parser for one streamed reply (same rules as `parse`): `feed(delta)`, then `finish()`."""
+        return ToolCallStream(self.syntax)

@@ -1,0 +1,90 @@
+"""The values a tool-calling chat passes around: a tool offered, a call made, a reply parsed."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """A function tool as OpenAI describes one: its name, what it does, a JSON schema of its arguments."""
+
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
+
+    def openai(self) -> dict[str, Any]:
+        """The tool in the shape chat templates iterate: `{"type": "function", "function": {...}}`."""
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One call the model made; `arguments` is compact JSON text of an object."""
+
+    id: str
+    name: str
+    arguments: str
+
+    def openai(self) -> dict[str, Any]:
+        """The call as an OpenAI assistant message carries it in `tool_calls`."""
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallDelta:
+    """A piece of a call still being written, from a stream.
+
+    The first delta of an `index` (the call's place among the reply's calls) names the call with
+    empty `arguments`; the next ones add the arguments' JSON text as the model writes it. The
+    `ToolCall` with the same id follows when the call closes, its arguments normalized (the same
+    object). A reply that ends inside the call (a token limit) gives its text back as content instead.
+    """
+
+    index: int
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedReply:
+    """A model's reply split into its text and the tool calls it made, in order."""
+
+    content: str
+    calls: tuple[ToolCall, ...] = ()
+
+
+def new_call_id() -> str:
+    """A fresh id for a call whose format carries none: `call_` and 24 random hex digits."""
+    return "call_" + secrets.token_hex(12)
+
+
+def compact_json(value: object) -> str:
+    """JSON text without spaces, non-ASCII kept as is: the one form every parsed argument takes."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def arguments_text(arguments: object) -> str | None:
+    """The compact JSON of a call's arguments (an object, or JSON text of one); None when not an object.
+
+    Missing arguments are an empty object; some models encode the object once more as a JSON string.
+    """
+    if arguments is None:
+        return "{}"
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except ValueError:
+            return None
+    return compact_json(arguments) if isinstance(arguments, dict) else None

@@ -6,12 +6,14 @@ import json
 
 import pytest
 
-from snapcache.server.tools import ParsedReply, ToolCall, ToolCallDelta, ToolFormat, tool_format_for
+from snapcache.server.tools import ParsedReply, ToolCall, ToolCallDelta, ToolFormat, ToolSpec, tool_format_for
 
 # The smallest template text each format is detected from; the real templates are in
 # test_tool_templates.py.
 DETECTED_BY = {
     "hermes": '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>',
+    "qwen3_coder": "<tool_call>\n<function=example_function_name>\n<parameter=example_parameter_1>",
+    "seed_oss": "<seed:tool_call>\n<function=example_function_name>\n<parameter=example_parameter_1>",
     "llama3": '<|start_header_id|>{"name": function name, "parameters": dictionary}',
     "mistral": "[AVAILABLE_TOOLS]{{ tools }}[/AVAILABLE_TOOLS][TOOL_CALLS]",
     "functiongemma": "{{ tools }}<start_function_call>call:",
@@ -59,6 +61,21 @@ CASES = [
     ),
     # Hermes-2-Pro writes the arguments first; a reply cut after the object still holds the call.
     ("hermes", '<tool_call>\n{"arguments": {"city": "Paris"}, "name": "get_weather"}', "", [WEATHER]),
+    (
+        "qwen3_coder",
+        "Let me see.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+        "</function>\n</tool_call>\n<tool_call>\n<function=get_time>\n<parameter=city>\nParis\n</parameter>\n"
+        "<parameter=utc>\ntrue\n</parameter>\n</function>\n</tool_call>",
+        "Let me see.",
+        [WEATHER, TIME],
+    ),
+    (
+        "seed_oss",
+        "<seed:tool_call>\n<function=get_weather>\n<parameter=city>Paris</parameter>\n</function>\n"
+        "</seed:tool_call>",
+        "",
+        [WEATHER],
+    ),
     ("llama3", '{"name": "get_weather", "parameters": {"city": "Paris"}}', "", [WEATHER]),
     (
         "llama3",
@@ -148,6 +165,8 @@ def test_ids_are_the_models_where_its_format_has_them_else_fresh() -> None:
         ("mistral", "[TOOL_CALLS]get_weather[ARGS]not json"),
         ("functiongemma", "<start_function_call>call:get_weather{city:<escape>Paris}<end_function_call>"),
         ("functiongemma", "<start_function_call>get_weather{}<end_function_call>"),
+        ("qwen3_coder", "<tool_call>\n<function=f>\n<parameter=a>\n1\n</parameter>\nstray text</tool_call>"),
+        ("qwen3_coder", '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>'),
     ],
 )
 def test_a_malformed_call_stays_content(name, reply) -> None:
@@ -227,7 +246,7 @@ def test_argument_deltas_add_up_to_the_calls_arguments(name, reply, content, cal
         assert {(delta.id, delta.name) for delta in mine} == {(call.id, call.name)}
         assert mine[0].arguments == ""
         assert json.loads("".join(delta.arguments for delta in mine)) == json.loads(call.arguments)
-    streams = {"hermes": 1, "llama3": 1, "mistral": 1, "functiongemma": 0, "gemma4": 0}[name]
+    streams = {"hermes": 1, "llama3": 1, "mistral": 1}.get(name, 0)
     if name == "mistral" and reply.startswith("[TOOL_CALLS]["):
         streams = 0  # a JSON list of calls comes whole
     if name == "mistral" and "[ARGS]" in reply:
@@ -275,6 +294,29 @@ def test_functiongemma_values_become_json() -> None:
         "tags": ["a", "b"],
         "where": {"city": "Paris"},
     }
+
+
+def test_xml_values_are_typed_by_the_tools_schema_where_given() -> None:
+    reply = (
+        "<tool_call>\n<function=write>\n<parameter=path>\n42\n</parameter>\n<parameter=text>\nline 1\n"
+        "line 2\n</parameter>\n<parameter=count>\n3\n</parameter>\n<parameter=force>\nTrue\n</parameter>\n"
+        '<parameter=meta>\n{"a": [1]}\n</parameter>\n</function>\n</tool_call>'
+    )
+    untyped = json.loads(fmt("qwen3_coder").parse(reply).calls[0].arguments)
+    assert untyped == {"path": 42, "text": "line 1\nline 2", "count": 3, "force": True, "meta": {"a": [1]}}
+    schema = {
+        "type": "object",
+        "properties": {
+            "path": {"type": "string"},
+            "count": {"type": "integer"},
+            "force": {"type": "boolean"},
+        },
+    }
+    typed = fmt("qwen3_coder").parse(reply, [ToolSpec("write", "", schema)])
+    assert json.loads(typed.calls[0].arguments)["path"] == "42"
+    stream = fmt("qwen3_coder").stream([ToolSpec("write", "", schema)])
+    (call,) = [item for item in stream.feed(reply) + stream.finish() if isinstance(item, ToolCall)]
+    assert call.arguments == typed.calls[0].arguments
 
 
 def test_formats_say_what_to_stop_on() -> None:

@@ -1,8 +1,8 @@
 """Conversations with tools rendered through real chat templates, and the calls they show parsed back.
 
 The templates are in tests/data/chat_templates (SOURCES.md there says where each comes from and under
-which license): Qwen 2.5 and Qwen 3 (Hermes format), Mistral Nemo and Mistral Small 3.2, and two
-written for these tests that reproduce the Llama 3.x and FunctionGemma formats.
+which license): Qwen 2.5 and Qwen 3 (Hermes format), Qwen3-Coder (XML calls), Mistral Nemo and Mistral
+Small 3.2, and two written for these tests that reproduce the Llama 3.x and FunctionGemma formats.
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ ANSWER = [
 CASES = {
     "qwen2.5": ("qwen2.5-7b-instruct.jinja", "hermes", "", "<|im_end|>", "<|im_end|>\n"),
     "qwen3": ("qwen3-0.6b.jinja", "hermes", "", "<|im_end|>", "<|im_end|>\n"),
+    "qwen3-coder": ("qwen3-coder.jinja", "qwen3_coder", "", "<|im_end|>", "<|im_end|>\n"),
     "llama3": ("llama3-tools.jinja", "llama3", "<|begin_of_text|>", "<|eot_id|>", "<|eot_id|>"),
     "mistral-nemo": ("mistral-nemo-instruct-2407.jinja", "mistral", "<s>", "</s>", "</s>"),
     "mistral-small-3.2": ("mistral-small-3.2-24b-instruct-2506.jinja", "mistral", "<s>", "</s>", "</s>"),

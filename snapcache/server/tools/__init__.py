@@ -1,8 +1,9 @@
 """Tool calls in the model's own chat template: tools and results rendered, calls parsed per format.
 
-`tool_format_for(template)` finds the format (Hermes/Qwen, Llama 3.x, Mistral, FunctionGemma,
-Gemma 4, or none); `ToolFormat.parse` and `ToolFormat.stream` read replies detokenized with special
-tokens; `render_prompt` renders a conversation with tools through the template.
+`tool_format_for(template)` finds the format (Hermes/Qwen, Qwen3-Coder/Qwen3.5 XML, Seed-OSS,
+Llama 3.x, Mistral, FunctionGemma, Gemma 4, or none); `ToolFormat.parse` and `ToolFormat.stream`
+read replies detokenized with special tokens; `render_prompt` renders a conversation with tools
+through the template.
 """
 
 from __future__ import annotations

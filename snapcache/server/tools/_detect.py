@@ -13,6 +13,7 @@ from snapcache.server.tools._gemma import FUNCTION_GEMMA, GEMMA4
 from snapcache.server.tools._hermes import HermesSyntax
 from snapcache.server.tools._llama3 import Llama3Syntax
 from snapcache.server.tools._mistral import MistralSyntax
+from snapcache.server.tools._qwen_xml import QwenXmlSyntax
 
 NO_TOOL_FORMAT = ToolFormat("none")
 
@@ -36,9 +37,9 @@ def renders_tools(template: str) -> bool:
 def tool_format_for(template: str | None) -> ToolFormat:
     """The call format of the model whose chat template this is; "none" for unknown or no template.
 
-    Checked most specific first. Templates that write `<tool_call>` with XML inside (Qwen3-Coder,
-    GLM) or `<function=...>` calls (Functionary) are not these formats and are left to the caller's
-    fallback.
+    Checked most specific first. Templates that write `<tool_call>` with other XML inside (GLM,
+    MiniMax) or `<function=...>` calls without it (Functionary) are not these formats and are left
+    to the caller's fallback.
     """
     if not template:
         return NO_TOOL_FORMAT
@@ -49,6 +50,10 @@ def tool_format_for(template: str | None) -> ToolFormat:
         return ToolFormat("gemma4", renders, ("<|tool_response>",), GEMMA4)
     if "[TOOL_CALLS]" in template:
         return ToolFormat("mistral", renders, (), MistralSyntax())
+    if "<seed:tool_call>" in template and "<parameter=" in template:
+        return ToolFormat("seed_oss", renders, (), QwenXmlSyntax("<seed:tool_call>", "</seed:tool_call>"))
+    if "<tool_call>" in template and "<function=" in template and "<parameter=" in template:
+        return ToolFormat("qwen3_coder", renders, (), QwenXmlSyntax())
     if (
         "<tool_call>" in template
         and _ARGUMENTS_KEY.search(template)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+from snapcache.server.tools._qwen_xml import QwenXmlSyntax
 from snapcache.server.tools._stream import ToolCallStream, parse_reply
 from snapcache.server.tools._syntax import CallSyntax
 from snapcache.server.tools._values import ParsedReply
@@ -13,11 +16,11 @@ from snapcache.server.tools._values import ParsedReply
 class ToolFormat:
     """How a model writes tool calls, found from its chat template by `tool_format_for`.
 
-    `name` is one of "hermes", "llama3", "mistral", "functiongemma", "gemma4", or "none" where the
-    template has no call format of its own (the caller then describes the tools itself and
-    constrains the reply with a grammar). `renders_tools` says the template places the `tools` it is
-    given in the prompt itself. `stop` lists texts to stop generation at, beyond the model's own
-    end-of-turn tokens.
+    `name` is one of "hermes", "qwen3_coder", "seed_oss", "llama3", "mistral", "functiongemma",
+    "gemma4", or "none" where the template has no call format of its own (the caller then describes the tools
+    itself and constrains the reply with a grammar). `renders_tools` says the template places the
+    `tools` it is given in the prompt itself. `stop` lists texts to stop generation at, beyond the
+    model's own end-of-turn tokens.
     """
 
     name: str
@@ -30,7 +33,7 @@ class ToolFormat:
         """Whether the model has a call format of its own (so `parse` can find calls)."""
         return self.syntax is not None
 
-    def parse(self, text: str) -> ParsedReply:
+    def parse(self, text: str, tools: Sequence[Any] = ()) -> ParsedReply:
         """Split a whole reply into content and tool calls.
 
         `text` must be the reply detokenized with special tokens (`detokenize(..., special=True)`):
@@ -38,10 +41,16 @@ class ToolFormat:
         tokens and vanish from text detokenized without them. Parallel calls come back in order;
         a malformed call stays in the content; ids are the model's where its format has them, else
         `call_` and random hex; arguments are compact JSON text of an object. Without calls the
-        content is the text unchanged; with calls it is stripped of surrounding whitespace.
+        content is the text unchanged; with calls it is stripped of surrounding whitespace. `tools`
+        (objects like ToolSpec) tell formats that write values bare (Qwen3-Coder's) which are text.
         """
-        return parse_reply(self.syntax, text)
+        return parse_reply(self._syntax_for(tools), text)
 
-    def stream(self) -> ToolCallStream:
+    def stream(self, tools: Sequence[Any] = ()) -> ToolCallStream:
         """A parser for one streamed reply (same rules as `parse`): `feed(delta)`, then `finish()`."""
-        return ToolCallStream(self.syntax)
+        return ToolCallStream(self._syntax_for(tools))
+
+    def _syntax_for(self, tools: Sequence[Any]) -> CallSyntax | None:
+        if tools and isinstance(self.syntax, QwenXmlSyntax):
+            return self.syntax.typed(tools)
+        return self.syntax

@@ -319,6 +319,15 @@ def test_xml_values_are_typed_by_the_tools_schema_where_given() -> None:
     assert call.arguments == typed.calls[0].arguments
 
 
+def test_a_reply_continued_after_the_call_marker_parses_when_the_marker_is_fed_first() -> None:
+    form = fmt("hermes")
+    assert form.call_marker == "<tool_call>"
+    assert tool_format_for(None).call_marker is None
+    stream = form.stream()
+    items = stream.feed(form.call_marker) + stream.feed('\n{"name": "f", "arguments": {}}\n</tool_call>')
+    assert [item.name for item in items if isinstance(item, ToolCall)] == ["f"]
+
+
 def test_formats_say_what_to_stop_on() -> None:
     assert fmt("functiongemma").stop == ("<start_function_response>",)
     assert fmt("hermes").stop == ()

@@ -202,3 +202,11 @@ def test_without_tools_no_tool_text_is_rendered(case: str) -> None:
     assert "Hi" in prompt
     for marker in ("<tools>", "[AVAILABLE_TOOLS]", "Environment: ipython", "<start_function_declaration>"):
         assert marker not in prompt
+
+
+def test_template_variables_reach_the_template() -> None:
+    template = (TEMPLATES / "qwen3-0.6b.jinja").read_text()
+    chat = [{"role": "user", "content": "Hi"}]
+    plain = render_prompt(template, "", "", chat)
+    quiet = render_prompt(template, "", "", chat, variables={"enable_thinking": False})
+    assert quiet == plain + "<think>\n\n</think>\n\n"

@@ -33,6 +33,15 @@ class ToolFormat:
         """Whether the model has a call format of its own (so `parse` can find calls)."""
         return self.syntax is not None
 
+    @property
+    def call_marker(self) -> str | None:
+        """The text that opens a call (`<tool_call>`, `[TOOL_CALLS]`...), or None.
+
+        A caller that must have a call (`tool_choice` "required") can end the prompt with it and feed
+        it to the parser before the model's text.
+        """
+        return self.syntax.markers[0] if self.syntax is not None else None
+
     def parse(self, text: str, tools: Sequence[Any] = ()) -> ParsedReply:
         """Split a whole reply into content and tool calls.
 

@@ -104,9 +104,10 @@ def render_messages(
     it, and leading system messages become one; assistant `tool_calls` (OpenAI dicts, or objects
     like ToolCall) carry their arguments as objects; a `tool` message carries its call's `name`.
     Where the template has no tool role, a result becomes user text in a `<tool_response name=...
-    id=...>` wrapper, and where it has no calls, an assistant's calls become text (`calls_as_text`, by default
-    `default_calls_as_text`). Where the template takes one call per message (Llama 3.x), parallel
-    calls are split, each followed by its result.
+    id=...>` wrapper, and where it has no calls, an assistant's calls become text (`calls_as_text`,
+    by default `default_calls_as_text`). Where the template takes one call per message (Llama 3.x),
+    parallel calls are split, each followed by its result. Ids become 9 alphanumeric characters for
+    Mistral's templates (the same id the same characters every turn, so the prompt stays a prefix).
     """
     traits = _Traits.of(template)
     names = {

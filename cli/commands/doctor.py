@@ -58,6 +58,8 @@ def doctor(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
 ) -> None:
     """Report llama.cpp's build and backend, library versions and the cache directory's health."""
+    from snapcache.llama.build_flags import read_cpu_flags
+
     settings = settings_of(ctx)
     info: dict[str, Any] = {
         "python": platform.python_version(),
@@ -68,14 +70,15 @@ def doctor(
     directory = _cache_directory(settings)
     # The library's own rules, checked without creating anything.
     found = snapcache.SnapshotStore.inspect_directory(directory)
+    cpu_flags = read_cpu_flags()  # the CPU both build checks judge
     checks = [
         *_directory_checks(found),
         _store_check(settings, found),
         *_remote_check(settings),
         _model_check(),
         _gpu_check(info["llama_cpp"]),
-        amx_check(info["llama_cpp"]["system_info"]),
-        cxx_runtime_check(info["llama_cpp"]),
+        amx_check(info["llama_cpp"]["system_info"], cpu_flags),
+        cxx_runtime_check(info["llama_cpp"], cpu_flags),
     ]
     failed = any(c.status == "fail" for c in checks)
     if as_json:
@@ -281,8 +284,9 @@ def _gpu_check(llama: dict[str, Any]) -> Check:
     )
 
 
-def amx_check(system_info: str, cpu_flags: frozenset[str] | None = None) -> Check:
-    """Whether llama.cpp's AMX kernels, which crash on Q4_K models, would run here, and the fix."""
+def amx_check(system_info: str, cpu_flags: frozenset[str]) -> Check:
+    """Whether llama.cpp's AMX kernels, which crash on Q4_K models, would run on a CPU with `cpu_flags`
+    (/proc/cpuinfo's; none where unknown), and the fix."""
     from snapcache.llama.amx import amx_condition, rebuild_command
 
     condition = amx_condition(system_info, cpu_flags)
@@ -299,14 +303,19 @@ def amx_check(system_info: str, cpu_flags: frozenset[str] | None = None) -> Chec
     return Check("AMX kernels", "ok", "not compiled in")
 
 
-def cxx_runtime_check(llama: dict[str, Any], libraries: list[LibraryLinkage] | None = None) -> Check:
-    """Whether a llama.cpp library exports its own C++ runtime's `__once_proxy`, which crashes GPU decodes."""
+def cxx_runtime_check(
+    llama: dict[str, Any], cpu_flags: frozenset[str], libraries: list[LibraryLinkage] | None = None
+) -> Check:
+    """Whether a llama.cpp library exports its own C++ runtime's `__once_proxy`, which crashes GPU decodes.
+
+    The fix it names is the rebuild for a CPU with `cpu_flags`: on one with AMX it leaves AMX out too.
+    """
     from snapcache.llama import cxx_runtime
 
     try:
         found = cxx_runtime.installed_libraries() if libraries is None else libraries
         exporting = [lib.path.name for lib in found if lib.exports_once_proxy]
-        fix = cxx_runtime.rebuild_command(llama["system_info"]) if exporting else ""
+        fix = cxx_runtime.rebuild_command(llama["system_info"], cpu_flags) if exporting else ""
     except (OSError, ValueError) as exc:
         return Check("C++ runtime", "warn", f"could not read llama.cpp's libraries: {exc}")
     if exporting:

@@ -39,7 +39,6 @@ ALLOWED_SKIPS = (
     "POSIX mode bits",
     "POSIX permission bits",
     "no fork here",
-    "x86-64 build flags",
     "maps ahead on Linux 5.14 and later",
     "a system without transparent huge pages",
     "set SNAPCACHE_LONG_TESTS=1 to run it",

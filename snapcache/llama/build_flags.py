@@ -12,7 +12,8 @@ would come back. `install` builds with `--no-cache-dir` and keeps the wheel in a
 hash of everything the build depended on (version, flags, Python, and the CPU for a native build).
 
 Standard library only: the Makefile runs it (`python snapcache/llama/build_flags.py install`) before
-anything else is installed. `python snapcache/llama/build_flags.py` prints the flags it would use.
+anything else is installed. `python snapcache/llama/build_flags.py` prints the flags it would use
+(`--cpuinfo` and `--machine` ask about another machine).
 """
 
 from __future__ import annotations
@@ -178,6 +179,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command")
     flags_parser = sub.add_parser("flags", help="print the CMAKE_ARGS this machine builds with (the default)")
     flags_parser.add_argument("--cpuinfo", type=Path, default=CPUINFO, help="read the CPU's flags from here")
+    flags_parser.add_argument(
+        "--machine", default=platform.machine(), help="the architecture, as platform.machine() names it"
+    )
     installer = sub.add_parser("install", help="build or reuse the wheel for these flags and install it")
     installer.add_argument("--verbose", action="store_true", help="show pip's and CMake's output")
     args = parser.parse_args(argv)
@@ -185,7 +189,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         install(sys.executable, os.environ, quiet=not args.verbose)
     else:
         cpuinfo = getattr(args, "cpuinfo", CPUINFO)
-        print(chosen_cmake_args(os.environ, platform.machine(), read_cpu_flags(cpuinfo)))
+        machine = getattr(args, "machine", platform.machine())
+        print(chosen_cmake_args(os.environ, machine, read_cpu_flags(cpuinfo)))
     return 0
 
 

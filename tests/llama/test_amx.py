@@ -1,8 +1,10 @@
 """llama.cpp's AMX kernels crash on Q4_K models: the build leaves them out, the loader keeps away.
 
-The build's choice is checked on fake /proc/cpuinfo texts (with and without AMX); the installed
-llama.cpp is checked for real. The run-time guard's decision is checked on fake system-info strings;
-what it does when it decides (a model loaded without extra buffer types) runs the real llama.cpp.
+The build's choice is checked on fake /proc/cpuinfo texts (with and without AMX) and a named
+architecture; the installed llama.cpp is checked for real. The run-time guard's decision is checked on
+fake system-info strings and CPU flags, and the loader is given the decision it acts on; what it does
+then (a model loaded with or without extra buffer types) runs the real llama.cpp. Two tests read this
+machine on purpose, and say so: the installed build, and doctor's line about it.
 """
 
 from __future__ import annotations
@@ -51,13 +53,13 @@ def flags_of(text: str) -> frozenset[str]:
     return frozenset(text.split())
 
 
-def printed_flags(tmp_path: Path, flags: str, **env: str) -> str:
+def printed_flags(tmp_path: Path, flags: str, machine: str = "x86_64", **env: str) -> str:
     """What `build_flags.py flags` prints for a machine with these CPU flags (a fresh process)."""
     fake = tmp_path / "cpuinfo"
     fake.write_text(cpuinfo_text(flags))
     environ = {k: v for k, v in os.environ.items() if k != "CMAKE_ARGS"} | env
     result = subprocess.run(
-        [sys.executable, str(BUILD_FLAGS), "flags", "--cpuinfo", str(fake)],
+        [sys.executable, str(BUILD_FLAGS), "flags", "--cpuinfo", str(fake), "--machine", machine],
         capture_output=True,
         text=True,
         env=environ,
@@ -74,7 +76,6 @@ def test_cpu_flags_are_read_from_a_cpuinfo_text():
     assert build_flags.cpu_flags("processor : 0\n") == frozenset()
 
 
-@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="x86-64 build flags")
 def test_an_amx_cpu_is_built_without_native_and_without_amx(tmp_path):
     args = printed_flags(tmp_path, SAPPHIRE_RAPIDS).split()
     assert "-DGGML_NATIVE=OFF" in args
@@ -96,8 +97,10 @@ def test_an_instruction_set_the_cpu_lacks_is_turned_off():
     assert "-DGGML_AVX_VNNI=OFF" in args
 
 
-def test_amx_flags_on_another_architecture_change_nothing():
+def test_amx_flags_on_another_architecture_change_nothing(tmp_path):
     assert build_flags.cmake_args_for("aarch64", flags_of(SAPPHIRE_RAPIDS)) == ""
+    assert printed_flags(tmp_path, SAPPHIRE_RAPIDS, machine="aarch64") == ""
+    assert printed_flags(tmp_path, SAPPHIRE_RAPIDS, machine="AMD64").startswith("-DGGML_NATIVE=OFF ")
 
 
 def test_the_users_cmake_args_win(tmp_path):
@@ -139,10 +142,15 @@ def test_the_makefile_builds_llama_cpp_python_through_build_flags(tmp_path):
 
 
 def test_the_installed_llama_cpp_is_the_build_chosen_for_this_machine():
-    """The llama.cpp the Makefile installed: no AMX kernels, and the wheel of this machine's flags."""
+    """Reads this machine's CPU and installed llama.cpp on purpose: the Makefile's wheel of this
+    machine's flags, with no AMX kernels unless the user's CMAKE_ARGS chose the build (they win).
+
+    On a CPU without AMX the native build has none; on one with AMX the build leaves them out.
+    """
     flags = build_flags.read_cpu_flags()
-    assert "AMX_INT8 = 1" not in llama_system_info()
-    assert not amx_condition().crashes
+    if not os.environ.get("CMAKE_ARGS", "").strip():
+        assert "AMX_INT8 = 1" not in llama_system_info()
+        assert not amx_condition().crashes
     marker = Path(sys.prefix) / ".llama-cpp-python-build"
     if not marker.exists():
         pytest.skip("llama-cpp-python was not installed by the Makefile (no build marker in this venv)")
@@ -212,7 +220,13 @@ def test_where_amx_would_crash_the_loader_leaves_out_extra_buffers(tiny_model_pa
         guarded.close()
 
 
-def test_elsewhere_the_loader_keeps_extra_buffers(tiny_model_path):
+@pytest.mark.parametrize(
+    "condition",
+    [AmxCondition(compiled=False, cpu_has_amx=True), AmxCondition(compiled=True, cpu_has_amx=False)],
+    ids=["not compiled in", "a cpu without AMX"],
+)
+def test_elsewhere_the_loader_keeps_extra_buffers(tiny_model_path, condition, monkeypatch):
+    monkeypatch.setattr(loader, "amx_condition", lambda: condition)
     llm = load_llama(tiny_model_path, n_ctx=256, n_threads=2)
     try:
         assert llm.model_params.use_extra_bufts is True
@@ -290,6 +304,15 @@ def test_doctor_names_the_condition_and_the_fix():
 
 
 def test_doctor_reports_this_machines_amx_line():
+    """Reads this machine's CPU and llama.cpp on purpose: doctor's line is the check of those two,
+    ok wherever the guard finds no crash (the Makefile's build, on any CPU), the fix where it does."""
+    info, flags = llama_system_info(), build_flags.read_cpu_flags()
+    check = amx_check(info, flags)
     result = CliRunner().invoke(app, ["doctor"])
-    line = next(line for line in result.output.splitlines() if "AMX kernels" in line)
-    assert "[  ok] AMX kernels: not compiled in" in line or "unused" in line
+    lines = [line for line in result.output.splitlines() if "AMX kernels" in line]
+    assert lines == [f"  [{check.status:>4}] AMX kernels: {check.detail}"]
+    if amx_condition(info, flags).crashes:
+        assert check.status == "warn"
+    else:
+        assert check.status == "ok"
+        assert check.detail in ("not compiled in", "compiled in, unused: this CPU has no AMX")

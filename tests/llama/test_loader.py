@@ -103,6 +103,7 @@ def test_a_gguf_with_only_its_header(tiny_model_path, tmp_path, capfd):
 
 @pytest.mark.model
 def test_threads_default_to_the_usable_cores(tiny_model_path):
+    """Reads this machine's usable cores on purpose: whatever their number, they are the default."""
     llm = load_llama(tiny_model_path, n_ctx=256)
     try:
         assert (llm.n_threads, llm.n_threads_batch) == (usable_cores(), usable_cores())

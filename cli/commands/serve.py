@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import socket
 from typing import Annotated
 
@@ -107,6 +108,25 @@ def serve(
         typer.Option("--cors-origin", help="A browser origin allowed to call the server (repeatable)."),
     ] = None,
     inexact: InexactOption = False,
+    keep_billing_header: Annotated[
+        bool,
+        typer.Option(
+            "--keep-billing-header",
+            help="Keep Claude Code's first system block (x-anthropic-billing-header: cc_version=...;) in "
+            "prompts. By default it is dropped: its values change every session, and every token after "
+            "it would miss the cache.",
+        ),
+    ] = False,
+    normalize: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--normalize",
+            metavar="REGEX",
+            help="Delete text matching this regular expression from every request's messages before "
+            "rendering (repeatable), e.g. a date line that changes daily: '^Today is .*$'. "
+            "/snapcache/why says which rules changed a scope's last request.",
+        ),
+    ] = None,
     max_tokens_default: Annotated[
         int,
         typer.Option(
@@ -125,6 +145,11 @@ def serve(
         raise CliError(_NO_SERVER.format(missing=f"missing: {exc.name}")) from None
     from snapcache import SnapshotStore
 
+    for pattern in normalize or ():
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise CliError(f"--normalize {pattern!r} is not a regular expression: {exc}") from None
     if batch_mode not in BATCH_MODES:
         raise CliError(f"--batch-mode must be one of {', '.join(BATCH_MODES)}, got {batch_mode!r}")
     choice = choose_model(model)
@@ -154,6 +179,8 @@ def serve(
                 parallel=parallel,
                 batch_mode="exact" if batch_mode == "exact" else "batched",
                 seq_ctx=seq_ctx,
+                keep_billing_header=keep_billing_header,
+                normalize=tuple(normalize or ()),
             )
             app = create_app(llm, store, options)
             where = store.directory if store.directory is not None else "RAM only"

@@ -31,6 +31,7 @@ from snapcache.llama.batch import Mode
 from snapcache.llama.cached import attach, detach
 from snapcache.llama.fingerprint import model_fingerprint
 from snapcache.llama.hook import CacheHook
+from snapcache.server.chat import ChatEngine, PromptRules, install_dialects
 from snapcache.server.checks import ModelLimits, RequestChecks
 from snapcache.server.errors import answer_client_errors
 from snapcache.server.middleware import SnapcacheMiddleware
@@ -59,7 +60,9 @@ class ServeOptions:
     completion that sets no limit may generate (None: until the context is full), how many
     completions run at once (`parallel`, each with the Llama's `n_ctx`, or `seq_ctx` tokens where
     set: longer requests run one at a time on the Llama's own context) and how their steps are
-    batched (`batch_mode`: see `snapcache.llama.batch.Scheduler`)."""
+    batched (`batch_mode`: see `snapcache.llama.batch.Scheduler`); whether Claude Code's per-session
+    billing line stays in prompts (`keep_billing_header`), and patterns of other text to delete from
+    them (`normalize`: see `snapcache.server.chat.PromptRules`)."""
 
     api_key: str | None = None
     model_alias: str | None = None
@@ -70,6 +73,8 @@ class ServeOptions:
     parallel: int = 4
     batch_mode: Mode = "batched"
     seq_ctx: int | None = None
+    keep_billing_header: bool = False
+    normalize: Sequence[str] = field(default_factory=tuple)
 
 
 class _OneModel:
@@ -117,6 +122,7 @@ def create_app(llm: llama_cpp.Llama, store: SnapshotStore, options: ServeOptions
     turns = ModelTurns(parallel.batched.own_context if parallel is not None else None)
     answer_client_errors()
     checks = RequestChecks(ModelLimits.of(llm), options.max_tokens_default)
+    rules = PromptRules(options.normalize, keep_billing_header=options.keep_billing_header)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -130,9 +136,10 @@ def create_app(llm: llama_cpp.Llama, store: SnapshotStore, options: ServeOptions
     app = FastAPI(title="snapcache", version=snapcache.__version__, lifespan=lifespan)
     app.include_router(extras_router())  # first: its routes answer before llama-cpp-python's
     app.include_router(llama_server.router)
-    app.include_router(snapcache_router(hook, monitor, turns, parallel))
+    app.include_router(snapcache_router(hook, monitor, turns, parallel, rules))
+    install_dialects(app, ChatEngine(llm, rules, options.max_tokens_default), options.api_key)
     unlock_routes(app, parallel is not None)
-    app.add_middleware(SnapcacheMiddleware, checks=checks)
+    app.add_middleware(SnapcacheMiddleware, checks=checks, rules=rules)
     document_errors(app)
     if options.cors_origins:
         app.add_middleware(

@@ -23,6 +23,7 @@ import anyio
 
 from snapcache.errors import InvalidArgument
 from snapcache.key import DEFAULT_SCOPE, validate_scope
+from snapcache.server.chat.rules import PromptRules
 from snapcache.server.checks import CHAT_PATH, COMPLETION_PATHS, RequestChecks, parse_body
 from snapcache.server.errors import BadRequest, client_error, error_document
 from snapcache.server.request import RequestRecord, serving
@@ -47,9 +48,10 @@ class SnapcacheMiddleware:
     """Wraps the app: JSON bodies checked (see `checks`), completions scoped and reported, and an
     error that escapes a route answered as JSON."""
 
-    def __init__(self, app: ASGIApp, checks: RequestChecks) -> None:
+    def __init__(self, app: ASGIApp, checks: RequestChecks, rules: PromptRules | None = None) -> None:
         self.app = app
         self.checks = checks
+        self.rules = rules
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -75,6 +77,8 @@ class SnapcacheMiddleware:
             except BadRequest as exc:
                 await _send_error(send, exc.status, exc.document())
                 return
+            if path == CHAT_PATH and self.rules is not None:
+                changed = self._cleaned(changed or request, record.scope) or changed
             if changed is not None:
                 request, body = changed, json.dumps(changed).encode()
             # The body is JSON whatever its Content-Type said (`curl -d` sends a form's): FastAPI
@@ -101,6 +105,14 @@ class SnapcacheMiddleware:
             await _send_error(send, status, payload)
         finally:
             serving.reset(token)
+
+    def _cleaned(self, request: dict[str, Any], scope: str) -> dict[str, Any] | None:
+        """The chat request with the prompt rules applied to its messages; None if none matched."""
+        assert self.rules is not None
+        matched: set[str] = set()
+        messages = self.rules.clean_openai_messages(request.get("messages"), matched)
+        self.rules.remember(scope, matched)
+        return {**request, "messages": messages} if matched else None
 
 
 async def _answered_as_json(app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:

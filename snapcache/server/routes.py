@@ -23,6 +23,7 @@ from snapcache.errors import InvalidArgument
 from snapcache.key import DEFAULT_SCOPE
 from snapcache.llama.hook import CacheHook
 from snapcache.llama.reports import WarmResult
+from snapcache.server.chat.rules import PromptRules
 from snapcache.server.checks import DETOKENIZE_PATH
 from snapcache.server.errors import error_document
 from snapcache.server.monitor import ServeMonitor
@@ -45,10 +46,15 @@ class WarmRequest(BaseModel):
 
 
 def snapcache_router(
-    hook: CacheHook, monitor: ServeMonitor, turns: ModelTurns, parallel: ParallelModel | None = None
+    hook: CacheHook,
+    monitor: ServeMonitor,
+    turns: ModelTurns,
+    parallel: ParallelModel | None = None,
+    rules: PromptRules | None = None,
 ) -> APIRouter:
     """`parallel`: the model running completions several at once (its load goes into the stats, its
-    completions are explained before those of the Llama's own context)."""
+    completions are explained before those of the Llama's own context); `rules`: the prompt rules,
+    whose effect on the scope's latest request `/snapcache/why` reports."""
     router = APIRouter(tags=["snapcache"], dependencies=[Depends(authenticate)])
 
     @router.post("/snapcache/warm")
@@ -75,7 +81,10 @@ def snapcache_router(
         if explanation is None:
             message = f"no completion has run in scope {scope!r} since the server started"
             return JSONResponse(error_document(message, param="scope"), status_code=404)
-        return JSONResponse(explanation.as_json())
+        report = explanation.as_json()
+        if rules is not None:
+            report["prompt_rules"] = rules.report(scope)
+        return JSONResponse(report)
 
     @router.get("/snapcache/stats")
     async def stats() -> dict[str, Any]:

@@ -32,14 +32,22 @@ QUICK_SEED = 34
 STREAMED_TOKENS = 16
 
 
+# The Messages and Responses routes read every answer as a stream (to match stop sequences as the
+# text comes): their answers are kept short, streamed or not.
+ALWAYS_STREAMED = ("/v1/messages", "/v1/responses")
+
+
 @schemathesis.hook
 def before_call(context: Any, case: Any, kwargs: dict[str, Any]) -> None:
     """Cap the length of streamed answers (see STREAMED_TOKENS); other requests go as generated."""
     body = case.body
-    if isinstance(body, dict) and body.get("stream") is True:
-        limit = body.get("max_tokens")
-        if isinstance(limit, int) and not isinstance(limit, bool) and limit > STREAMED_TOKENS:
-            body["max_tokens"] = STREAMED_TOKENS
+    if not isinstance(body, dict):
+        return
+    if body.get("stream") is True or case.path in ALWAYS_STREAMED:
+        for name in ("max_tokens", "max_output_tokens"):
+            limit = body.get(name)
+            if isinstance(limit, int) and not isinstance(limit, bool) and limit > STREAMED_TOKENS:
+                body[name] = STREAMED_TOKENS
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,22 @@
+"""Chat dialects over one internal chat request: Anthropic Messages and OpenAI Responses.
+
+Each dialect translates its request into a `ChatRequest` and the `ChatEngine`'s events back into
+its own answer; the engine is the one place a chat runs on the model (see `engine`).
+"""
+
+from __future__ import annotations
+
+from snapcache.server.chat.engine import ChatEngine
+from snapcache.server.chat.request import ChatMessage, ChatRequest, ToolSpec
+from snapcache.server.chat.routes import install_dialects
+from snapcache.server.chat.rules import BILLING_HEADER_RULE, PromptRules
+
+__all__ = [
+    "BILLING_HEADER_RULE",
+    "ChatEngine",
+    "ChatMessage",
+    "ChatRequest",
+    "PromptRules",
+    "ToolSpec",
+    "install_dialects",
+]

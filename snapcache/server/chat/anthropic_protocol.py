@@ -1,0 +1,120 @@
+"""Anthropic Messages request models: what `/v1/messages` and its `count_tokens` take.
+
+Fields the server has no use for (`thinking`, `context_management`, `output_config`, `metadata`,
+`cache_control` on blocks, ...) are accepted and ignored: every model allows extra fields.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
+
+__all__ = [
+    "AssistantMessage",
+    "ConversationRequest",
+    "CountTokensRequest",
+    "MessageParam",
+    "MessagesRequest",
+    "SystemMessage",
+    "TextBlock",
+    "ToolChoiceParam",
+    "ToolParam",
+    "ToolResultBlock",
+    "ToolUseBlock",
+    "UserMessage",
+]
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class TextBlock(_Lenient):
+    type: Literal["text"]
+    text: str
+
+
+class ToolUseBlock(_Lenient):
+    type: Literal["tool_use"]
+    id: str
+    name: str
+    input: dict[str, Any] = Field(default_factory=dict)
+
+
+class ToolResultBlock(_Lenient):
+    type: Literal["tool_result"]
+    tool_use_id: str
+    content: str | list[TextBlock] | None = None
+    is_error: StrictBool | None = None
+
+
+class IgnoredBlock(_Lenient):
+    """A block a reply of this server never holds and the prompt leaves out (thinking)."""
+
+    type: Literal["thinking", "redacted_thinking"]
+
+
+UserBlock = Annotated[TextBlock | ToolResultBlock | IgnoredBlock, Field(discriminator="type")]
+AssistantBlock = Annotated[TextBlock | ToolUseBlock | IgnoredBlock, Field(discriminator="type")]
+
+
+class UserMessage(_Lenient):
+    role: Literal["user"]
+    content: str | list[UserBlock]
+
+
+class AssistantMessage(_Lenient):
+    role: Literal["assistant"]
+    content: str | list[AssistantBlock]
+
+
+class SystemMessage(_Lenient):
+    """A system message among the messages (Claude Code sends one): folded into the system text."""
+
+    role: Literal["system"]
+    content: str | list[TextBlock]
+
+
+MessageParam = Annotated[UserMessage | AssistantMessage | SystemMessage, Field(discriminator="role")]
+
+
+class ToolParam(_Lenient):
+    """A tool: a client tool has an `input_schema`; a server tool (a `type` such as
+    `web_search_20250305`) is left out of the prompt."""
+
+    name: str
+    type: str | None = None
+    description: str | None = None
+    input_schema: dict[str, Any] | None = None
+
+
+class ToolChoiceParam(_Lenient):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: StrictBool | None = None
+
+
+class ConversationRequest(_Lenient):
+    """What a Messages request and a count_tokens request share."""
+
+    model: str
+    messages: list[MessageParam] = Field(min_length=1)
+    system: str | list[TextBlock] | None = None
+    tools: list[ToolParam] | None = None
+    tool_choice: ToolChoiceParam | None = None
+
+
+class MessagesRequest(ConversationRequest):
+    """`POST /v1/messages`."""
+
+    max_tokens: int = Field(ge=1)
+    stop_sequences: list[str] | None = None
+    temperature: float | None = Field(default=None, ge=0)
+    top_p: float | None = Field(default=None, ge=0, le=1)
+    top_k: int | None = Field(default=None, ge=0)
+    stream: StrictBool = False
+
+
+class CountTokensRequest(ConversationRequest):
+    """`POST /v1/messages/count_tokens`."""

@@ -1,0 +1,238 @@
+"""The one place a `ChatRequest` runs: rendered, restored, generated, parsed, reported.
+
+Every dialect's request runs here against the model llama-cpp-python's routes use (the
+`ParallelModel` with `--parallel` above 1, else the Llama with the cache hook attached), through its
+`create_chat_completion`, so every request restores and saves through the same path. A request runs
+in its turn (`get_llama_proxy`: llama-cpp-python's lock when requests run one at a time), its chat
+stream read on worker threads under the request's `RequestRecord` (where the hook's listener leaves
+what it restored). Stop sequences are matched here, on the text, so the reply says which one ended
+it; tools are rendered and their calls parsed by the request's `ToolFormat`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import re
+from collections.abc import AsyncIterator, Callable, Generator
+from dataclasses import dataclass, replace
+from typing import Any, Literal, TypeVar
+
+import anyio
+from llama_cpp.server import app as llama_server
+
+from snapcache.server.chat.request import ChatRequest, ToolCallRequest
+from snapcache.server.chat.rules import PromptRules
+from snapcache.server.chat.tool_format import tool_format_for
+from snapcache.server.errors import BadRequest, client_error
+from snapcache.server.request import RequestRecord, serving
+
+__all__ = ["ChatEngine", "ChatEvent", "Finished", "Started", "TextDelta", "ToolCalled", "Usage"]
+
+T = TypeVar("T")
+FinishReason = Literal["end", "length", "stop_sequence", "tool_calls"]
+_TOO_LONG = re.compile(r"Requested tokens \((\d+)\) exceed context window of (\d+)")
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Tokens of one request: its prompt, those of it restored (not read), and those generated."""
+
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+
+    @property
+    def read_tokens(self) -> int:
+        """Prompt tokens read afresh."""
+        return self.prompt_tokens - self.cached_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """The prompt is read; what it restored is known."""
+
+    usage: Usage
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCalled:
+    call: ToolCallRequest
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    reason: FinishReason
+    usage: Usage
+    stop_sequence: str | None = None
+
+
+ChatEvent = Started | TextDelta | ToolCalled | Finished
+
+
+class ChatEngine:
+    """Runs chat requests on the served model (see the module docstring)."""
+
+    def __init__(self, llm: Any, rules: PromptRules, max_tokens_default: int | None) -> None:
+        self.llm = llm
+        self._rules = rules
+        self._max_tokens_default = max_tokens_default
+        self.n_ctx = int(llm.n_ctx())
+
+    def prepared(self, request: ChatRequest, *, remember: bool = True) -> ChatRequest:
+        """`request` with the prompt rules applied to its text (what they changed remembered for
+        its scope unless told not to)."""
+        matched: set[str] = set()
+        messages = tuple(replace(m, content=self._rules.clean(m.content, matched)) for m in request.messages)
+        if remember:
+            self._rules.remember(request.scope, matched)
+        return replace(request, messages=messages)
+
+    def rendered_messages(self, request: ChatRequest) -> list[dict[str, Any]]:
+        """The messages the model's chat template gets for `request` (tools included)."""
+        return tool_format_for(request, self.llm).messages(request)
+
+    async def events(self, request: ChatRequest) -> AsyncIterator[ChatEvent]:
+        """The request's events: `Started`, text and calls, `Finished`; BadRequest (before `Started`)
+        for a request the model cannot run. Iterate it in one task, to its end or `aclose`."""
+        request = self.prepared(request)
+        context = contextvars.copy_context()
+        context.run(serving.set, RequestRecord(scope=request.scope))
+
+        async def in_thread(call: Callable[[], T]) -> T:
+            return await anyio.to_thread.run_sync(lambda: context.run(call))
+
+        async with contextlib.asynccontextmanager(llama_server.get_llama_proxy)() as proxy:
+            model = proxy(None)
+            run = self._run(model, request)
+            try:
+                while True:
+                    try:
+                        event = await in_thread(lambda: next(run, None))
+                    except Exception as exc:
+                        raise self._problem(exc) from exc
+                    if event is None:
+                        return
+                    yield event
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await in_thread(run.close)
+
+    def _run(self, model: Any, request: ChatRequest) -> Generator[ChatEvent, None, None]:
+        """The events of one request, on worker threads (one at a time) in the request's context."""
+        tools = tool_format_for(request, self.llm)
+        limit = request.max_tokens if request.max_tokens is not None else self._max_tokens_default
+        kwargs: dict[str, Any] = {"stream": True, "max_tokens": limit}
+        for name in ("temperature", "top_p", "top_k"):
+            if getattr(request, name) is not None:
+                kwargs[name] = getattr(request, name)
+        grammar = tools.grammar(request)
+        if grammar is not None:
+            kwargs["grammar"] = grammar
+        chunks = model.create_chat_completion(tools.messages(request), **kwargs)
+        stops = _StopMatcher(request.stop)
+        text, started, reason, generated = "", False, "end", 0
+        try:
+            for chunk in chunks:
+                if not started:
+                    started = True
+                    yield Started(_usage(generated))
+                choice = chunk["choices"][0]
+                piece = choice.get("delta", {}).get("content") or ""
+                if piece:
+                    generated += 1
+                    ready, matched = stops.feed(piece)
+                    text += ready
+                    if ready and not request.uses_tools:
+                        yield TextDelta(ready)
+                    if matched is not None:
+                        reason = "stop_sequence"
+                        break
+                if choice.get("finish_reason") == "length":
+                    reason = "length"
+        finally:
+            close = getattr(chunks, "close", None)
+            if close is not None:
+                close()  # a stream ended at a stop sequence: its request is cancelled, its state kept
+        if not started:
+            yield Started(_usage(generated))
+        rest = stops.flush() if reason != "stop_sequence" else ""
+        text += rest
+        if rest and not request.uses_tools:
+            yield TextDelta(rest)
+        if request.uses_tools:
+            content, calls = tools.parse(text, request)
+            if content:
+                yield TextDelta(content)
+            for call in calls:
+                yield ToolCalled(call)
+            if calls:
+                reason = "tool_calls"
+        yield Finished(reason, _usage(generated), stops.matched)  # type: ignore[arg-type]
+
+    def _problem(self, exc: Exception) -> Exception:
+        """The BadRequest a failure of the model's is, or the failure itself."""
+        if isinstance(exc, BadRequest):
+            return exc
+        document = client_error(exc)
+        if document is None:
+            return exc
+        error = document["error"]
+        found = _TOO_LONG.search(str(exc))
+        if found is not None:
+            asked, held = found.groups()
+            message = (
+                f"the prompt does not fit the model's context: it needs {asked} tokens, the context "
+                f"holds {held}; start snapcache serve with a larger --n-ctx"
+            )
+            return BadRequest(message, param=error.get("param"), code="context_length_exceeded")
+        return BadRequest(error["message"], param=error.get("param"), code=error.get("code"))
+
+
+def _usage(generated: int) -> Usage:
+    """The request's usage as its record has it (what the hook reported), so far."""
+    record = serving.get()
+    if record is None or record.restore is None:
+        return Usage(completion_tokens=generated)
+    restore = record.restore
+    completion = record.completion_tokens if record.completion_tokens is not None else generated
+    return Usage(restore.prompt_tokens, restore.cached_tokens, completion)
+
+
+class _StopMatcher:
+    """Text as it comes, held back while it could be the start of a stop sequence."""
+
+    def __init__(self, stops: tuple[str, ...]) -> None:
+        self._stops = [s for s in stops if s]
+        self._held = ""
+        self.matched: str | None = None
+
+    def feed(self, piece: str) -> tuple[str, str | None]:
+        """The text that is safe to pass on, and the stop sequence that ended the text, if one did."""
+        text = self._held + piece
+        if not self._stops:
+            return text, None
+        found = [(text.find(s), s) for s in self._stops if s in text]
+        if found:
+            at, stop = min(found)
+            self._held, self.matched = "", stop
+            return text[:at], stop
+        keep = max((_overlap(text, s) for s in self._stops), default=0)
+        self._held = text[len(text) - keep :] if keep else ""
+        return text[: len(text) - keep], None
+
+    def flush(self) -> str:
+        held, self._held = self._held, ""
+        return held
+
+
+def _overlap(text: str, stop: str) -> int:
+    for i in range(min(len(stop) - 1, len(text)), 0, -1):
+        if text.endswith(stop[:i]):
+            return i
+    return 0

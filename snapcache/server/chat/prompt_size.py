@@ -1,0 +1,54 @@
+"""How many tokens a chat request's prompt has, rendered as the model will render it, without running it."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from snapcache.llama.chat_prefix import ChatPrefixFinder
+from snapcache.server.chat.engine import ChatEngine
+from snapcache.server.chat.request import ChatRequest
+from snapcache.server.errors import BadRequest
+
+__all__ = ["PromptCounter"]
+
+
+class _Renderer:
+    """The Llama to its chat handler, with its own attributes for the finder to shadow: rendering
+    never touches the Llama that completions run on."""
+
+    def __init__(self, llm: Any) -> None:
+        self._llm = llm
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._llm, name)
+
+    def tokenize(self, text: bytes, add_bos: bool = True, special: bool = False) -> list[int]:
+        # The finder calls `type(llm).tokenize(llm, ...)` for text that is not the prompt.
+        return list(self._llm.tokenize(text, add_bos, special))
+
+
+class PromptCounter:
+    """Counts prompt tokens of chat requests on the engine's model."""
+
+    def __init__(self, engine: ChatEngine) -> None:
+        self._engine = engine
+        llm = engine.llm
+        renderer = _Renderer(llm)
+
+        def render(messages: list[Mapping[str, Any]], options: dict[str, Any]) -> Any:
+            return type(llm).create_chat_completion(renderer, messages=messages, **options)
+
+        self._finder = ChatPrefixFinder(renderer, render)  # type: ignore[arg-type]
+        self._lock = threading.Lock()  # the finder shadows the renderer's attributes while it renders
+
+    def count(self, request: ChatRequest) -> int:
+        """The prompt tokens of `request` (prompt rules applied, tools rendered)."""
+        request = self._engine.prepared(request, remember=False)
+        with self._lock:
+            messages: list[Mapping[str, Any]] = list(self._engine.rendered_messages(request))
+            tokens = self._finder.render(messages, {})
+        if tokens is None:
+            raise BadRequest("the model's chat template cannot render these messages", param="messages")
+        return len(tokens)

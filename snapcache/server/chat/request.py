@@ -1,0 +1,150 @@
+"""The one chat request every dialect becomes, with its messages in the shape templates take.
+
+Anthropic Messages and OpenAI Responses are translated into a `ChatRequest` (see their handlers);
+`ChatEngine` runs it. Its messages are OpenAI chat messages, normalized so that a template written
+for plain chats renders them: text only (content-part lists joined), one leading system message
+(`developer` messages and system messages anywhere folded into it, in order), assistant tool calls
+as OpenAI `tool_calls` and their results as `tool` messages.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from snapcache.server.errors import BadRequest
+
+__all__ = [
+    "ChatMessage",
+    "ChatRequest",
+    "ToolCallRequest",
+    "ToolChoice",
+    "ToolSpec",
+    "arguments_text",
+    "normalized_messages",
+    "text_of",
+]
+
+Role = Literal["system", "user", "assistant", "tool"]
+# "auto": text or a call; "required": a call; a tool's name: a call of that tool; "none": no tools.
+ToolChoice = str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """A function the model may call: its name, what it does, and a JSON schema of its arguments."""
+
+    name: str
+    description: str = ""
+    parameters: Mapping[str, Any] = field(default_factory=lambda: {"type": "object"})
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallRequest:
+    """A call the model made: its id, the tool's name and the arguments as JSON text."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    """One message: a role, its text, and for an assistant its calls, for a tool result the call's id."""
+
+    role: Role
+    content: str
+    tool_calls: tuple[ToolCallRequest, ...] = ()
+    tool_call_id: str | None = None
+    name: str | None = None
+
+    def as_openai(self) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            message["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for c in self.tool_calls
+            ]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            message["name"] = self.name
+        return message
+
+
+@dataclass(frozen=True, slots=True)
+class ChatRequest:
+    """What a dialect asks of the model, in one shape (see the module docstring)."""
+
+    messages: tuple[ChatMessage, ...]
+    max_tokens: int | None = None
+    tools: tuple[ToolSpec, ...] = ()
+    tool_choice: ToolChoice = "auto"
+    parallel_tool_calls: bool = True
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    stop: tuple[str, ...] = ()
+    stream: bool = False
+    scope: str = "default"
+
+    @property
+    def uses_tools(self) -> bool:
+        return bool(self.tools) and self.tool_choice != "none"
+
+
+def text_of(content: Any, where: str) -> str:
+    """The text of a message's content: a string, or a list of text parts (other parts: BadRequest)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, Sequence):
+        texts = []
+        for part in content:
+            if isinstance(part, str):
+                texts.append(part)
+            elif isinstance(part, Mapping) and isinstance(part.get("text"), str):
+                texts.append(part["text"])
+            else:
+                kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
+                raise BadRequest(
+                    f"{where}: content of type {kind!r} is not supported (text only)", param=where
+                )
+        return "\n".join(texts)
+    raise BadRequest(f"{where}: content must be a string or a list of text parts", param=where)
+
+
+def normalized_messages(messages: Iterable[ChatMessage]) -> tuple[ChatMessage, ...]:
+    """One leading system message holding every system text in order, then the rest.
+
+    Checks that every tool result answers a call made before it (BadRequest otherwise): a result
+    without its call is a request no template renders faithfully.
+    """
+    system: list[str] = []
+    rest: list[ChatMessage] = []
+    called: set[str] = set()
+    for message in messages:
+        if message.role == "system":
+            if message.content:
+                system.append(message.content)
+            continue
+        if message.role == "tool" and message.tool_call_id not in called:
+            raise BadRequest(
+                f"a tool result answers call {message.tool_call_id!r}, which no earlier assistant "
+                "message made",
+                param="messages",
+            )
+        called.update(call.id for call in message.tool_calls)
+        rest.append(message)
+    if not rest:
+        raise BadRequest("the request holds no message besides system text", param="messages")
+    head = (ChatMessage("system", "\n\n".join(system)),) if system else ()
+    return (*head, *rest)
+
+
+def arguments_text(arguments: Any) -> str:
+    """Tool-call arguments as JSON text, whether given as an object or already as text."""
+    return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)

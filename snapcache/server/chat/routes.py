@@ -1,0 +1,234 @@
+"""The dialect routes: Anthropic Messages (`/v1/messages`, `/v1/messages/count_tokens`) and OpenAI
+Responses (`/v1/responses`), each a translation over `ChatEngine`.
+
+Bad bodies get a 400 in the route's own error shape (FastAPI's validation errors included); with an
+API key set, clients send it as `x-api-key` (Anthropic's clients) or as a bearer token.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import APIRouter, Depends, FastAPI, Request, Security
+from fastapi.exception_handlers import http_exception_handler, request_validation_exception_handler
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+
+from snapcache.errors import InvalidArgument
+from snapcache.key import DEFAULT_SCOPE, validate_scope
+from snapcache.server.chat import anthropic, responses
+from snapcache.server.chat.anthropic_protocol import CountTokensRequest, MessagesRequest
+from snapcache.server.chat.engine import ChatEngine, ChatEvent
+from snapcache.server.chat.prompt_size import PromptCounter
+from snapcache.server.chat.responses_protocol import ResponsesRequest
+from snapcache.server.chat.streaming import EventStream, failure_status
+from snapcache.server.errors import BadRequest, error_document
+
+__all__ = ["MESSAGES_PATHS", "RESPONSES_PATH", "install_dialects"]
+
+MESSAGES_PATH = "/v1/messages"
+COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
+MESSAGES_PATHS = frozenset({MESSAGES_PATH, COUNT_TOKENS_PATH})
+RESPONSES_PATH = "/v1/responses"
+_SCOPE_HEADER = "x-snapcache-scope"
+
+_API_KEY = Security(APIKeyHeader(name="x-api-key", auto_error=False, description="Anthropic clients' key"))
+_BEARER = Security(HTTPBearer(auto_error=False))
+
+
+class Unauthorized(Exception):
+    """A request without the server's API key."""
+
+
+def _anthropic_error(status: int, message: str) -> JSONResponse:
+    return JSONResponse(anthropic.error_body(status, message), status_code=status)
+
+
+def _openai_error(status: int, message: str) -> JSONResponse:
+    return JSONResponse(responses.error_body(status, message), status_code=status)
+
+
+_ANTHROPIC_ERROR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["type", "error"],
+    "properties": {
+        "type": {"const": "error"},
+        "error": {
+            "type": "object",
+            "required": ["type", "message"],
+            "properties": {"type": {"type": "string"}, "message": {"type": "string"}},
+        },
+    },
+}
+_ANTHROPIC_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"description": text, "content": {"application/json": {"schema": _ANTHROPIC_ERROR_SCHEMA}}}
+    for status, text in (
+        (400, "The request cannot be served; the message says why"),
+        (401, "The API key is missing or wrong"),
+        (500, "The request failed"),
+    )
+}
+_OPENAI_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {
+        "description": text,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorDocument"}}},
+    }
+    for status, text in (
+        (400, "The request cannot be served; the message says why"),
+        (401, "The API key is missing or wrong"),
+        (500, "The request failed"),
+    )
+}
+_EVENTS = {"content": {"text/event-stream": {"schema": {"type": "string"}}}}
+
+
+def install_dialects(app: FastAPI, engine: ChatEngine, api_key: str | None) -> None:
+    """Add the dialect routes to `app`, and the handlers that answer their errors in their shapes."""
+
+    async def authenticate(
+        key: str | None = _API_KEY,
+        bearer: HTTPAuthorizationCredentials | None = _BEARER,
+    ) -> None:
+        if api_key is None or key == api_key or (bearer is not None and bearer.credentials == api_key):
+            return
+        raise Unauthorized("invalid API key: send it as the x-api-key header or as a bearer token")
+
+    # Without a key the routes take no credentials, and their schema says so.
+    guard = [Depends(authenticate)] if api_key is not None else []
+    app.include_router(_messages_router(engine, PromptCounter(engine)), dependencies=guard)
+    app.include_router(_responses_router(engine), dependencies=guard)
+    error_bodies: dict[frozenset[str], Callable[[int, str], JSONResponse]] = {
+        MESSAGES_PATHS: _anthropic_error,
+        frozenset({RESPONSES_PATH}): _openai_error,
+    }
+
+    def dialect_error(request: Request) -> Callable[[int, str], JSONResponse] | None:
+        for paths, answer in error_bodies.items():
+            if request.url.path in paths:
+                return answer
+        return None
+
+    async def on_invalid(request: Request, exc: Exception) -> Response:
+        answer = dialect_error(request)
+        if answer is None or not isinstance(exc, RequestValidationError):
+            return await request_validation_exception_handler(request, exc)  # type: ignore[arg-type]
+        return answer(400, _validation_message(exc))
+
+    async def on_unauthorized(request: Request, exc: Exception) -> Response:
+        answer = dialect_error(request) or _anthropic_error
+        return answer(401, str(exc))
+
+    async def on_http_error(request: Request, exc: Exception) -> Response:
+        # FastAPI's own, such as a body it cannot parse.
+        answer = dialect_error(request)
+        if answer is None or not isinstance(exc, HTTPException):
+            return await http_exception_handler(request, exc)  # type: ignore[arg-type]
+        answered = answer(exc.status_code, str(exc.detail))
+        answered.headers.update(exc.headers or {})  # a 405's Allow
+        return answered
+
+    app.add_exception_handler(RequestValidationError, on_invalid)
+    app.add_exception_handler(HTTPException, on_http_error)
+    app.add_exception_handler(Unauthorized, on_unauthorized)
+
+
+def _messages_router(engine: ChatEngine, counter: PromptCounter) -> APIRouter:
+    router = APIRouter(tags=["Anthropic Messages"])
+
+    @router.post(
+        MESSAGES_PATH,
+        summary="Anthropic Messages",
+        responses={200: _EVENTS, **_ANTHROPIC_ERRORS},
+    )
+    async def messages(body: MessagesRequest, request: Request) -> Response:
+        try:
+            chat = anthropic.chat_request(body, _scope(request))
+            _check_text(body)
+        except BadRequest as exc:
+            return _anthropic_error(exc.status, str(exc))
+        if chat.stream:
+            events = anthropic.message_events(engine.events(chat), body.model)
+            return EventStream(events, anthropic.error_body, anthropic.error_event)
+        collected: list[ChatEvent] = []
+        try:
+            async for event in engine.events(chat):
+                collected.append(event)
+        except Exception as exc:
+            return _anthropic_error(*failure_status(exc))
+        return JSONResponse(anthropic.message_of(collected, body.model))
+
+    @router.post(COUNT_TOKENS_PATH, summary="Anthropic Messages: count tokens", responses=_ANTHROPIC_ERRORS)
+    async def count_tokens(body: CountTokensRequest, request: Request) -> Response:
+        try:
+            chat = anthropic.chat_request(body, _scope(request))
+            _check_text(body)
+            count = await run_in_threadpool(counter.count, chat)
+        except Exception as exc:
+            return _anthropic_error(*failure_status(exc))
+        return JSONResponse({"input_tokens": count})
+
+    return router
+
+
+def _responses_router(engine: ChatEngine) -> APIRouter:
+    router = APIRouter(tags=["OpenAI Responses"])
+
+    @router.post(RESPONSES_PATH, summary="OpenAI Responses", responses={200: _EVENTS, **_OPENAI_ERRORS})
+    async def create_response(body: ResponsesRequest, request: Request) -> Response:
+        try:
+            chat = responses.chat_request(body, _scope(request))
+            _check_text(body)
+        except BadRequest as exc:
+            return JSONResponse(
+                error_document(str(exc), param=exc.param, code=exc.code), status_code=exc.status
+            )
+        if chat.stream:
+            events = responses.ResponseEvents(body).events(engine.events(chat))
+            return EventStream(events, responses.error_body, responses.error_event)
+        collected: list[ChatEvent] = []
+        try:
+            async for event in engine.events(chat):
+                collected.append(event)
+        except Exception as exc:
+            if isinstance(exc, BadRequest):
+                document = error_document(str(exc), param=exc.param, code=exc.code)
+                return JSONResponse(document, status_code=exc.status)
+            return _openai_error(*failure_status(exc))
+        return JSONResponse(responses.response_of(collected, body))
+
+    return router
+
+
+def _scope(request: Request) -> str:
+    value = request.headers.get(_SCOPE_HEADER)
+    if value is None:
+        return DEFAULT_SCOPE
+    try:
+        return validate_scope(value.strip())
+    except InvalidArgument as exc:
+        raise BadRequest(f"invalid {_SCOPE_HEADER} header: {exc}") from None
+
+
+def _check_text(body: Any) -> None:
+    """BadRequest for text that is not text: a lone UTF-16 surrogate, which no tokenizer takes."""
+    try:
+        json.dumps(body.model_dump(), ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadRequest(
+            "the request holds a lone UTF-16 surrogate (\\ud800-\\udfff), which is not text"
+        ) from None
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    errors = exc.errors()
+    if not errors:
+        return "the request body is not valid"
+    first = errors[0]
+    where = ".".join(str(part) for part in first.get("loc", ()) if part != "body") or "body"
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{where}: {first.get('msg', 'invalid value')}{more}"

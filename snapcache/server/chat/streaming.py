@@ -1,0 +1,98 @@
+"""A streamed answer that can still fail with a proper status: events start before the response does.
+
+The first event is awaited before anything is sent, so a request the model refuses (a prompt too
+long for the context) gets its error with a 4xx status in its dialect's shape; after that the events
+go out as server-sent events, and an error ends the stream with the dialect's error event. The whole
+answer runs in the task that serves the request (the model's turn is taken and given back there),
+and a client gone cancels it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import anyio
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from snapcache.server.errors import BadRequest
+
+__all__ = ["EventStream", "failure_status"]
+
+_log = logging.getLogger("snapcache")
+
+ErrorBody = Callable[[int, str], dict[str, Any]]
+
+
+def failure_status(exc: BaseException) -> tuple[int, str]:
+    """The status and message a failed request answers with (a 500 is logged with its traceback)."""
+    if isinstance(exc, BadRequest):
+        return exc.status, str(exc)
+    _log.error("request failed: %s", exc, exc_info=exc)
+    return 500, f"the request failed: {type(exc).__name__}"
+
+
+class EventStream(Response):
+    """Server-sent events made by `events`; `error_body` and `error_event` give the dialect's error
+    before and after the stream began."""
+
+    media_type = "text/event-stream"
+
+    def __init__(
+        self,
+        events: AsyncIterator[bytes],
+        error_body: ErrorBody,
+        error_event: Callable[[int, str], bytes],
+    ) -> None:
+        super().__init__(status_code=200)
+        self._events = events
+        self._error_body = error_body
+        self._error_event = error_event
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        events = self._events
+        try:
+            try:
+                first = await events.__anext__()
+            except StopAsyncIteration:
+                first = b""
+            except Exception as exc:
+                status, message = failure_status(exc)
+                body = json.dumps(self._error_body(status, message)).encode()
+                headers = [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                ]
+                await send({"type": "http.response.start", "status": status, "headers": headers})
+                await send({"type": "http.response.body", "body": body, "more_body": False})
+                return
+            headers = [
+                (b"content-type", b"text/event-stream; charset=utf-8"),
+                (b"cache-control", b"no-cache"),
+                (b"x-accel-buffering", b"no"),
+            ]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            async with anyio.create_task_group() as group:
+
+                async def watch() -> None:
+                    while (await receive())["type"] != "http.disconnect":
+                        pass
+                    group.cancel_scope.cancel()
+
+                group.start_soon(watch)
+                await send({"type": "http.response.body", "body": first, "more_body": True})
+                try:
+                    async for chunk in events:
+                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                except Exception as exc:
+                    status, message = failure_status(exc)
+                    chunk = self._error_event(status, message)
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                group.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await events.aclose()  # type: ignore[attr-defined]

@@ -1,0 +1,150 @@
+"""Tool calls through Anthropic Messages and OpenAI Responses on Gemma 3, whose template knows no
+tools: the generic format describes them in the system text and a grammar holds the answer to a call."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from server_process import ServerProcess, running_server
+
+anthropic = pytest.importorskip("anthropic")
+openai = pytest.importorskip("openai")
+
+pytestmark = [pytest.mark.model, pytest.mark.gemma]
+
+SYSTEM = "You are a weather assistant. Use the tools to look up the weather before you answer."
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 24}},
+    "required": ["city"],
+}
+QUESTION = "What is the weather in Paris?"
+MAX_TOKENS = 48
+
+
+@pytest.fixture(scope="module")
+def server(gemma_model_path: Path, tmp_path_factory: pytest.TempPathFactory):
+    home = tmp_path_factory.mktemp("agent-tools")
+    # Requests with a grammar run one at a time on the Llama's own context today: no sequences needed.
+    with running_server(
+        gemma_model_path, home / "cache", home / "server.log", "--parallel", "1", n_ctx=4096
+    ) as running:
+        yield running
+
+
+def messages_client(server: ServerProcess) -> Any:
+    return anthropic.Anthropic(base_url=server.base_url, api_key="unused", max_retries=0)
+
+
+def test_a_required_tool_call_comes_back_as_a_tool_use_block(server: ServerProcess) -> None:
+    tools = [{"name": "get_weather", "description": "The weather in a city.", "input_schema": WEATHER}]
+    with messages_client(server) as api:
+        first = api.messages.create(
+            model="gemma",
+            max_tokens=MAX_TOKENS,
+            system=SYSTEM,
+            tools=tools,
+            tool_choice={"type": "any"},
+            messages=[{"role": "user", "content": QUESTION}],
+            extra_body={"temperature": 0},
+        )
+        assert first.stop_reason == "tool_use", first
+        call = next(block for block in first.content if block.type == "tool_use")
+        assert call.name == "get_weather"
+        assert isinstance(call.input.get("city"), str)
+        history = [
+            {"role": "user", "content": QUESTION},
+            {"role": "assistant", "content": [block.model_dump() for block in first.content]},
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "Sunny, 21 C"}],
+            },
+        ]
+        second = api.messages.create(
+            model="gemma",
+            max_tokens=MAX_TOKENS,
+            system=SYSTEM,
+            tools=tools,
+            messages=history,
+            extra_body={"temperature": 0},
+        )
+    assert second.stop_reason in {"end_turn", "max_tokens", "tool_use"}
+    # The tools are part of the system text every turn shares: the second turn restores them.
+    assert second.usage.cache_read_input_tokens >= 64, second.usage
+
+
+def test_a_streamed_tool_call_sends_its_input_as_json_deltas(server: ServerProcess) -> None:
+    tools = [{"name": "get_weather", "description": "The weather in a city.", "input_schema": WEATHER}]
+    with (
+        messages_client(server) as api,
+        api.messages.stream(
+            model="gemma",
+            max_tokens=MAX_TOKENS,
+            system=SYSTEM,
+            tools=tools,
+            tool_choice={"type": "tool", "name": "get_weather"},
+            messages=[{"role": "user", "content": QUESTION}],
+            extra_body={"temperature": 0},
+        ) as stream,
+    ):
+        kinds = [event.type for event in stream]
+        message = stream.get_final_message()
+    assert "input_json" in kinds
+    assert message.stop_reason == "tool_use"
+    call = next(block for block in message.content if block.type == "tool_use")
+    assert call.name == "get_weather"
+    assert isinstance(call.input["city"], str)
+
+
+def test_a_responses_function_call_and_its_output(server: ServerProcess) -> None:
+    tools = [
+        {
+            "type": "function",
+            "name": "get_weather",
+            "description": "The weather in a city.",
+            "parameters": WEATHER,
+        },
+        {"type": "web_search"},
+    ]
+    with openai.OpenAI(base_url=server.api_url, api_key="unused", max_retries=0) as api:
+        first = api.responses.create(
+            model="gemma",
+            instructions=SYSTEM,
+            input=QUESTION,
+            tools=tools,
+            tool_choice="required",
+            max_output_tokens=MAX_TOKENS,
+            extra_body={"temperature": 0},
+            store=False,
+        )
+        call = next(item for item in first.output if item.type == "function_call")
+        assert call.name == "get_weather"
+        assert isinstance(json.loads(call.arguments)["city"], str)
+        items = [
+            {"role": "user", "content": QUESTION},
+            {
+                "type": "function_call",
+                "call_id": call.call_id,
+                "name": call.name,
+                "arguments": call.arguments,
+            },
+            {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny, 21 C"},
+        ]
+        events = list(
+            api.responses.create(
+                model="gemma",
+                instructions=SYSTEM,
+                input=items,
+                tools=tools,
+                max_output_tokens=MAX_TOKENS,
+                extra_body={"temperature": 0},
+                stream=True,
+            )
+        )
+    final = events[-1].response
+    assert final.status in {"completed", "incomplete"}
+    assert final.output, final
+    assert final.usage.input_tokens_details.cached_tokens >= 64, final.usage

@@ -12,7 +12,7 @@ import typer
 
 from ..errors import CliError
 from ..formatting import parse_size
-from ..model_source import choose_model, load_llama
+from ..model_source import choose_model, load_llama, quiet_llama_cpp
 from ..remote import API_KEY_ENV
 from ..settings import settings_of
 from .warm import InexactOption, ThreadsOption
@@ -43,9 +43,14 @@ def serve(
         typer.Option(
             "--n-ctx",
             min=1,
-            help="Context size in tokens of each request, prompt and answer (default 4096). With "
-            "--parallel N the KV cache holds N+1 such contexts: one per sequence and the model's own "
-            "(warms, and requests the batched path cannot do).",
+            help="Context size in tokens of each request, prompt and answer (default 32768, room for "
+            "the 20-25K-token prompts of Claude Code or Codex, or the model's trained context if smaller). "
+            "With --parallel N the KV cache holds N+1 such contexts: one per sequence and the model's "
+            "own (warms, and requests the batched path cannot do). KV memory is N+1 times n_ctx times the "
+            "model's bytes per token (Gemma-3-270M: the server holds 3.2 GiB at the defaults, 1.0 GiB "
+            "with --parallel 1, 0.8 GiB with --n-ctx 4096; an 8B model with 128 KiB per token: 4 GiB "
+            "per 32768-token context, 20 GiB with --parallel 4). Lower --parallel or --n-ctx, or set "
+            "--seq-ctx, to hold less.",
             show_default=False,
         ),
     ] = None,
@@ -139,7 +144,7 @@ def serve(
 ) -> None:
     """Serve MODEL over an OpenAI-compatible HTTP API, restoring cached prompts before each completion."""
     try:
-        from snapcache.server import ServeOptions, create_app
+        from snapcache.server import ServeOptions, create_app, serve_context_size
         from snapcache.server import serve as run_server
     except ImportError as exc:
         raise CliError(_NO_SERVER.format(missing=f"missing: {exc.name}")) from None
@@ -165,6 +170,9 @@ def serve(
         else SnapshotStore(directory, ram_bytes=ram_bytes, disk_bytes=disk_bytes, **remote)
     )
     with store:
+        if n_ctx is None:
+            quiet_llama_cpp()
+            n_ctx = serve_context_size(choice.path)
         llm = load_llama(
             choice, n_ctx=n_ctx, threads=threads, verbose=settings.verbose, kv_cache=settings.kv_cache
         )

@@ -258,7 +258,8 @@ def test_claude_code_s_billing_line_does_not_cost_the_next_session_its_prefix(se
     first = session("1c0")
     second = session("871")
     assert first.usage.cache_read_input_tokens == 0
-    assert second.usage.cache_read_input_tokens >= 64, second.usage
+    # Restored up to the question: the system text after the line is the second session's too.
+    assert second.usage.cache_read_input_tokens > 4 * second.usage.input_tokens, second.usage
     status, why, _ = http_json("GET", f"{server.base_url}/snapcache/why?scope=billing")
     assert status == 200, why
     assert why["prompt_rules"]["matched_in_last_request"] == ["claude-code-billing-header"]

@@ -148,3 +148,26 @@ def test_a_responses_function_call_and_its_output(server: ServerProcess) -> None
     assert final.status in {"completed", "incomplete"}
     assert final.output, final
     assert final.usage.input_tokens_details.cached_tokens >= 64, final.usage
+
+
+def test_a_text_answer_with_tools_offered_streams_as_it_comes(server: ServerProcess) -> None:
+    """Under `auto` the grammar lets Gemma answer `{"response": "..."}`: its text goes out in deltas
+    while it is generated, not in one piece at the end."""
+    tools = [{"name": "get_weather", "description": "The weather in a city.", "input_schema": WEATHER}]
+    with (
+        messages_client(server) as api,
+        api.messages.stream(
+            model="gemma",
+            max_tokens=MAX_TOKENS,
+            system="You are a weather assistant.",
+            tools=tools,
+            messages=[{"role": "user", "content": QUESTION}],
+            extra_body={"temperature": 0},
+        ) as stream,
+    ):
+        deltas = [event.delta.text for event in stream if event.type == "content_block_delta"]
+        message = stream.get_final_message()
+    assert message.stop_reason == "end_turn", message  # Gemma-3-270M answers this one in text
+    assert len(deltas) > 2
+    assert "".join(deltas) == message.content[0].text
+    assert not message.content[0].text.lstrip().startswith("{")

@@ -136,7 +136,7 @@ class ChatEngine:
             kwargs["grammar"] = grammar
         chunks = model.create_chat_completion(tools.messages(request), **kwargs)
         stops = _StopMatcher(request.stop)
-        text, started, reason, generated = "", False, "end", 0
+        text, shown, started, reason, generated = "", "", False, "end", 0
         try:
             for chunk in chunks:
                 if not started:
@@ -150,6 +150,11 @@ class ChatEngine:
                     text += ready
                     if ready and not request.uses_tools:
                         yield TextDelta(ready)
+                    elif ready:
+                        visible = tools.visible_text(text, request)
+                        if len(visible) > len(shown) and visible.startswith(shown):
+                            yield TextDelta(visible[len(shown) :])
+                            shown = visible
                     if matched is not None:
                         reason = "stop_sequence"
                         break
@@ -167,8 +172,8 @@ class ChatEngine:
             yield TextDelta(rest)
         if request.uses_tools:
             content, calls = tools.parse(text, request)
-            if content:
-                yield TextDelta(content)
+            if content.startswith(shown) and len(content) > len(shown):
+                yield TextDelta(content[len(shown) :])
             for call in calls:
                 yield ToolCalled(call)
             if calls:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import re
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -37,6 +38,7 @@ _INSTRUCTIONS = (
     "After a call, its result comes back in the next user message."
 )
 _ANY_OBJECT: dict[str, Any] = {"type": "object"}
+_TEXT_ANSWER = re.compile(r'\s*\{\s*"response"\s*:\s*"')
 
 
 class GenericTools:
@@ -76,6 +78,9 @@ class GenericTools:
         schema = _answer_schema(tools, text=request.tool_choice == "auto")
         return _grammar(json.dumps(schema, sort_keys=True), self._vocab)
 
+    def visible_text(self, partial: str, request: ChatRequest) -> str:
+        return _streamed_text(partial) if request.uses_tools else partial
+
     def parse(self, text: str, request: ChatRequest) -> tuple[str, list[ToolCallRequest]]:
         if not request.uses_tools:
             return text, []
@@ -98,6 +103,37 @@ class GenericTools:
         if isinstance(response, str):
             return response, []
         return text, []
+
+
+def _streamed_text(partial: str) -> str:
+    """The text of a `{"response": "..."}` answer so far ("" until it is clearly one)."""
+    opened = _TEXT_ANSWER.match(partial)
+    if opened is None:
+        return ""
+    rest, end, i = partial[opened.end() :], 0, 0
+    while i < len(rest) and rest[i] != '"':
+        if rest[i] != "\\":
+            i += 1
+        elif rest[i + 1 : i + 2] == "u":
+            if len(rest) < i + 6 or (0xD800 <= _hex(rest[i + 2 : i + 6]) < 0xDC00 and len(rest) < i + 12):
+                break  # an escape, or a surrogate pair, not whole yet
+            i += 12 if 0xD800 <= _hex(rest[i + 2 : i + 6]) < 0xDC00 else 6
+        else:
+            if len(rest) < i + 2:
+                break
+            i += 2
+        end = i
+    try:
+        return str(json.loads(f'"{rest[:end]}"', strict=False))
+    except ValueError:
+        return ""
+
+
+def _hex(digits: str) -> int:
+    try:
+        return int(digits, 16)
+    except ValueError:
+        return -1
 
 
 def _as_plain(message: ChatMessage, names: Mapping[str, str]) -> tuple[str, str]:

@@ -29,6 +29,11 @@ class ToolFormat(Protocol):
         """The answer's text and the calls it makes."""
         ...
 
+    def visible_text(self, partial: str, request: ChatRequest) -> str:
+        """The text the answer surely holds so far (streamed before the answer ends): a prefix of
+        what `parse` gives in the end."""
+        ...
+
 
 def tool_format_for(request: ChatRequest, llm: Any) -> ToolFormat:
     """The format for `request` on `llm` (the loaded `llama_cpp.Llama`)."""

@@ -15,13 +15,8 @@ import llama_cpp
 
 from snapcache.errors import InvalidArgument
 from snapcache.key import DEFAULT_SCOPE, TokenArray
-from snapcache.llama.hook import (
-    DEFAULT_MIN_TOKENS,
-    DEFAULT_PREFIX_REUSE,
-    CacheHook,
-    ScopeSource,
-    attached_hook,
-)
+from snapcache.llama.checkpoints import DEFAULT_PREFIX_REUSE
+from snapcache.llama.hook import DEFAULT_MIN_TOKENS, CacheHook, ScopeSource, attached_hook
 from snapcache.llama.miss import MissExplanation
 from snapcache.llama.prefix_loader import Progress
 from snapcache.llama.reports import CompletionListener, RestoreInfo, WarmResult

@@ -22,16 +22,20 @@ from snapcache.snapshot import MAX_PRIORITY
 
 __all__ = [
     "CHECKPOINT_ALIGN",
+    "DEFAULT_PREFIX_REUSE",
     "FINAL_TAIL_TOKENS",
     "MIN_PREFIX_TOKENS",
     "align_down",
     "checkpoint_plan",
     "final_point",
     "ladder_points",
+    "window_ladder",
 ]
 
 # The ladder's grid, and the coarsest alignment a model can measure.
 CHECKPOINT_ALIGN = 64
+# A later raw prompt sharing L tokens of an earlier one restores at least this share of them.
+DEFAULT_PREFIX_REUSE = 0.9
 # A shorter prefix is not worth a snapshot.
 MIN_PREFIX_TOKENS = 64
 # The checkpoint at the end of a prompt leaves at least this many tokens to read with the prompt's
@@ -81,6 +85,16 @@ def ladder_points(step: int, reuse: float, limit: int) -> list[int]:
         points.append(point)
         point = max(point + step, int(point / reuse) // step * step)
     return points
+
+
+def window_ladder(n_swa: int, n_ctx: int, prefix_reuse: float | None) -> list[int]:
+    """The ladder points (`ladder_points`) of a raw prompt of up to `n_ctx` tokens on a model whose
+    sliding window is `n_swa` tokens (0: none, a recurrent state), each on a multiple of the window
+    rounded up to the grid (a point stores a whole window); none where `prefix_reuse` is None."""
+    if prefix_reuse is None:
+        return []
+    step = max(CHECKPOINT_ALIGN, -(-n_swa // CHECKPOINT_ALIGN) * CHECKPOINT_ALIGN)
+    return [p for p in ladder_points(CHECKPOINT_ALIGN, prefix_reuse, n_ctx) if p % step == 0]
 
 
 def final_point(n_tokens: int, alignment: int, *, exact: bool = True) -> int:

@@ -22,7 +22,7 @@ from snapcache.errors import SnapcacheError
 from snapcache.key import BLOCK_TOKENS, SnapshotKey, TokenArray
 from snapcache.llama.blocks import KIND_PREFIX, KIND_PROMPT_END
 from snapcache.llama.chat_prefix import SharedPrefix
-from snapcache.llama.checkpoints import CHECKPOINT_ALIGN, checkpoint_plan, final_point, ladder_points
+from snapcache.llama.checkpoints import checkpoint_plan, final_point, window_ladder
 from snapcache.llama.prefix_loader import PrefixLoader
 from snapcache.llama.readiness import Readiness
 from snapcache.llama.reports import CompletionListener, CompletionReport, RestoreInfo
@@ -98,12 +98,10 @@ class CompletionCache:
         self._priority = priority
         self._listener = listener
         self._exact = exact
-        n_ctx = int(llm.n_ctx())
-        self._ladder = [] if prefix_reuse is None else ladder_points(CHECKPOINT_ALIGN, prefix_reuse, n_ctx)
         n_swa = int(llama_cpp.llama_model_n_swa(llm.model))
         self._windows = n_swa > 0
         # Sparse points of a raw prompt on a sliding-window model: each stores a whole window.
-        self._window_step = max(CHECKPOINT_ALIGN, -(-n_swa // CHECKPOINT_ALIGN) * CHECKPOINT_ALIGN)
+        self._ladder = window_ladder(n_swa, int(llm.n_ctx()), prefix_reuse)
         self._last_prompts: OrderedDict[str, LastPrompt] = OrderedDict()
         self._last_prompt_end: OrderedDict[str, SnapshotKey] = OrderedDict()
 
@@ -164,10 +162,9 @@ class CompletionCache:
         # One cache of full attention: every point is cut from one capture after the completion.
         # Sliding windows and recurrent states hold only their last point: read on to each.
         one_capture = can_truncate(llm)
-        ladder = self._ladder if completion.ladder and not one_capture else []
         plan = checkpoint_plan(
             tokens,
-            ladder=[p for p in ladder if p % self._window_step == 0],
+            ladder=self._ladder if completion.ladder and not one_capture else [],
             chat_prefix=None if chat_prefix is None else chat_prefix.tokens(),
             priority=self._priority,
             after=reused,

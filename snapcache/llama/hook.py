@@ -37,6 +37,7 @@ from snapcache.errors import InvalidArgument
 from snapcache.key import DEFAULT_SCOPE, TokenArray, validate_priority, validate_scope
 from snapcache.llama.amx import warn_once
 from snapcache.llama.chat_prefix import ChatPrefixFinder, SharedPrefix, render_options, system_head
+from snapcache.llama.checkpoints import DEFAULT_PREFIX_REUSE
 from snapcache.llama.completion import Completion, CompletionCache
 from snapcache.llama.completion_flow import CompletionFlow
 from snapcache.llama.explain import Explainer
@@ -56,7 +57,6 @@ _log = logging.getLogger("snapcache")
 ScopeSource = str | Callable[[], str]
 
 DEFAULT_MIN_TOKENS = 32
-DEFAULT_PREFIX_REUSE = 0.9
 # Where an installed hook keeps itself on the Llama, so that `attached(llm)` can find it.
 _HOOK_ATTRIBUTE = "_snapcache_hook"
 _MISSING = object()

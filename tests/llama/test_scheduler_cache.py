@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from test_scheduler import GREEDY, N_CTX, SYSTEM, _recorded, prompts, solo
 
-from snapcache.key import DEFAULT_SCOPE
+from snapcache.key import DEFAULT_SCOPE, SnapshotKey
 from snapcache.llama import capture_sequence
 from snapcache.llama.batch import SamplingParams, Scheduler
 from snapcache.llama.batch._context import SequenceContext
@@ -235,3 +235,55 @@ def test_an_inexact_scheduler_reuses_prompts_at_any_token_under_its_own_fingerpr
     assert again.result(60) == solo(llm, asks[0])
     assert again.restore is not None
     assert again.restore.restored_tokens == 0
+
+
+def test_only_a_chat_prefix_that_can_be_a_restore_point_is_waited_for(
+    llm: llama_cpp.Llama, scheduler: Any
+) -> None:
+    """A request waits for an earlier one to store their shared chat prefix only where that prefix
+    is long enough to be stored (64 tokens on the split alignment): a shorter one is read by each."""
+    s = scheduler(n_seq=2)
+    asks = prompts(llm, 2, SYSTEM)
+    long_prefix, short_prefix = asks[0][:200], asks[0][:40]
+    with s._cond:  # neither is taken before both are asked about
+        first = s.submit(asks[0], GREEDY, chat_prefix=long_prefix, chat=True)
+        second = s.submit(asks[1], GREEDY, chat_prefix=long_prefix, chat=True)
+        other_scope = s.submit(asks[1], GREEDY, scope="b", chat_prefix=long_prefix, chat=True)
+        short = s.submit(asks[1], GREEDY, chat_prefix=short_prefix, chat=True)
+        assert s._follows(second, [first])
+        assert not s._follows(other_scope, [first])
+        assert not s._follows(short, [s.submit(asks[0], GREEDY, chat_prefix=short_prefix, chat=True)])
+    for request in (first, second, other_scope, short):
+        assert request.result(60)
+
+
+def test_a_stored_prompt_end_supersedes_the_one_its_conversation_stored_before(
+    llm: llama_cpp.Llama, scheduler: Any, store: SnapshotStore
+) -> None:
+    """As on a single sequence: the next turn of a chat (reusing its sequence) stores its own prompt
+    end, and the previous turn's goes; another conversation's stays."""
+    from snapcache.llama.checkpoints import align_down, final_point
+
+    s = scheduler(n_seq=2)
+    turn = prompts(llm, 3, SYSTEM)[2]
+    other = prompts(llm, 2, "Another conversation entirely. " * 4)[1]
+    for prompt in (turn, other):
+        assert s.submit(prompt, GREEDY, chat=True).result(60)
+    store.flush()
+    alignment = s._cache.alignment
+    ends = [prompt[: final_point(len(prompt), alignment)] for prompt in (turn, other)]
+    keys = [SnapshotKey.for_tokens(s.fingerprint, DEFAULT_SCOPE, end) for end in ends]
+    assert all(store.held_priority(key) is not None for key in keys)
+    next_turn = [*turn, *llm.tokenize(b" and then the next question about the fox?", add_bos=False)]
+    request = s.submit(next_turn, GREEDY, chat=True)
+    assert request.result(60) == solo(llm, next_turn)
+    assert request.restore is not None
+    assert (request.restore.source, request.restore.restored_tokens) == (
+        "context",
+        align_down(len(turn), alignment),
+    )
+    store.flush()
+    new_end = next_turn[: final_point(len(next_turn), alignment)]
+    assert store.held_priority(SnapshotKey.for_tokens(s.fingerprint, DEFAULT_SCOPE, new_end)) is not None
+    assert store.held_priority(keys[0]) is None
+    assert store.held_priority(keys[1]) is not None

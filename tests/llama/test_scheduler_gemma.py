@@ -126,12 +126,12 @@ def test_a_chat_through_batched_llama_is_the_llamas_and_restores_its_system_part
     assert second["usage"]["prompt_tokens_details"]["cached_tokens"] > 512
 
 
-def test_a_prompt_end_point_is_skipped_while_others_wait_for_their_first_token(
+def test_every_request_of_a_burst_stores_its_prompt_end(
     gemma: llama_cpp.Llama, cold: Any, store: SnapshotStore
 ) -> None:
-    """On a sliding-window model a restore point near the prompt's end costs its read a stop (a
-    capture and a decode more). While another request waits for its first token, the read goes
-    on past it; the last of a burst, with nobody waiting, stops and saves it. Both answer as cold."""
+    """On a sliding-window model the window state at a restore point exists only while the read
+    stops there: each request of a burst stops at its prompt-end point and stores it, also while
+    another waits for its first token (the next turn of its chat restores it). Both answer as cold."""
     from snapcache.key import SnapshotKey
     from snapcache.llama.checkpoints import final_point
 
@@ -150,7 +150,7 @@ def test_a_prompt_end_point_is_skipped_while_others_wait_for_their_first_token(
             assert 512 < request.restore.restored_tokens < final_point(len(request.prompt), alignment)
         ends = [prompt[: final_point(len(prompt), alignment)] for prompt in asks]
         keys = [SnapshotKey.for_tokens(s.fingerprint, "agents", end) for end in ends]
-        assert [store.held_priority(key) is not None for key in keys] == [False, True]
+        assert [store.held_priority(key) is not None for key in keys] == [True, True]
 
 
 def test_an_inexact_scheduler_restores_and_reuses_a_sliding_window_model_at_any_token(

@@ -79,7 +79,7 @@ class BatchedLlama:
         self, prompt: str | Sequence[int], *, scope: str | None = None, **kwargs: Any
     ) -> Any:
         """As `Llama.create_completion` (a dict, or an iterator of chunks with `stream=True`)."""
-        return self._complete(prompt, kwargs, scope or self._current_scope(), None)
+        return self._complete(prompt, kwargs, scope or self._current_scope(), None, chat=False)
 
     def create_chat_completion(self, messages: list[Any], *, scope: str | None = None, **kwargs: Any) -> Any:
         """As `Llama.create_chat_completion`; `max_completion_tokens` stands for `max_tokens`."""
@@ -102,7 +102,13 @@ class BatchedLlama:
     # -- one completion -----------------------------------------------------------------------------
 
     def _complete(
-        self, prompt: str | Sequence[int], kwargs: dict[str, Any], scope: str, prefix: TokenArray | None
+        self,
+        prompt: str | Sequence[int],
+        kwargs: dict[str, Any],
+        scope: str,
+        prefix: TokenArray | None,
+        *,
+        chat: bool,
     ) -> Any:
         llm = self.llm
         reason = batched_unsupported(kwargs)
@@ -125,7 +131,7 @@ class BatchedLlama:
         # llama-cpp-python reads on past max_tokens to finish a UTF-8 character: a few tokens more.
         params = replace(params, max_tokens=min(limit + _UTF8_TAIL, room) if room > 0 else limit)
         submitted_at = time.time()
-        request = self.scheduler.submit(tokens, params, scope=scope, chat_prefix=prefix)
+        request = self.scheduler.submit(tokens, params, scope=scope, chat_prefix=prefix, chat=chat)
         with self._last_lock:
             self._last[scope] = (request, submitted_at)
             self._last.move_to_end(scope)
@@ -194,7 +200,7 @@ class _StandIn:
         return list(self._owner.llm.tokenize(text, add_bos, special))
 
     def create_completion(self, prompt: str | Sequence[int] | None = None, **kwargs: Any) -> Any:
-        return self._owner._complete(prompt or "", kwargs, self._scope, self._prefix)
+        return self._owner._complete(prompt or "", kwargs, self._scope, self._prefix, chat=True)
 
 
 class _Text:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from snapcache.key import TokenArray
+from snapcache.key import SnapshotKey, TokenArray
 from snapcache.llama.batch._context import SequenceContext
 from snapcache.llama.checkpoints import align_down
 
@@ -26,13 +26,25 @@ class Held:
     """The prompt tokens a sequence holds, read as a prompt (or restored) for `scope`.
 
     `floor`: the shortest length it may be cut back to (a state restored with a padded window
-    cache keeps only the window of its last token); `used`: when a request last held it.
+    cache keeps only the window of its last token); `stored`: how many of its tokens the store
+    gives back (restored from it, or saved at a restore point); `kept`: how many it should give back
+    (its prompt-end point; more than `stored` while it holds the only copy); `prompt_end`: the
+    prompt-end record of its conversation's latest turn (a later turn supersedes it); `used`: when
+    a request last held it.
     """
 
     scope: str
     tokens: TokenArray
     floor: int
+    stored: int = 0
+    kept: int = 0
+    prompt_end: SnapshotKey | None = None
     used: int = 0
+
+    @property
+    def only_copy(self) -> bool:
+        """Whether clearing it loses a restore point the store does not hold (a save failed)."""
+        return self.stored < self.kept
 
 
 class LivePrefixes:
@@ -58,8 +70,9 @@ class LivePrefixes:
     def choose(self, free: Sequence[int], scope: str, prompt: TokenArray) -> int:
         """The free sequence a request takes: the one holding the longest prefix of its prompt for its
         scope where that is at least half of what it holds (a sequence is not cut down to a few shared
-        tokens while another is free: its prompt may come again), else an empty one, else the one least
-        recently used. Any shorter live prefix is still copied in (`longest`)."""
+        tokens while another is free: its prompt may come again), else an empty one, else one whose
+        prompt the store holds before one holding the only copy, least recently used first. Any
+        shorter live prefix is still copied in (`longest`)."""
         best, best_cut = -1, 0
         for seq_id in free:
             held = self._held.get(seq_id)
@@ -71,7 +84,7 @@ class LivePrefixes:
         empty = [seq_id for seq_id in free if seq_id not in self._held]
         if empty:
             return empty[0]
-        return min(free, key=lambda seq_id: self._held[seq_id].used)
+        return min(free, key=lambda seq_id: (self._held[seq_id].only_copy, self._held[seq_id].used))
 
     def reusable(self, held: Held, scope: str, prompt: TokenArray) -> int:
         """How many leading tokens of `prompt` `held` can give: as many as they share (short of the
@@ -86,16 +99,16 @@ class LivePrefixes:
 
     def longest(
         self, scope: str, prompt: TokenArray, seq_id: int, running: Mapping[int, Held]
-    ) -> tuple[int, int, int]:
+    ) -> tuple[int, int, Held | None]:
         """(the sequence holding the longest reusable prefix of `prompt`, among the free ones and the
-        `running` requests', its length, the floor it keeps); `seq_id`, the request's own, wins a tie
-        as it needs no copy."""
-        best, best_cut, floor = -1, 0, 0
+        `running` requests', its length, what that sequence holds); `seq_id`, the request's own,
+        wins a tie as it needs no copy."""
+        best, best_cut, found = -1, 0, None
         for other, held in {**self._held, **running}.items():
             cut = self.reusable(held, scope, prompt)
             if cut > best_cut or (cut == best_cut > 0 and other == seq_id):
-                best, best_cut, floor = other, cut, held.floor
-        return best, best_cut, floor
+                best, best_cut, found = other, cut, held
+        return best, best_cut, found
 
     def take(self, source: int, seq_id: int, n_tokens: int) -> bool:
         """Make `seq_id` hold the first `n_tokens` that `source` holds; False (cleared) where it cannot."""

@@ -7,8 +7,8 @@ the system messages of a chat, and near the end of the prompt, on the model's me
 alignment; an inexact cache, `exact=False`, splits anywhere and keeps its states apart under the
 inexact fingerprint, as `CachedLlama(exact=False)` does). A model with one cache saves every point
 from one capture of the prompt once it has been read; a sliding-window model reads to each point and
-saves it there. Not done here (yet): the ladder of window points along raw prompts, and superseding
-a conversation's previous prompt end.
+saves it there, with the ladder of window points along a raw prompt that `CompletionCache` leaves
+(`prefix_reuse`). A stored prompt end replaces the one its conversation's previous turn restored from.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from dataclasses import dataclass
 import llama_cpp
 
 from snapcache.errors import SnapcacheError
-from snapcache.key import BLOCK_TOKENS, TokenArray
+from snapcache.key import BLOCK_TOKENS, SnapshotKey, TokenArray
 from snapcache.llama.batch._context import SequenceContext
 from snapcache.llama.blocks import KIND_PREFIX, KIND_PROMPT_END
-from snapcache.llama.checkpoints import checkpoint_plan, final_point
+from snapcache.llama.checkpoints import checkpoint_plan, final_point, window_ladder
 from snapcache.llama.fingerprint import model_fingerprint
 from snapcache.llama.fingerprint_notes import FingerprintNotes
 from snapcache.llama.prefix_loader import PrefixLoader
@@ -32,7 +32,7 @@ from snapcache.llama.state import CapturedState, can_truncate, pads_windows
 from snapcache.llama.stored_states import RestorePoint
 from snapcache.store import SnapshotStore
 
-__all__ = ["PendingSave", "SequenceCache"]
+__all__ = ["PendingSave", "Restored", "SequenceCache"]
 
 _log = logging.getLogger("snapcache")
 
@@ -47,11 +47,25 @@ class PendingSave:
     blocks_upto: int
 
 
+@dataclass(frozen=True, slots=True)
+class Restored:
+    """What `SequenceCache.restore` put into a sequence: `n_tokens` (0: nothing), the tier it came
+    from, the shortest length the sequence may be cut back to (one short of it where the window
+    cache was padded, else 0), and the record restored when it was a prompt end (a later turn of
+    the same conversation supersedes it)."""
+
+    n_tokens: int = 0
+    source: Source | None = None
+    floor: int = 0
+    prompt_end: SnapshotKey | None = None
+
+
 class SequenceCache:
     """Restores into, and saves from, the sequences of one `SequenceContext` (see the module docstring).
 
     `uncacheable` says why this Llama's states can be neither restored nor saved (None: they can).
-    `exact=False`: restore and save at any token (see `CacheHook`'s `exact`).
+    `exact=False`: restore and save at any token (see `CacheHook`'s `exact`). `prefix_reuse` (None:
+    off) sets the ladder of window points along a raw prompt on a sliding-window model.
     """
 
     def __init__(
@@ -63,6 +77,7 @@ class SequenceCache:
         min_tokens: int,
         priority: int,
         exact: bool = True,
+        prefix_reuse: float | None = None,
     ) -> None:
         self.store = store
         self.exact = exact
@@ -79,16 +94,17 @@ class SequenceCache:
         self._priority = priority
         self.one_capture = can_truncate(llm)
         self._pad_windows = pads_windows(llm)
+        n_swa = int(llama_cpp.llama_model_n_swa(llm.model))
+        self._ladder = [] if self.one_capture else window_ladder(n_swa, int(llm.n_ctx()), prefix_reuse)
 
     def restore(
         self, context: SequenceContext, seq_id: int, tokens: TokenArray, scope: str, *, longer_than: int = 0
-    ) -> tuple[int, Source | None, int]:
+    ) -> Restored:
         """Restore the longest stored prefix of `tokens` (short of its last token, which the request
-        reads for its logits) into `seq_id` when it is longer than `longer_than` tokens: (its length,
-        the tier it came from, the shortest length the sequence may be cut back to: one short of it
-        where the window cache was padded, else 0), (0, None, 0) otherwise."""
+        reads for its logits) into `seq_id` when it is longer than `longer_than` tokens (else
+        nothing: `Restored()`)."""
         if self.uncacheable is not None:
-            return 0, None, 0
+            return Restored()
         query = tokens[:-1]
         while len(query) > longer_than:
             found = self._states.find(
@@ -104,17 +120,21 @@ class SequenceCache:
             if n <= longer_than:
                 break
             if context.restore(seq_id, found.snapshot, window_padded=found.window_padded):
-                return n, found.source, n - 1 if found.window_padded else 0
+                prompt_end = found.record_key if found.kind == KIND_PROMPT_END else None
+                return Restored(n, found.source, n - 1 if found.window_padded else 0, prompt_end)
             query = tokens[: n - 1]
-        return 0, None, 0
+        return Restored()
 
-    def plan(self, tokens: TokenArray, reused: int, chat_prefix: TokenArray | None) -> list[RestorePoint]:
-        """The restore points `tokens` should leave behind, past the `reused` ones, ascending."""
+    def plan(
+        self, tokens: TokenArray, reused: int, chat_prefix: TokenArray | None, *, chat: bool
+    ) -> list[RestorePoint]:
+        """The restore points `tokens` should leave behind, past the `reused` ones, ascending, as a
+        single-sequence completion plans them (`chat`: a rendered chat, which has no ladder)."""
         if not self._save:
             return []
         plan = checkpoint_plan(
             tokens,
-            ladder=[],
+            ladder=[] if chat else self._ladder,
             chat_prefix=chat_prefix,
             priority=self._priority,
             after=reused,
@@ -167,6 +187,22 @@ class SequenceCache:
         except (SnapcacheError, OSError) as exc:
             _log.warning("could not save the state of %d tokens: %s", len(pending.captured.tokens), exc)
             return 0
+
+    def superseding(self, pending: PendingSave, old: SnapshotKey | None) -> SnapshotKey | None:
+        """`pending` was stored: when it held a prompt end, the previous turn's prompt end `old` goes
+        (see `StoredStates.supersede`: only where it starts the new one's tokens), and the new
+        one's key is returned (what the next turn supersedes); otherwise `old`."""
+        for point in pending.points:
+            if point.kind != KIND_PROMPT_END:
+                continue
+            tokens = pending.captured.tokens[: point.n_tokens]
+            if old is not None:
+                try:
+                    self._states.supersede(old, tokens, point.priority)
+                except (SnapcacheError, OSError) as exc:
+                    _log.debug("could not remove the previous turn's state: %s", exc)
+            return SnapshotKey.for_tokens(self.fingerprint, pending.scope, tokens)
+        return old
 
     def _capture(
         self,

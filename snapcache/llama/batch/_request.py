@@ -47,12 +47,15 @@ class Request:
         scope: str,
         chat_prefix: TokenArray | None,
         wake: Callable[[], None],
+        *,
+        chat: bool = False,
     ) -> None:
         self.prompt = prompt
         self.params = params
         self.max_tokens = max_tokens
         self.scope = scope
         self.chat_prefix = chat_prefix
+        self.chat = chat  # a rendered chat (its restore points are a chat's: no ladder)
         self.tokens: list[int] = []
         self.finish_reason: FinishReason | None = None
         self.error: BaseException | None = None

@@ -18,10 +18,14 @@ reading waits for that one to save it, then restores it. One thread runs the ste
 - then one chunk (at most `n_batch` tokens, cut at restore points) of the prompt of the earliest
   request still reading a longer prompt, decoded alone.
 
-A sliding-window model reads to each restore point and saves it there (a capture and a decode
-more). While other requests wait for their first tokens, the last chunk of a prompt reads on past
-its prompt-end point instead, so that their first tokens come sooner; the last request of a burst,
-with nobody waiting behind it, still stops there. The chat-prefix point is always kept.
+Batching never makes the cache forget: each request plans the restore points a single-sequence
+completion plans (`SequenceCache.plan`: the chat prefix, the prompt end, a raw prompt's ladder on a
+sliding-window model), a sliding-window model reads to each and captures it there (a capture and a
+decode more, the price of the cache's promise: that window exists only while the read stops there),
+and a stored prompt end supersedes the one its conversation's previous turn restored. A request
+waits for an earlier one of its scope to store their shared chat prefix only where that prefix can
+be a restore point. When every free sequence holds a prompt, the one whose restore points the store
+holds gives way first (see `LivePrefixes.choose`).
 
 Prompts are always read alone, in the chunks a single-sequence Llama reads them in: a prompt's
 KV cells, its first token and the states saved from it are those of a cold single-sequence run
@@ -54,15 +58,15 @@ import llama_cpp
 import numpy as np
 
 from snapcache.errors import InvalidArgument
-from snapcache.key import DEFAULT_SCOPE, Tokens, as_token_array, validate_scope
+from snapcache.key import BLOCK_TOKENS, DEFAULT_SCOPE, SnapshotKey, Tokens, as_token_array, validate_scope
 from snapcache.llama.adapters import adapter_settings
 from snapcache.llama.batch._context import Chunk, SequenceContext
 from snapcache.llama.batch._live import Held, LivePrefixes
-from snapcache.llama.batch._prefix import PendingSave, SequenceCache
+from snapcache.llama.batch._prefix import PendingSave, Restored, SequenceCache
 from snapcache.llama.batch._request import FinishReason, Request, SchedulerError
 from snapcache.llama.batch._sampling import SamplerChain, SamplingParams
 from snapcache.llama.blocks import KIND_PROMPT_END
-from snapcache.llama.checkpoints import CHECKPOINT_ALIGN
+from snapcache.llama.checkpoints import CHECKPOINT_ALIGN, DEFAULT_PREFIX_REUSE, MIN_PREFIX_TOKENS, align_down
 from snapcache.llama.reports import RestoreInfo
 from snapcache.llama.state import can_truncate
 from snapcache.llama.stored_states import RestorePoint
@@ -95,11 +99,23 @@ class _Slot:
     generated: int = 0
     checkpoints: int = 0
     floor: int = 0  # the shortest length its sequence may be cut back to (see `Held`)
+    stored: int = 0  # how many of its prompt's tokens the store gives back (see `Held`)
+    kept: int = 0  # its prompt-end point, which the store should give back
+    prompt_end: SnapshotKey | None = None  # its conversation's latest stored prompt end
+    left: Held | None = None  # what its sequence kept once it finished, for saves stored after
 
     def held(self) -> Held:
         """What the sequence holds of the prompt so far, as a later request may reuse it."""
         prompt = self.request.prompt
-        return Held(self.request.scope, prompt[: min(self.n_past, len(prompt))], self.floor)
+        n = min(self.n_past, len(prompt))
+        return Held(
+            self.request.scope,
+            prompt[:n],
+            self.floor,
+            stored=min(self.stored, n),
+            kept=self.kept,
+            prompt_end=self.prompt_end,
+        )
 
 
 class Scheduler:
@@ -107,6 +123,7 @@ class Scheduler:
 
     `store` (None: no cache) restores prefixes and saves states as `CachedLlama` does, under the
     Llama's own fingerprint; `save=False` only restores; `min_tokens` and `priority` as in
+    `CachedLlama`; `prefix_reuse`: the ladder of window points along raw prompts, as in
     `CachedLlama`; `seq_ctx`: the tokens each sequence holds (default and most: the Llama's
     `n_ctx`); `exact=False` restores, saves and reuses live prefixes at any token, under the inexact
     fingerprint (`CachedLlama(exact=False)`'s): a burst reads only what its prompts do not share,
@@ -127,6 +144,7 @@ class Scheduler:
         priority: int = 0,
         seq_ctx: int | None = None,
         exact: bool = True,
+        prefix_reuse: float | None = DEFAULT_PREFIX_REUSE,
     ) -> None:
         if isinstance(n_seq, bool) or not isinstance(n_seq, int) or not 1 <= n_seq <= 256:
             raise InvalidArgument(f"n_seq must be an int from 1 to 256, got {n_seq!r}")
@@ -145,7 +163,15 @@ class Scheduler:
         self._cache = (
             None
             if store is None
-            else SequenceCache(llm, store, save=save, min_tokens=min_tokens, priority=priority, exact=exact)
+            else SequenceCache(
+                llm,
+                store,
+                save=save,
+                min_tokens=min_tokens,
+                priority=priority,
+                exact=exact,
+                prefix_reuse=prefix_reuse,
+            )
         )
         self._context = SequenceContext(llm, n_seq, seq_ctx)
         self._waiting: deque[Request] = deque()
@@ -178,12 +204,14 @@ class Scheduler:
         *,
         scope: str = DEFAULT_SCOPE,
         chat_prefix: Tokens | None = None,
+        chat: bool = False,
     ) -> Request:
         """Queue a request for `prompt` (tokens, as the Llama's chat handler or tokenizer made them).
 
         `chat_prefix`: the tokens every chat with the same system messages starts with (a restore
-        point is saved at their end). InvalidArgument for an empty prompt or one that leaves no
-        room in the context; SchedulerError once closed.
+        point is saved at their end); `chat`: the prompt is a rendered chat (a raw prompt leaves
+        the ladder of window points that `prefix_reuse` sets). InvalidArgument for an empty prompt
+        or one that leaves no room in the context; SchedulerError once closed.
         """
         tokens = as_token_array(prompt)
         n = len(tokens)
@@ -199,7 +227,7 @@ class Scheduler:
         room = self.n_ctx - n
         max_tokens = room if max_tokens is None or max_tokens <= 0 else min(max_tokens, room)
         prefix = None if chat_prefix is None else as_token_array(chat_prefix)
-        request = Request(tokens, params, max_tokens, validate_scope(scope), prefix, self._wake)
+        request = Request(tokens, params, max_tokens, validate_scope(scope), prefix, self._wake, chat=chat)
         with self._cond:
             if self._closing:
                 raise SchedulerError("the scheduler is closed")
@@ -277,9 +305,11 @@ class Scheduler:
     def _follows(self, request: Request, admitted: list[Request]) -> bool:
         """Whether `request` should wait for a request ahead of it with the same chat prefix in its
         scope to finish reading its prompt, and then restore what that one saved instead of reading
-        the prefix itself. It loses no time: prompts are read one at a time, earliest first."""
+        the prefix itself. It loses no time: prompts are read one at a time, earliest first. A
+        prefix too short to be a restore point is read by each (nothing would be saved to wait for)."""
         prefix = request.chat_prefix
-        if self._cache is None or prefix is None:
+        cache = self._cache
+        if cache is None or prefix is None or align_down(len(prefix), cache.alignment) < MIN_PREFIX_TOKENS:
             return False
         ahead = [s.request for s in self._slots.values() if s.n_past < len(s.request.prompt)]
         return any(
@@ -308,33 +338,44 @@ class Scheduler:
             request.finish("error", exc)
             return
         running = {other: slot.held() for other, slot in self._slots.items()}
-        live_source, live, live_floor = self._live.longest(request.scope, tokens, seq_id, running)
+        live_source, live, live_held = self._live.longest(request.scope, tokens, seq_id, running)
         self._live.forget(seq_id)
         if live_source != seq_id:
             context.clear(seq_id)
-        reused, source, floor = 0, None, 0
+        restored = Restored()
         cache = self._cache
         if cache is not None:
-            reused, source, floor = cache.restore(context, seq_id, tokens, request.scope, longer_than=live)
-            if reused == 0 and live_source == seq_id and context.last_position(seq_id) < 0:
+            restored = cache.restore(context, seq_id, tokens, request.scope, longer_than=live)
+            if restored.n_tokens == 0 and live_source == seq_id and context.last_position(seq_id) < 0:
                 live = 0  # a refused restore cleared the sequence that held the live prefix
-        if reused == 0 and live > 0:
+        slot = _Slot(request, seq_id, sampler, self._admitted, 0, 0)
+        if restored.n_tokens == 0 and live > 0:
             if self._live.take(live_source, seq_id, live):
-                reused, source, floor = live, "context", live_floor
+                assert live_held is not None
+                slot.stored = min(live, live_held.stored)
+                slot.prompt_end = live_held.prompt_end
+                restored = Restored(live, "context", live_held.floor)
             elif cache is not None:  # the live prefix could not be cut: the store's, however short
-                reused, source, floor = cache.restore(context, seq_id, tokens, request.scope)
+                restored = cache.restore(context, seq_id, tokens, request.scope)
+        reused = restored.n_tokens
         if reused == 0:
             context.clear(seq_id)
-        slot = _Slot(request, seq_id, sampler, self._admitted, reused, reused, floor=floor)
+        elif restored.source != "context":
+            slot.stored, slot.prompt_end = reused, restored.prompt_end
+        slot.n_past = slot.reused = reused
+        slot.floor = restored.floor
         self._admitted += 1
         if cache is not None:
-            points = cache.plan(tokens, reused, request.chat_prefix)
+            points = cache.plan(tokens, reused, request.chat_prefix, chat=request.chat)
+            slot.kept = max((p.n_tokens for p in points if p.kind == KIND_PROMPT_END), default=0)
             if cache.one_capture:
                 slot.points = points
             else:
                 slot.stops = points
         n = len(tokens)
-        request.restore = RestoreInfo(n, reused, n - reused, source, 0, time.perf_counter() - started)
+        request.restore = RestoreInfo(
+            n, reused, n - reused, restored.source, 0, time.perf_counter() - started
+        )
         self._slots[seq_id] = slot
 
     def _step(self) -> None:
@@ -367,14 +408,23 @@ class Scheduler:
             self._store_saves()
 
     def _store_saves(self) -> None:
-        """Store the states the reads took at restore points (out of the way of first tokens)."""
+        """Store the states the reads took at restore points (out of the way of first tokens); a
+        stored prompt end supersedes its conversation's previous one."""
         cache = self._cache
         while self._saves and cache is not None:
             slot, pending = self._saves.pop(0)
             stored = cache.save(pending)
+            if not stored:
+                continue
             slot.checkpoints += stored
+            upto = max([p.n_tokens for p in pending.points] + [align_down(pending.blocks_upto, BLOCK_TOKENS)])
+            slot.stored = max(slot.stored, upto)
+            slot.prompt_end = cache.superseding(pending, slot.prompt_end)
+            if slot.left is not None:  # it finished before its saves were stored
+                slot.left.stored = min(slot.stored, len(slot.left.tokens))
+                slot.left.prompt_end = slot.prompt_end
             request = slot.request
-            if stored and request.restore is not None:
+            if request.restore is not None:
                 request.restore = replace(request.restore, checkpoints=slot.checkpoints)
 
     def _generate(self, group: list[_Slot]) -> None:
@@ -398,8 +448,6 @@ class Scheduler:
         tokens = slot.request.prompt
         n = len(tokens)
         end = min(n, slot.n_past + self._context.n_batch)
-        if slot.stops and slot.stops[0].n_tokens < end and self._skips_prompt_end(slot, end):
-            slot.stops.pop(0)
         if slot.stops and slot.stops[0].n_tokens < end:
             end = slot.stops[0].n_tokens
         code, rows = self._context.decode(
@@ -430,17 +478,6 @@ class Scheduler:
         if reason is not None:
             self._finish(slot, reason)
 
-    def _skips_prompt_end(self, slot: _Slot, end: int) -> bool:
-        """Whether the read of `slot`'s prompt up to `end`, its end, goes on past the restore point
-        near it instead of stopping there to save it (a sliding-window model's stop: a capture and
-        a decode more): while other requests wait for their first tokens, which come sooner."""
-        if end != len(slot.request.prompt) or slot.stops[0].kind != KIND_PROMPT_END:
-            return False
-        if any(s is not slot and s.n_past < len(s.request.prompt) for s in self._slots.values()):
-            return True
-        with self._cond:
-            return bool(self._waiting)
-
     def _take(self, slot: _Slot, token: int) -> FinishReason | None:
         """Hand a sampled token to its request; why the request ends with it, or None."""
         if slot.request.cancelled:
@@ -465,7 +502,8 @@ class Scheduler:
         if reason == "error":
             self._context.clear(slot.seq_id)
         else:
-            self._live.keep(slot.seq_id, slot.held())  # for the next request of the scope
+            slot.left = slot.held()
+            self._live.keep(slot.seq_id, slot.left)  # for the next request of the scope
         slot.sampler.close()
         self._slots.pop(slot.seq_id, None)
         self._release(slot.seq_id)

@@ -100,3 +100,9 @@ def test_every_choice_with_tools_has_a_grammar(choice: str) -> None:
     assert grammar is not None
     assert "root" in grammar._grammar
     assert ("response" in grammar._grammar) == (choice == "auto")
+
+
+def test_a_call_names_its_tool_before_its_arguments() -> None:
+    grammar = TOOLS.grammar(request(ChatMessage("user", "Hi"), choice="required"))._grammar
+    call = next(line for line in grammar.splitlines() if line.startswith("tool-call ::="))
+    assert call.index("name-kv") < call.index("arguments-kv"), grammar

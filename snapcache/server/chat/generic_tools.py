@@ -76,7 +76,8 @@ class GenericTools:
         if request.tool_choice not in ("auto", "required"):
             tools = tuple(tool for tool in tools if tool.name == request.tool_choice)
         schema = _answer_schema(tools, text=request.tool_choice == "auto")
-        return _grammar(json.dumps(schema, sort_keys=True), self._vocab)
+        # Keys in their order (not sorted): the model writes the tool's name before its arguments.
+        return _grammar(json.dumps(schema), self._vocab)
 
     def visible_text(self, partial: str, request: ChatRequest) -> str:
         return _streamed_text(partial) if request.uses_tools else partial

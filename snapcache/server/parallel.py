@@ -5,7 +5,7 @@ With `--parallel N` the routes get a `ParallelModel` in place of the Llama: its 
 or `--seq-ctx`, beside the Llama's own context), everything else to the Llama. llama-cpp-python's
 routes hold one lock for a whole request (`get_llama_proxy`); `unlock_routes` gives them one that
 does not, so requests meet in the scheduler. The Llama's own context still serves what the scheduler cannot
-(grammars, logprobs, ...: `BatchedLlama` sends them there, through the cache hook) and warms, one
+(logprobs, mirostat, ...: `BatchedLlama` sends them there, through the cache hook) and warms, one
 at a time under `BatchedLlama.own_context`.
 """
 

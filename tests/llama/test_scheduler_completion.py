@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Iterator
@@ -122,14 +123,53 @@ def test_a_closed_stream_frees_its_sequence(batched: BatchedLlama) -> None:
     assert scheduler.pending() == (0, 0)
 
 
-def test_a_grammar_takes_the_single_sequence_path(
-    batched: BatchedLlama, caplog: pytest.LogCaptureFixture
+# A JSON object with one short ASCII field: a tool call's arguments, as a grammar constrains them.
+CALL_GRAMMAR = llama_cpp.LlamaGrammar.from_string(
+    r'''root ::= "{\"path\": \"" [a-z./]{1,12} "\"}"''', verbose=False
+)
+
+
+def test_a_grammar_request_is_batched_and_answers_as_the_llama(
+    batched: BatchedLlama, reference: llama_cpp.Llama, caplog: pytest.LogCaptureFixture
 ) -> None:
+    options: dict[str, Any] = {"temperature": 0.0, "max_tokens": 40}
     grammar = llama_cpp.LlamaGrammar.from_string('root ::= "yes" | "no"', verbose=False)
     with caplog.at_level(logging.WARNING, logger="snapcache"):
-        result = batched.create_completion(PROMPT, grammar=grammar, temperature=0.0, max_tokens=4)
-    assert text(result) in ("yes", "no")
-    assert "grammar is not supported by the batched path" in caplog.text
+        got = batched.create_completion(PROMPT, grammar=grammar, **options)
+        call = batched.create_completion(PROMPT, grammar=CALL_GRAMMAR, **options)
+    assert "not supported by the batched path" not in caplog.text
+    assert text(got) in ("yes", "no")
+    assert text(got) == text(reference.create_completion(PROMPT, grammar=grammar, **options))
+    assert text(call) == text(reference.create_completion(PROMPT, grammar=CALL_GRAMMAR, **options))
+    assert json.loads(text(call)).keys() == {"path"}
+
+
+def test_a_burst_of_grammar_requests_shares_its_decode_steps(
+    llm: llama_cpp.Llama, store: SnapshotStore
+) -> None:
+    """Four tool-call requests at once on a batched scheduler step together (the scheduler's own
+    record of its decodes), and each answer holds to its grammar."""
+    from test_scheduler import _recorded
+
+    prompts = [f"Question {i}: which file holds the fox? Answer:" for i in range(4)]
+    options: dict[str, Any] = {"temperature": 0.0, "max_tokens": 30, "grammar": CALL_GRAMMAR}
+    results: list[str] = [""] * 4
+    with Scheduler(llm, store, n_seq=4) as scheduler:
+        model = BatchedLlama(scheduler)
+        events = _recorded(scheduler)
+
+        def ask(i: int) -> None:
+            results[i] = text(model.create_completion(prompts[i], **options))
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+    for got in results:
+        assert json.loads(got).keys() == {"path"}
+    widest = max(len(seqs) for kind, seqs in events if kind == "step")
+    assert widest == 4, events
 
 
 class Recorder:

@@ -7,9 +7,10 @@ as `Llama.create_completion` tokenizes it), a request, and the response llama-cp
 the same text (stop strings cut it, a partial stop string or UTF-8 character is held back while
 streaming), `finish_reason`, `usage` (with `prompt_tokens_details.cached_tokens`). The text is
 made in the reader's thread, never the scheduler's. Stopping criteria (llama-cpp-python's template
-handlers pass one) are checked on the tokens as `Llama.generate` checks them. A call the batched
-path cannot do (grammar, logprobs, mirostat, ...) runs on the Llama's own single-sequence path,
-one at a time, with its reason logged once. A stream closed early (a client gone) cancels its request.
+handlers pass one) are checked on the tokens as `Llama.generate` checks them. A grammar is
+sampled in the batch (see `_sampling`). A call the batched path cannot do (logprobs, mirostat,
+logits processors, ...) runs on the Llama's own single-sequence path, one at a time, with its
+reason logged once. A stream closed early (a client gone) cancels its request.
 """
 
 from __future__ import annotations

@@ -4,10 +4,14 @@ The chain is the one `llama_cpp.Llama` builds for a completion (`Llama._init_sam
 first (llama-cpp-python applies it as a logits processor before its chain), repetition penalties
 over the last `last_n_tokens_size` generated tokens, then greedy at temperature 0, a plain draw
 below 0, and otherwise top-k, typical, top-p, min-p, temperature and a seeded draw. Same logits,
-same parameters, same seed: same tokens. What the chain cannot do (grammars, mirostat, logits
-processors, log-probabilities) is named by `batched_unsupported` so that the caller can take the
-single-sequence path for that request. Stopping criteria are checked on the tokens, as the Llama
-does (see `BatchedLlama`).
+same parameters, same seed: same tokens. A grammar (a tool call's JSON schema, `response_format`)
+is checked as llama.cpp's own sampler checks it: the chain picks a token from the whole vocabulary,
+the grammar judges that one token, and only when it refuses it are all 262K (Gemma) candidates
+constrained and the pick made again, so a grammar request costs a batch step little more than any
+other (greedy picks what a fully constrained chain picks; a draw is rejection-sampled, as in
+llama.cpp). What the chain cannot do (mirostat, logits processors, log-probabilities) is named by
+`batched_unsupported` so that the caller can take the single-sequence path for that request.
+Stopping criteria are checked on the tokens, as the Llama does (see `BatchedLlama`).
 """
 
 from __future__ import annotations
@@ -19,13 +23,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import llama_cpp
+import numpy as np
 
 from snapcache.errors import InvalidArgument
 
 __all__ = ["SamplerChain", "SamplingParams", "batched_unsupported"]
 
 # create_completion's keywords that the batched path cannot honour.
-_UNSUPPORTED = ("grammar", "logits_processor", "logprobs", "suffix")
+_UNSUPPORTED = ("logits_processor", "logprobs", "suffix")
+# llama_token_data as numpy sees it: the candidates of a constrained pick are filled in one copy.
+_TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +54,8 @@ class SamplingParams:
     presence_penalty: float = 0.0
     seed: int | None = None
     logit_bias: Mapping[int, float] = field(default_factory=dict)
+    grammar: str | None = None  # GBNF text (llama-cpp-python's `LlamaGrammar` gives it)
+    grammar_root: str = "root"
 
     @classmethod
     def from_completion_kwargs(cls, kwargs: Mapping[str, Any]) -> SamplingParams:
@@ -62,6 +71,10 @@ class SamplingParams:
                 values["logit_bias"] = {int(k): float(v) for k, v in dict(values["logit_bias"]).items()}
             except (TypeError, ValueError) as exc:
                 raise InvalidArgument(f"logit_bias maps token ids to numbers: {exc}") from None
+        grammar = kwargs.get("grammar")
+        if grammar is not None and not isinstance(grammar, str):
+            values["grammar"] = str(grammar._grammar)  # a LlamaGrammar
+            values["grammar_root"] = str(getattr(grammar, "_root", "root"))
         return cls(**values)
 
 
@@ -82,6 +95,17 @@ class SamplerChain:
 
     def __init__(self, params: SamplingParams, llm: llama_cpp.Llama) -> None:
         n_vocab = int(llm.n_vocab())
+        self._grammar = None
+        if params.grammar is not None:
+            self._grammar = llama_cpp.llama_sampler_init_grammar(
+                llm._model.vocab, params.grammar.encode("utf-8"), params.grammar_root.encode("utf-8")
+            )
+            if not self._grammar:
+                raise InvalidArgument("llama.cpp cannot use this grammar")
+            self._candidates = (llama_cpp.llama_token_data * n_vocab)()
+            self._rows = np.frombuffer(memoryview(self._candidates).cast("B"), dtype=_TOKEN_DATA)
+            self._ids = np.arange(n_vocab, dtype=np.int32)
+            self._one = (llama_cpp.llama_token_data * 1)()
         self.seed = params.seed if params.seed is not None else random.randint(0, 2**32 - 1)
         chain_params = llama_cpp.llama_sampler_chain_default_params()
         chain_params.no_perf = True
@@ -120,10 +144,43 @@ class SamplerChain:
         llama_cpp.llama_sampler_chain_add(self._chain, sampler)
 
     def sample(self, ctx: llama_cpp.llama_context_p, row: int) -> int:
-        """The next token from the logits of batch row `row` (the chain accepts it, for penalties)."""
-        return int(llama_cpp.llama_sampler_sample(self._chain, ctx, ctypes.c_int32(row)))
+        """The next token from the logits of batch row `row` (the chain, and the grammar if any,
+        accept it: penalties and the grammar's state follow the tokens)."""
+        if self._grammar is None:
+            return int(llama_cpp.llama_sampler_sample(self._chain, ctx, ctypes.c_int32(row)))
+        logits = llama_cpp.llama_get_logits_ith(ctx, ctypes.c_int32(row))
+        token = self._pick(logits, constrained=False)
+        if not self._allowed(token):
+            token = self._pick(logits, constrained=True)
+        llama_cpp.llama_sampler_accept(self._grammar, token)
+        llama_cpp.llama_sampler_accept(self._chain, token)
+        return token
+
+    def _pick(self, logits: Any, *, constrained: bool) -> int:
+        """The chain's pick among all candidates (`constrained`: those the grammar allows)."""
+        rows = self._rows
+        rows["id"] = self._ids
+        rows["logit"] = np.ctypeslib.as_array(logits, shape=(len(self._ids),))
+        rows["p"] = 0.0
+        candidates = llama_cpp.llama_token_data_array(self._candidates, len(rows), -1, False)
+        if constrained:
+            llama_cpp.llama_sampler_apply(self._grammar, ctypes.byref(candidates))
+        llama_cpp.llama_sampler_apply(self._chain, ctypes.byref(candidates))
+        if not 0 <= candidates.selected < candidates.size:
+            raise InvalidArgument("the grammar allows no token here")
+        return int(candidates.data[candidates.selected].id)
+
+    def _allowed(self, token: int) -> bool:
+        one = self._one
+        one[0] = llama_cpp.llama_token_data(token, 1.0, 0.0)
+        single = llama_cpp.llama_token_data_array(one, 1, -1, False)
+        llama_cpp.llama_sampler_apply(self._grammar, ctypes.byref(single))
+        return bool(np.isfinite(one[0].logit))
 
     def close(self) -> None:
         if self._chain:
             llama_cpp.llama_sampler_free(self._chain)
             self._chain = None
+        if self._grammar:
+            llama_cpp.llama_sampler_free(self._grammar)
+            self._grammar = None

@@ -163,8 +163,11 @@ def test_bench_storage_quick(tmp_path: Path) -> None:
         assert 0 < run["ram_bytes"] <= 2 * run["one_snapshot_ram_bytes"]
         assert run["evictions"] == 0
     geometry = payload["geometry"]
-    assert geometry["state_bytes"] >= geometry["prompt_tokens"] * 4 * (4 << 10)  # 4 layers in --quick
-    assert all(geometry[k] > 0 for k in ("capture_put_s", "restore_ram_s", "restore_disk_s"))
+    assert [run["prompt_tokens"] for run in geometry["sizes"]] == [128, 256]  # the second one filled
+    for run in geometry["sizes"]:
+        assert run["state_bytes"] >= run["prompt_tokens"] * 4 * (4 << 10)  # 4 layers in --quick
+        keys = ("capture_put_s", "restore_ram_s", "restore_disk_s", "read_file_s", "llama_restore_s")
+        assert all(run[k] > 0 for k in keys)
     budgets = geometry["budgets"]
     # More state was offered than either tier holds: both evicted and stayed within their budgets.
     assert budgets["offered_bytes"] > budgets["disk_budget"]
@@ -343,3 +346,17 @@ def test_kv_cache_types_quick(tmp_path: Path) -> None:
     rows = payload["tables"][0]["rows"]
     assert [row[0] for row in rows] == ["f16", "q8_0", "q4_0"]
     assert [row[-1] for row in rows] == ["yes", "yes", "yes"]  # every choice restores exactly
+
+
+def test_grammar_sampling_quick(tmp_path: Path) -> None:
+    out = tmp_path / "grammar.json"
+    proc = _run("grammar_sampling.py", "--quick", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    _assert_header(proc.stdout, "16 greedy tokens under llama.cpp's JSON grammar", "way")
+    table = _load_json(out, "grammar_sampling")["tables"][0]
+    assert [row[0] for row in table["rows"]] == [
+        "no grammar, scheduler",
+        "grammar, llama-cpp-python",
+        "grammar, scheduler",
+    ]
+    assert table["rows"][2][-1] == "true"  # greedy under the grammar: the same text both ways

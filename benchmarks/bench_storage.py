@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import _common
+import numpy as np
 from _common import (
     ModelChoice,
     Table,
@@ -70,7 +71,7 @@ class Sizes:
     user_tokens: int
     agent_tokens: int
     geometry_layers: int
-    geometry_prompt: int
+    geometry_prompts: tuple[int, ...]  # the first is read; the others filled from its rows
     stream_prompt: int
     ram_budget: int
     disk_budget: int
@@ -78,8 +79,8 @@ class Sizes:
     first_request_reps: int
 
 
-FULL = Sizes(10, 620, 100, 1_200, 32, 1_024, 512, 256 << 20, 512 << 20, 1_500, 3)
-QUICK = Sizes(3, 200, 40, 200, 4, 128, 64, 2 << 20, 4 << 20, 300, 1)
+FULL = Sizes(10, 620, 100, 1_200, 32, (1_024, 8_192), 512, 256 << 20, 512 << 20, 1_500, 3)
+QUICK = Sizes(3, 200, 40, 200, 4, (128, 256), 64, 2 << 20, 4 << 20, 300, 1)
 
 
 def _store(directory: Path | None, ram: int = BIG_RAM, disk: int = BIG_DISK) -> SnapshotStore:
@@ -229,16 +230,12 @@ def _median_time(fn: Any, reps: int) -> float:
 
 
 def geometry(sizes: Sizes, workdir: Path, reps: int) -> dict[str, Any]:
-    import llama_cpp
-
+    """Each of `sizes.geometry_prompts` through one reader and one restorer Llama (large enough for
+    the longest), then the budget stream."""
     model = geometry_model(workdir, sizes.geometry_layers)
-    n = sizes.geometry_prompt
-    n_ctx = max(256, n + 64)
-    prompt = _distinct_prompt(0, n)
-    tail = _distinct_prompt(1, 17)[1:]  # 16 more tokens: the request that follows the restored prefix
+    n_ctx = max(256, max(sizes.geometry_prompts) + 64)
     reader, restorer = new_llama(model.path, n_ctx), new_llama(model.path, n_ctx)
-    directory = workdir / "geometry"
-    result: dict[str, Any] = {"model": model.name, "prompt_tokens": n}
+    result: dict[str, Any] = {"model": model.name, "sizes": []}
     try:
         # Untimed: the model's first reads, and the split alignment snapcache measures once per model.
         probe_store = SnapshotStore(None, ram_bytes=BIG_RAM)
@@ -247,76 +244,153 @@ def geometry(sizes: Sizes, workdir: Path, reps: int) -> dict[str, Any]:
         result["first_cached_call_s"] = time.perf_counter() - t0
         probe_store.close()
         restorer.create_completion(_distinct_prompt(3, 80), max_tokens=1)
-        store = _store(directory)
-        warmed = CachedLlama(reader, store).warm(prompt)
-        store.flush()  # the disk write ends before anything is timed
-        result["warm_s"] = warmed.seconds
-        result["state_bytes"] = warmed.state_bytes
-
-        size_n = llama_cpp.llama_state_seq_get_size(reader.ctx, 0)
-        buffer = (ctypes.c_uint8 * size_n)()
-        result["llama_capture_s"] = _median_time(
-            lambda: llama_cpp.llama_state_seq_get_data(reader.ctx, buffer, size_n, 0), reps
-        )
-
-        def capture_into_ram() -> None:
-            # The prompt is in the reader's context already: warm captures it and puts it, nothing else.
-            ram_only = SnapshotStore(None, ram_bytes=BIG_RAM)
-            try:
-                found = CachedLlama(reader, ram_only).warm(prompt)
-                assert not found.from_cache
-            finally:
-                ram_only.close()
-
-        result["capture_put_s"] = _median_time(capture_into_ram, reps)
-
-        def restore(target: SnapshotStore, expected: str) -> tuple[float, float]:
-            """(seconds until the prefix is in the context, seconds of the whole request)."""
-            restorer.reset()
-            timer = _RestoreTimer()
-            attach(restorer, target, save=False, listener=timer)
-            try:
-                timer.started = time.perf_counter()
-                restorer.create_completion(prompt + tail, max_tokens=1, temperature=0.0)
-                request = time.perf_counter() - timer.started
-            finally:
-                detach(restorer)
-            info = timer.info
-            if info is None or info.source != expected or info.restored_tokens != n:
-                raise SystemExit(f"expected a {expected} restore of {n} tokens, got {info}")
-            return timer.seconds, request
-
-        # Untimed: the process's first restore also pays for its decoding threads and the first
-        # mapping of a blob this size; every restore from disk below comes after it.
-        restore(store, "ram")
-        from_ram = [restore(store, "ram") for _ in range(reps)]
-        result["restore_ram_s"] = statistics.median(r for r, _ in from_ram)
-        result["request_ram_s"] = statistics.median(q for _, q in from_ram)
-        llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(restorer.ctx), 0, -1, -1)
-        result["llama_restore_s"] = _median_time(
-            lambda: llama_cpp.llama_state_seq_set_data(restorer.ctx, buffer, size_n, 0), reps
-        )
-        restorer.reset()
-        store.close()
-
-        from_disk, opens = [], []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            reopened = _store(directory)
-            opens.append(time.perf_counter() - t0)
-            try:
-                from_disk.append(restore(reopened, "disk"))
-            finally:
-                reopened.close()
-        result["restore_disk_s"] = statistics.median(r for r, _ in from_disk)
-        result["request_disk_s"] = statistics.median(q for _, q in from_disk)
-        result["open_s"] = statistics.median(opens)
-        result["disk_bytes"] = directory_bytes(directory)
+        first: bytes | None = None
+        for n in sizes.geometry_prompts:
+            print(f"           8B geometry, {n:,} tokens", file=sys.stderr, flush=True)
+            run, blob = geometry_size(reader, restorer, n, first, workdir / f"geometry-{n}", reps)
+            first = blob if first is None else first
+            result["sizes"].append(run)
     finally:
         reader.close()
         restorer.close()
     result["budgets"] = budget_stream(model, sizes, workdir)
     return result
+
+
+def _fill_context(llm: Any, first: bytes, prompt: list[int]) -> None:
+    """Put the state of `prompt` into `llm` without reading it: the rows of `first` (a captured
+    prompt's state, whole blocks of it) repeated along it, as if the prompt had been read.
+
+    Storage moves these bytes whatever they hold; reading an 8,192-token prompt on this model would
+    take minutes of 2 cores (its attention alone). Greedy output after it means nothing."""
+    from snapcache import Snapshot, SnapshotKey
+    from snapcache.llama import restore_sequence
+    from snapcache.llama.blocks import assemble, split_state
+    from snapcache.llama.prefix_loader import _CONTEXT_PROMPT_ATTRIBUTE
+
+    split = split_state(first)
+    assert split is not None
+    have = split.n_cells // 64
+    blob = assemble([split.block(i % have) for i in range(len(prompt) // 64)], None)
+    key = SnapshotKey.for_tokens("f" * 64, "default", prompt)
+    llm.reset()
+    tokens = np.asarray(prompt, dtype=np.int32)
+    if not restore_sequence(llm, Snapshot(key, tokens, blob), prompt):
+        raise SystemExit(f"could not put a {len(prompt)}-token state into the reader")
+    setattr(llm, _CONTEXT_PROMPT_ATTRIBUTE, len(prompt))  # read as a prompt: warm captures it as it is
+
+
+def geometry_size(
+    reader: Any, restorer: Any, n: int, first: bytes | None, directory: Path, reps: int
+) -> tuple[dict[str, Any], bytes]:
+    """One `n`-token prompt's state: capture, put, restore from RAM and from disk, and the floors.
+
+    `first`: a smaller size's captured state, whose rows fill this one's context (see
+    `_fill_context`); None: the prompt is read."""
+    import llama_cpp
+
+    prompt = _distinct_prompt(0, n)
+    tail = _distinct_prompt(1, 17)[1:]  # 16 more tokens: the request that follows the restored prefix
+    result: dict[str, Any] = {"prompt_tokens": n, "filled": first is not None}
+    if first is not None:
+        _fill_context(reader, first, prompt)
+    store = _store(directory)
+    warmed = CachedLlama(reader, store).warm(prompt)
+    store.flush()  # the disk write ends before anything is timed
+    result["warm_s"] = warmed.seconds
+    result["state_bytes"] = warmed.state_bytes
+
+    size_n = llama_cpp.llama_state_seq_get_size(reader.ctx, 0)
+    buffer = (ctypes.c_uint8 * size_n)()
+    result["llama_capture_s"] = _median_time(
+        lambda: llama_cpp.llama_state_seq_get_data(reader.ctx, buffer, size_n, 0), reps
+    )
+    blob = bytes(buffer)
+
+    put_s, settled_s = [], []
+    for _ in range(reps):
+        # The prompt is in the reader's context already: warm captures it and puts it, nothing else.
+        # Timed: the request's part; then, apart, until the store has stored it (off the request).
+        ram_only = SnapshotStore(None, ram_bytes=BIG_RAM)
+        try:
+            t0 = time.perf_counter()
+            found = CachedLlama(reader, ram_only).warm(prompt)
+            put_s.append(time.perf_counter() - t0)
+            ram_only.flush()
+            settled_s.append(time.perf_counter() - t0)
+            assert not found.from_cache
+        finally:
+            ram_only.close()
+    result["capture_put_s"] = statistics.median(put_s)
+    result["capture_put_settled_s"] = statistics.median(settled_s)
+
+    def restore(target: SnapshotStore, expected: str) -> tuple[float, float]:
+        """(seconds until the prefix is in the context, seconds of the whole request)."""
+        restorer.reset()
+        timer = _RestoreTimer()
+        attach(restorer, target, save=False, listener=timer)
+        try:
+            timer.started = time.perf_counter()
+            restorer.create_completion(prompt + tail, max_tokens=1, temperature=0.0)
+            request = time.perf_counter() - timer.started
+        finally:
+            detach(restorer)
+        info = timer.info
+        if info is None or info.source != expected or info.restored_tokens != n:
+            raise SystemExit(f"expected a {expected} restore of {n} tokens, got {info}")
+        return timer.seconds, request
+
+    # Untimed: the process's first restore also pays for its decoding threads and the first
+    # mapping of a blob this size; every restore from disk below comes after it.
+    restore(store, "ram")
+    from_ram = [restore(store, "ram") for _ in range(reps)]
+    result["restore_ram_s"] = statistics.median(r for r, _ in from_ram)
+    result["request_ram_s"] = statistics.median(q for _, q in from_ram)
+    llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(restorer.ctx), 0, -1, -1)
+    result["llama_restore_s"] = _median_time(
+        lambda: llama_cpp.llama_state_seq_set_data(restorer.ctx, buffer, size_n, 0), reps
+    )
+    restorer.reset()
+    store.close()
+
+    from_disk, opens = [], []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        reopened = _store(directory)
+        opens.append(time.perf_counter() - t0)
+        try:
+            from_disk.append(restore(reopened, "disk"))
+        finally:
+            reopened.close()
+    result["restore_disk_s"] = statistics.median(r for r, _ in from_disk)
+    result["request_disk_s"] = statistics.median(q for _, q in from_disk)
+    result["open_s"] = statistics.median(opens)
+    result["disk_bytes"] = directory_bytes(directory)
+    result["read_file_s"] = _read_file_seconds(directory.parent / f"one-file-{n}", blob, reps)
+    restorer.reset()
+    return result, blob
+
+
+def _read_file_seconds(path: Path, blob: bytes, reps: int) -> float:
+    """Median seconds to read a file of `blob`'s size, just written (so the page cache holds it, as
+    it holds the store's files), into one new buffer: the disk part of a restore's floor."""
+    path.write_bytes(blob)
+
+    def read() -> None:
+        out = np.empty(len(blob), dtype=np.uint8)
+        with path.open("rb", buffering=0) as file:
+            view = memoryview(out)
+            done = 0
+            while done < len(blob):
+                got = file.readinto(view[done:])
+                if not got:
+                    raise SystemExit(f"{path} is shorter than it was written")
+                done += got
+
+    try:
+        return _median_time(read, reps)
+    finally:
+        path.unlink()
 
 
 def budget_stream(model: ModelChoice, sizes: Sizes, workdir: Path) -> dict[str, Any]:
@@ -477,32 +551,69 @@ def _agent_table(agents: list[dict[str, Any]]) -> Table:
     return agent
 
 
+# The targets of the request path and the restores (see _geometry_tables).
+PUT_OVER_CAPTURE = 1.5
+RAM_GBPS = 3.5
+DISK_OVER_FLOOR = 0.9
+
+
 def _geometry_tables(geo: dict[str, Any], reps: int) -> list[Table]:
-    state = geo["state_bytes"]
-    per_token = state / geo["prompt_tokens"]
+    runs = geo["sizes"]
     geometry_table = Table(
-        f"{geo['model']}: one {geo['prompt_tokens']:,}-token prompt's state",
-        ["what", "time", "state GB/s"],
+        f"{geo['model']}: one prompt's state, "
+        + " and ".join(f"{run['prompt_tokens']:,}" for run in runs)
+        + " tokens",
+        ["what", *(h for run in runs for h in (f"{run['prompt_tokens']:,}: time", "GB/s"))],
     )
 
-    def rate(seconds: float) -> str:
-        return f"{state / seconds / 1e9:.2f}" if seconds > 0 else "-"
+    def row(label: str, seconds: list[float], rates: bool = True) -> None:
+        cells: list[str] = []
+        for run, value in zip(runs, seconds, strict=True):
+            gbps = run["state_bytes"] / value / 1e9 if value > 0 and rates else None
+            cells += [fmt_seconds(value), "-" if gbps is None else f"{gbps:.2f}"]
+        geometry_table.add(label, *cells)
 
-    geometry_table.add("warm (read the prompt, capture, put)", fmt_seconds(geo["warm_s"]), "-")
+    def floor(run: dict[str, Any]) -> float:
+        return float(run["read_file_s"] + run["llama_restore_s"])
+
+    row("warm (read or fill the prompt, capture, put)", [r["warm_s"] for r in runs], rates=False)
     for label, key in (
-        ("llama.cpp capture alone (seq_get_data)", "llama_capture_s"),
-        ("capture + put into RAM (warm, prompt in context)", "capture_put_s"),
+        ("llama.cpp capture alone (seq_get_data, reused buffer)", "llama_capture_s"),
+        ("capture + put into RAM: the request's part (warm, prompt in context)", "capture_put_s"),
+        ("  ... until the store holds it (off the request path)", "capture_put_settled_s"),
         ("llama.cpp restore alone (seq_set_data)", "llama_restore_s"),
         ("restore from RAM (lookup + restore)", "restore_ram_s"),
+        ("read one file of the state's size into one buffer", "read_file_s"),
         ("restore from disk, store reopened (lookup + read + restore)", "restore_disk_s"),
     ):
-        geometry_table.add(label, fmt_seconds(geo[key]), rate(geo[key]))
-    geometry_table.add("whole request restoring from RAM", fmt_seconds(geo["request_ram_s"]), "-")
-    geometry_table.add("whole request restoring from disk", fmt_seconds(geo["request_disk_s"]), "-")
-    geometry_table.add("opening the store again", fmt_seconds(geo["open_s"]), "-")
+        row(label, [r[key] for r in runs])
+    row("floor from disk: that read, then llama.cpp's restore alone", [floor(r) for r in runs])
+    row("whole request restoring from RAM", [r["request_ram_s"] for r in runs], rates=False)
+    row("whole request restoring from disk", [r["request_disk_s"] for r in runs], rates=False)
+    row("opening the store again", [r["open_s"] for r in runs], rates=False)
+    for run in runs:
+        state = run["state_bytes"]
+        put_ratio = run["capture_put_s"] / run["llama_capture_s"]
+        ram_gbps = state / run["restore_ram_s"] / 1e9
+        disk_ratio = floor(run) / run["restore_disk_s"]
+        geometry_table.notes.append(
+            f"{run['prompt_tokens']:,} tokens: state {fmt_bytes(state)} "
+            f"({state / run['prompt_tokens'] / 1024:.2f} KiB per token, header included), files on disk "
+            f"{fmt_bytes(run['disk_bytes'])}; targets: capture + put {put_ratio:.2f}x llama.cpp's capture "
+            f"(<= {PUT_OVER_CAPTURE}x: {'met' if put_ratio <= PUT_OVER_CAPTURE else 'NOT met'}), from RAM "
+            f"{ram_gbps:.2f} GB/s (>= {RAM_GBPS}: {'met' if ram_gbps >= RAM_GBPS else 'NOT met'}), from disk "
+            f"{disk_ratio:.2f}x its floor (>= {DISK_OVER_FLOOR}: "
+            f"{'met' if disk_ratio >= DISK_OVER_FLOOR else 'NOT met'})"
+        )
+    filled = [f"{r['prompt_tokens']:,}" for r in runs if r["filled"]]
+    if filled:
+        geometry_table.notes.append(
+            f"{' and '.join(filled)} tokens: the context filled with the first size's rows repeated, "
+            "not read (reading it takes minutes of attention on 2 cores; storage moves the same bytes)"
+        )
     geometry_table.notes.append(
-        f"state {fmt_bytes(state)} ({per_token / 1024:.2f} KiB per token, header included); "
-        f"files on disk {fmt_bytes(geo['disk_bytes'])}"
+        "page cache: it held every file read here (the store's, written before the restores, and the "
+        "one file, written just before its reads; neither dropped)"
     )
     geometry_table.notes.append(
         f"median of {reps}; a request is a raw completion of the prompt and "

@@ -85,15 +85,22 @@ class SplitState:
         """Whether caches other than the first (sliding windows) follow it."""
         return len(self.sections) > 1
 
-    def block(self, index: int) -> bytes:
-        """The rows of positions 64*index .. 64*index + 63."""
+    def block(self, index: int) -> memoryview:
+        """The rows of positions 64*index .. 64*index + 63, copied once into a read-only buffer of
+        their own (no other reference to it: a store may keep it without copying it again)."""
         start = index * BLOCK_TOKENS
         section = self.sections[0]
         pieces: list[Bytes] = [self.state[section.data_header[0] : section.data_header[1]]]
         for layer in section.layers:
             pieces.append(self.state[layer.header[0] : layer.header[1]])
             pieces.append(_cells(self.state, layer, self.n_cells, start, start + BLOCK_TOKENS))
-        return b"".join(piece.tobytes() for piece in pieces)
+        out = np.empty(sum(piece.size for piece in pieces), dtype=np.uint8)
+        at = 0
+        for piece in pieces:  # a transposed V's rows are strided: numpy copies them as a 2-D block
+            out[at : at + piece.size].reshape(piece.shape)[...] = piece
+            at += piece.size
+        out.flags.writeable = False
+        return out.data
 
     def record(self, n_tokens: int, kind: int) -> bytes:
         """The record of a restore point after `n_tokens`: the tail after its whole blocks, and the

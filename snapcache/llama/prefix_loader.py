@@ -138,9 +138,9 @@ class PrefixLoader:
             held = int(self._llm.n_tokens)
             if prompt is not None and held <= len(prompt):
                 prompt = prompt.head(held)  # the very tokens it holds: compared, not copied
-                captured = capture_sequence(self._llm, tokens=prompt.array)
+                captured = capture_sequence(self._llm, tokens=prompt.array, reuse=True)
             else:
-                captured = capture_sequence(self._llm)
+                captured = capture_sequence(self._llm, reuse=True)
             return self._states.save(captured, scope, points, blocks_upto=blocks_upto, prompt=prompt)
         except (SnapcacheError, OSError) as exc:
             _log.warning("could not save the state of %d tokens: %s", int(self._llm.n_tokens), exc)
@@ -186,7 +186,8 @@ class PrefixLoader:
             if progress is not None:
                 progress(done, total)
         self.mark_read(total)
-        captured = capture_sequence(llm, tokens=tokens)
+        captured = capture_sequence(llm, tokens=tokens, reuse=True)
+        state_bytes = captured.state.nbytes  # read before the save gives the buffer back
         point = RestorePoint(total, priority, KIND_PREFIX)
         self._states.save(captured, scope, [point], blocks_upto=total, prompt=prompt)
-        return WarmResult(key, total, captured.state.nbytes, time.perf_counter() - started, False)
+        return WarmResult(key, total, state_bytes, time.perf_counter() - started, False)

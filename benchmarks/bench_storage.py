@@ -233,7 +233,7 @@ def geometry(sizes: Sizes, workdir: Path, reps: int) -> dict[str, Any]:
     """Each of `sizes.geometry_prompts` through one reader and one restorer Llama (large enough for
     the longest), then the budget stream."""
     model = geometry_model(workdir, sizes.geometry_layers)
-    n_ctx = max(256, max(sizes.geometry_prompts) + 64)
+    n_ctx = max(256, max(sizes.geometry_prompts) + 512)  # room for the request after the prefix
     reader, restorer = new_llama(model.path, n_ctx), new_llama(model.path, n_ctx)
     result: dict[str, Any] = {"model": model.name, "sizes": []}
     try:

@@ -1,10 +1,13 @@
-"""One reused, pre-touched buffer per Llama that captures are written into before a save copies them.
+"""One reused, pre-touched buffer per Llama: captures are written into it before a save copies them
+out, and restores assemble their blob in it before llama.cpp copies it in.
 
 llama.cpp copied an 8B model's 1,024-token state (128 MiB) into a buffer it had written before in
 23 ms, and into a fresh one in 80 ms (2026-11-26, 2 cores): a fresh buffer's pages fault in one by
 one as llama.cpp writes them. A save copies the capture out into the buffers the store keeps, off
 the request's path (`SnapshotStore.defer`), and gives the buffer back then (`release`); the next
-capture on the same Llama waits for that, and the buffer grows when a larger state comes.
+capture on the same Llama waits for that, and the buffer grows when a larger state comes. A
+restore's blob, assembled from blocks, met the same faults (a third of a restore from RAM): it is
+built here too (`loan`), since a Llama never captures and restores at once.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["CaptureBuffer", "capture_buffer"]
+__all__ = ["CaptureBuffer", "Loan", "capture_buffer"]
 
 # Grown a quarter beyond what a capture needs: a chat's states grow turn by turn, and each growth
 # pays for fresh pages again.
@@ -56,11 +59,37 @@ class CaptureBuffer:
                 raise
         return self._array[:size]
 
+    def loan(self) -> Loan:
+        """A lender of this buffer to the first assembly that asks (see `blocks.Assembly`)."""
+        return Loan(self)
+
     def release(self) -> None:
         """The capture written into the buffer is no longer needed: the next one may have it."""
         with self._free:
             self._lent = False
             self._free.notify_all()
+
+
+class Loan:
+    """Lends the buffer once, to the first assembly of a restore, and takes it back (`release`): a
+    second assembly of the same restore (a longer run of blocks) gets new memory, since the first
+    one's blob is still wanted should the second fail."""
+
+    def __init__(self, buffer: CaptureBuffer) -> None:
+        self._buffer = buffer
+        self._lent = False
+
+    def __call__(self, size: int) -> npt.NDArray[np.uint8] | None:
+        if self._lent:
+            return None
+        self._lent = True
+        return self._buffer.lease(size)
+
+    def release(self) -> None:
+        """The blob built in the buffer was handed to llama.cpp, or dropped: the buffer is free."""
+        if self._lent:
+            self._lent = False
+            self._buffer.release()
 
 
 def capture_buffer(owner: Any) -> CaptureBuffer:

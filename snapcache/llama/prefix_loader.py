@@ -17,6 +17,7 @@ import numpy as np
 from snapcache.errors import SnapcacheError
 from snapcache.key import SnapshotKey, TokenArray
 from snapcache.llama.blocks import KIND_PREFIX, KIND_PROMPT_END
+from snapcache.llama.capture_buffer import capture_buffer
 from snapcache.llama.chat_prefix import common_prefix
 from snapcache.llama.checkpoints import align_down
 from snapcache.llama.reports import Source, WarmResult
@@ -87,12 +88,19 @@ class PrefixLoader:
         query = prompt
         held = int(llm.n_tokens)
         while live < len(query):
-            found = self._states.find(
-                query, scope, blocks_alone=can_truncate(llm), pad_windows=pads_windows(llm)
-            )
-            if found is None or found.snapshot.key.token_count <= live:
-                break
-            if restore_sequence(llm, found.snapshot, tokens, window_padded=found.window_padded):
+            # Assembled in the Llama's own touched buffer, which llama.cpp then copies from: free
+            # again once the restore returns (or nothing was restored).
+            loan = capture_buffer(llm).loan()
+            try:
+                found = self._states.find(
+                    query, scope, blocks_alone=can_truncate(llm), pad_windows=pads_windows(llm), into=loan
+                )
+                if found is None or found.snapshot.key.token_count <= live:
+                    break
+                restored = restore_sequence(llm, found.snapshot, tokens, window_padded=found.window_padded)
+            finally:
+                loan.release()
+            if restored:
                 if found.kind == KIND_PROMPT_END:
                     self.restored_prompt_end = found.record_key
                 return found.snapshot.key.token_count, found.source

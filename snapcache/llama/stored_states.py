@@ -27,6 +27,7 @@ from snapcache.errors import SnapcacheError
 from snapcache.key import BLOCK_TOKENS, SnapshotKey, TokenArray, block_keys
 from snapcache.llama.blocks import (
     Assembly,
+    Lender,
     Record,
     SplitState,
     is_record,
@@ -248,6 +249,7 @@ class StoredStates:
         blocks_alone: bool,
         pad_windows: bool = False,
         longer_than: int = 0,
+        into: Lender | None = None,
     ) -> Found | None:
         """The longest prefix of `tokens` this store can restore, assembled; None on a miss.
 
@@ -255,7 +257,7 @@ class StoredStates:
         Blocks never cover the prompt's last token, which a completion must read itself.
         `pad_windows`: assemble a sliding-window cache padded (see `blocks.assemble`).
         `longer_than`: a prefix of at most this many tokens is a miss, and is never assembled (the
-        caller holds one that long already).
+        caller holds one that long already). `into`: lends the memory to assemble in (see `Assembly`).
         """
         prompt = PromptTokens.of(tokens)
         best: Found | None = None
@@ -271,7 +273,7 @@ class StoredStates:
             snapshot, tier = found
             prompt.learn(snapshot.key, snapshot.tokens)  # the store hashed that prefix already
             # The store confirmed its tokens start the prompt: the prompt's block keys are theirs.
-            best = self._from_record(snapshot, tier, pad_windows, prompt)
+            best = self._from_record(snapshot, tier, pad_windows, prompt, into)
             if best is not None or snapshot.key.token_count <= 1:
                 break
             query = prompt.prefix(snapshot.key.token_count - 1)
@@ -280,7 +282,7 @@ class StoredStates:
             longest = max(longer_than, 0 if best is None else best.snapshot.key.token_count)
             if limit * BLOCK_TOKENS > longest:
                 try:
-                    from_blocks = self._from_blocks(prompt, scope, limit, longest)
+                    from_blocks = self._from_blocks(prompt, scope, limit, longest, into)
                 except (SnapcacheError, OSError) as exc:
                     _log.warning("block lookup failed: %s", exc)
                     from_blocks = None
@@ -294,6 +296,7 @@ class StoredStates:
         tier: TierName,
         pad_windows: bool = False,
         prompt: PromptTokens | None = None,
+        into: Lender | None = None,
     ) -> Found | None:
         if not is_record(snapshot.state):
             return Found(snapshot, tier, None, None)  # a whole state
@@ -306,7 +309,7 @@ class StoredStates:
             return None
         keys = self._block_keys(snapshot, record.n_blocks, prompt)
         padded = pad_windows and pads_window(record)
-        state, served = self._assemble(keys, record, padded)
+        state, served = self._assemble(keys, record, padded, into)
         if state is None:
             if len(served) < record.n_blocks:
                 _log.debug("record %s lacks some of its %d blocks", snapshot.key.id[:12], record.n_blocks)
@@ -324,7 +327,9 @@ class StoredStates:
             return prompt.block_keys(self.fingerprint, snapshot.key.scope, n_blocks)
         return block_keys(self.fingerprint, snapshot.key.scope, snapshot.tokens, n_blocks)
 
-    def _from_blocks(self, prompt: PromptTokens, scope: str, limit: int, longer_than: int) -> Found | None:
+    def _from_blocks(
+        self, prompt: PromptTokens, scope: str, limit: int, longer_than: int, into: Lender | None
+    ) -> Found | None:
         keys = prompt.block_keys(self.fingerprint, scope, limit)
         run = 0
         for key in keys:
@@ -333,11 +338,11 @@ class StoredStates:
             run += 1
         if run * BLOCK_TOKENS <= longer_than:
             return None
-        state, served = self._assemble(keys[:run], None)
+        state, served = self._assemble(keys[:run], None, into=into)
         if state is None and 0 < len(served) < run and len(served) * BLOCK_TOKENS > longer_than:
             # A block failed to read: the run before it, in a blob of its own size.
             run = len(served)
-            state, served = self._assemble(keys[:run], None)
+            state, served = self._assemble(keys[:run], None, into=into)
         if state is None:
             return None
         prefix = prompt.prefix(run * BLOCK_TOKENS)
@@ -345,13 +350,17 @@ class StoredStates:
         return Found(Snapshot(key, prefix, state), slowest(served, "ram"), None, None)
 
     def _assemble(
-        self, keys: Sequence[SnapshotKey], record: Record | None, pad_window: bool = False
+        self,
+        keys: Sequence[SnapshotKey],
+        record: Record | None,
+        pad_window: bool = False,
+        into: Lender | None = None,
     ) -> tuple[memoryview | None, list[TierName]]:
         """The blob of the blocks of `keys` and `record`, each copied in as the store hands it over,
         and the tiers that served the blocks. The blob is None unless every block was served (the
         tiers then say how many were), or when the store fails or the pieces do not fit together."""
         try:
-            assembly = Assembly(len(keys), record, pad_window=pad_window)
+            assembly = Assembly(len(keys), record, pad_window=pad_window, into=into)
             served = self._store.copy_blocks(keys, assembly.place)
             if len(served) < len(keys):
                 return None, served

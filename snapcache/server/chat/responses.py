@@ -245,9 +245,10 @@ class ResponseEvents:
                 if text_open:
                     for chunk in self._text_closed():
                         yield chunk
-                document = answer.document("completed")
-                kind = "response.incomplete" if document["status"] == "incomplete" else "response.completed"
-                yield self._event(kind, response=document)
+                # Always `response.completed`, its status saying whether max_output_tokens cut it:
+                # agents such as Codex fail a turn on `response.incomplete`, and a capped answer
+                # is still an answer.
+                yield self._event("response.completed", response=answer.document("completed"))
 
     def _text_at(self) -> dict[str, Any]:
         return {"item_id": self._answer.message_id, "output_index": 0, "content_index": 0}

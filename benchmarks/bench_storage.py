@@ -24,6 +24,7 @@ measures any store behind it.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import statistics
 import sys
@@ -229,7 +230,7 @@ def _median_time(fn: Any, reps: int) -> float:
     return statistics.median(samples)
 
 
-def geometry(sizes: Sizes, workdir: Path, reps: int) -> dict[str, Any]:
+def geometry(sizes: Sizes, workdir: Path, reps: int, budgets: bool = True) -> dict[str, Any]:
     """Each of `sizes.geometry_prompts` through one reader and one restorer Llama (large enough for
     the longest), then the budget stream."""
     model = geometry_model(workdir, sizes.geometry_layers)
@@ -253,7 +254,7 @@ def geometry(sizes: Sizes, workdir: Path, reps: int) -> dict[str, Any]:
     finally:
         reader.close()
         restorer.close()
-    result["budgets"] = budget_stream(model, sizes, workdir)
+    result["budgets"] = budget_stream(model, sizes, workdir) if budgets else None
     return result
 
 
@@ -321,6 +322,7 @@ def geometry_size(
             assert not found.from_cache
         finally:
             ram_only.close()
+    _note(n, "capture and put")
     result["capture_put_s"] = statistics.median(put_s)
     result["capture_put_settled_s"] = statistics.median(settled_s)
 
@@ -344,6 +346,7 @@ def geometry_size(
     # mapping of a blob this size; every restore from disk below comes after it.
     restore(store, "ram")
     from_ram = [restore(store, "ram") for _ in range(reps)]
+    _note(n, "restores from RAM")
     result["restore_ram_s"] = statistics.median(r for r, _ in from_ram)
     result["request_ram_s"] = statistics.median(q for _, q in from_ram)
     llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(restorer.ctx), 0, -1, -1)
@@ -362,6 +365,7 @@ def geometry_size(
             from_disk.append(restore(reopened, "disk"))
         finally:
             reopened.close()
+    _note(n, "restores from disk")
     result["restore_disk_s"] = statistics.median(r for r, _ in from_disk)
     result["request_disk_s"] = statistics.median(q for _, q in from_disk)
     result["open_s"] = statistics.median(opens)
@@ -369,6 +373,10 @@ def geometry_size(
     result["read_file_s"] = _read_file_seconds(directory.parent / f"one-file-{n}", blob, reps)
     restorer.reset()
     return result, blob
+
+
+def _note(n: int, done: str) -> None:
+    print(f"           {time.strftime('%H:%M:%S')} {n:,} tokens: {done}", file=sys.stderr, flush=True)
 
 
 def _read_file_seconds(path: Path, blob: bytes, reps: int) -> float:
@@ -627,6 +635,8 @@ def _geometry_tables(geo: dict[str, Any], reps: int) -> list[Table]:
     )
 
     b = geo["budgets"]
+    if b is None:
+        return [geometry_table]
     budgets = Table(
         f"Budgets under a stream of {b['prompts']} distinct {b['prompt_tokens']}-token prompts "
         f"({fmt_bytes(b['offered_bytes'])} of state), {geo['model']}",
@@ -703,8 +713,18 @@ def main() -> None:
     parser = make_parser(__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3, help="repetitions of each capture and restore")
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS), help="what to measure")
+    parser.add_argument(
+        "--geometry-tokens",
+        type=int,
+        nargs="+",
+        help="the prompt sizes of the 8B geometry (default 1024 8192; the first is read, the others "
+        "filled from its rows)",
+    )
+    parser.add_argument("--skip-budgets", action="store_true", help="leave out the geometry's budget stream")
     args = parser.parse_args()
     sizes = QUICK if args.quick else FULL
+    if args.geometry_tokens:
+        sizes = dataclasses.replace(sizes, geometry_prompts=tuple(args.geometry_tokens))
     reps = 1 if args.quick else args.reps
     load_before = os.getloadavg()[0]
     extra: dict[str, Any] = {}
@@ -734,7 +754,7 @@ def main() -> None:
             tables.append(_agent_table(extra["agents"]))
         if "geometry" in args.parts:
             step("8B geometry")
-            extra["geometry"] = geometry(sizes, workdir, reps)
+            extra["geometry"] = geometry(sizes, workdir, reps, budgets=not args.skip_budgets)
             tables.extend(_geometry_tables(extra["geometry"], reps))
         step("done")
     if "first_request" in extra:

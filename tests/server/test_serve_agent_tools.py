@@ -28,10 +28,8 @@ MAX_TOKENS = 48
 @pytest.fixture(scope="module")
 def server(gemma_model_path: Path, tmp_path_factory: pytest.TempPathFactory):
     home = tmp_path_factory.mktemp("agent-tools")
-    # Requests with a grammar run one at a time on the Llama's own context today: no sequences needed.
-    with running_server(
-        gemma_model_path, home / "cache", home / "server.log", "--parallel", "1", n_ctx=4096
-    ) as running:
+    # The default --parallel: requests with a grammar are batched like the rest.
+    with running_server(gemma_model_path, home / "cache", home / "server.log", n_ctx=4096) as running:
         yield running
 
 

@@ -18,7 +18,6 @@ from typing import TypeVar
 
 import llama_cpp
 
-from snapcache.errors import SnapcacheError
 from snapcache.key import BLOCK_TOKENS, SnapshotKey, TokenArray
 from snapcache.llama.blocks import KIND_PREFIX, KIND_PROMPT_END
 from snapcache.llama.chat_prefix import SharedPrefix
@@ -227,10 +226,7 @@ class CompletionCache:
         scope = completion.scope
         for old in {self._last_prompt_end.get(scope), self._loader.restored_prompt_end} - {None}:
             assert old is not None
-            try:
-                states.supersede(old, stored, point.priority)
-            except (SnapcacheError, OSError) as exc:
-                _log.debug("could not remove the previous turn's state: %s", exc)
+            states.supersede(old, stored, point.priority)
         key = prompt.key(self._loader.fingerprint, scope, point.n_tokens)
         _remember(self._last_prompt_end, scope, key)
 

@@ -135,15 +135,18 @@ class StoredStates:
 
     def supersede(self, old: SnapshotKey, new_tokens: TokenArray | PromptTokens, priority: int) -> bool:
         """Remove the prompt-end record `old` now that a later turn of the same conversation stored
-        one after `new_tokens`: only when its tokens start them and its priority is at most `priority`."""
+        one after `new_tokens`: only when its tokens start them and its priority is at most `priority`.
+        A store that fails meanwhile keeps `old` (False): the previous turn stays restorable."""
         if old.token_count >= len(new_tokens):
             return False
         if PromptTokens.of(new_tokens).key(self.fingerprint, old.scope, old.token_count) != old:
             return False
-        held = self._store.held_priority(old)
-        if held is None or held > priority:
+        try:
+            held = self._store.held_priority(old)
+            return held is not None and held <= priority and self._store.remove(old)
+        except (SnapcacheError, OSError) as exc:
+            _log.debug("could not remove the previous turn's state: %s", exc)
             return False
-        return self._store.remove(old)
 
     # -- finding ------------------------------------------------------------------------------------
 

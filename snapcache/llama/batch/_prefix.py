@@ -51,8 +51,8 @@ class PendingSave:
 class Restored:
     """What `SequenceCache.restore` put into a sequence: `n_tokens` (0: nothing), the tier it came
     from, the shortest length the sequence may be cut back to (one short of it where the window
-    cache was padded, else 0), and the record restored when it was a prompt end (a later turn of
-    the same conversation supersedes it)."""
+    cache was padded, else 0), and the prompt end of the conversation it continues: the record
+    restored when it was one, or the one a reused live sequence stored (a later turn supersedes it)."""
 
     n_tokens: int = 0
     source: Source | None = None
@@ -197,10 +197,7 @@ class SequenceCache:
                 continue
             tokens = pending.captured.tokens[: point.n_tokens]
             if old is not None:
-                try:
-                    self._states.supersede(old, tokens, point.priority)
-                except (SnapcacheError, OSError) as exc:
-                    _log.debug("could not remove the previous turn's state: %s", exc)
+                self._states.supersede(old, tokens, point.priority)
             return SnapshotKey.for_tokens(self.fingerprint, pending.scope, tokens)
         return old
 

@@ -348,22 +348,29 @@ class Scheduler:
             restored = cache.restore(context, seq_id, tokens, request.scope, longer_than=live)
             if restored.n_tokens == 0 and live_source == seq_id and context.last_position(seq_id) < 0:
                 live = 0  # a refused restore cleared the sequence that held the live prefix
-        slot = _Slot(request, seq_id, sampler, self._admitted, 0, 0)
+        stored = restored.n_tokens  # what the store gives back of it
         if restored.n_tokens == 0 and live > 0:
             if self._live.take(live_source, seq_id, live):
                 assert live_held is not None
-                slot.stored = min(live, live_held.stored)
-                slot.prompt_end = live_held.prompt_end
-                restored = Restored(live, "context", live_held.floor)
+                restored = Restored(live, "context", live_held.floor, live_held.prompt_end)
+                stored = min(live, live_held.stored)
             elif cache is not None:  # the live prefix could not be cut: the store's, however short
                 restored = cache.restore(context, seq_id, tokens, request.scope)
+                stored = restored.n_tokens
         reused = restored.n_tokens
         if reused == 0:
             context.clear(seq_id)
-        elif restored.source != "context":
-            slot.stored, slot.prompt_end = reused, restored.prompt_end
-        slot.n_past = slot.reused = reused
-        slot.floor = restored.floor
+        slot = _Slot(
+            request,
+            seq_id,
+            sampler,
+            self._admitted,
+            reused,
+            reused,
+            floor=restored.floor,
+            stored=stored,
+            prompt_end=restored.prompt_end,
+        )
         self._admitted += 1
         if cache is not None:
             points = cache.plan(tokens, reused, request.chat_prefix, chat=request.chat)

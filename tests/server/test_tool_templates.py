@@ -7,12 +7,19 @@ Small 3.2, and two written for these tests that reproduce the Llama 3.x and Func
 
 from __future__ import annotations
 
+import ctypes
 import json
+import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import llama_cpp
 import pytest
 
 from snapcache.server.tools import ToolSpec, render_prompt, tool_format_for
+
+if TYPE_CHECKING:
+    from llama_cpp import Llama
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "data" / "chat_templates"
 
@@ -210,3 +217,54 @@ def test_template_variables_reach_the_template() -> None:
     plain = render_prompt(template, "", "", chat)
     quiet = render_prompt(template, "", "", chat, variables={"enable_thinking": False})
     assert quiet == plain + "<think>\n\n</think>\n\n"
+
+
+def grammar_allows(llm: Llama, grammar: str, text: str) -> bool:
+    """Whether llama.cpp's sampler, under `grammar`, lets the tiny model write `text` and then end.
+
+    The tiny model's vocabulary is its 256 byte tokens (ids 3 + byte) besides `<unk>`, `<s>` and `</s>`:
+    `text` is its bytes, one token each."""
+    sampler = llama_cpp.llama_sampler_init_grammar(llm._model.vocab, grammar.encode(), b"root")
+    assert sampler, grammar
+    try:
+        for token in [3 + byte for byte in text.encode()] + [llm.token_eos()]:
+            candidates = (llama_cpp.llama_token_data * 1)(llama_cpp.llama_token_data(token, 1.0, 0.0))
+            array = llama_cpp.llama_token_data_array(candidates, 1, -1, False)
+            llama_cpp.llama_sampler_apply(sampler, ctypes.byref(array))
+            if candidates[0].logit == -math.inf:
+                return False
+            if token != llm.token_eos():
+                llama_cpp.llama_sampler_accept(sampler, token)
+        return True
+    finally:
+        llama_cpp.llama_sampler_free(sampler)
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("case", CASES)
+def test_the_grammar_of_a_required_call_allows_the_calls_the_template_renders(case: str, tiny_llama) -> None:
+    """What a model writes for tool_choice "required" is held to its template's own calls: the two
+    calls the template renders are allowed (one on Llama 3.x), a call of a tool not chosen is not."""
+    form = tool_format_for((TEMPLATES / CASES[case][0]).read_text())
+    single = case == "llama3"
+    calls = {**CALLS, "tool_calls": CALLS["tool_calls"][:1]} if single else CALLS  # type: ignore[index]
+    question = QUESTION[1:]
+    before = render(case, question)
+    reply = render(case, [*question, calls], generation=False)[len(before) :].removesuffix(CASES[case][4])
+    marker = form.call_marker or ""
+    reply = reply[reply.index(marker) :] if marker in reply else reply  # Qwen 3's empty reasoning block
+    assert grammar_allows(tiny_llama, form.grammar(TOOLS, parallel=True), reply), reply
+    if not single:
+        assert not grammar_allows(tiny_llama, form.grammar(TOOLS, parallel=False), reply)
+    only_time = form.grammar(TOOLS[1:], parallel=True)
+    assert not grammar_allows(tiny_llama, only_time, reply)
+    assert not grammar_allows(tiny_llama, form.grammar(TOOLS, parallel=True), "Plain text. " + reply)
+
+
+def test_a_grammar_starts_with_the_marker_token_where_the_vocabulary_has_one() -> None:
+    form = tool_format_for((TEMPLATES / "mistral-small-3.2-24b-instruct-2506.jinja").read_text())
+    ids = {"[TOOL_CALLS]": 5, "[ARGS]": 6}
+    grammar = form.grammar(TOOLS[:1], parallel=False, token_of=ids.get)
+    root = next(line for line in grammar.splitlines() if line.startswith("tool-call ::="))
+    # [CALL_ID] is no token here: spelled out.
+    assert root == 'tool-call ::= <[5]> ("get_weather" "[CALL_ID]" [a-zA-Z0-9]{9} <[6]> arguments-0)'

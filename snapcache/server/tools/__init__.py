@@ -2,14 +2,16 @@
 
 `tool_format_for(template)` finds the format (Hermes/Qwen, Qwen3-Coder/Qwen3.5 XML, Seed-OSS,
 Llama 3.x, Mistral, FunctionGemma, Gemma 4, or none); `ToolFormat.parse` and `ToolFormat.stream`
-read replies detokenized with special tokens; `render_prompt` renders a conversation with tools
-through the template.
+read replies detokenized with special tokens; `ToolFormat.grammar` holds a reply to calls;
+`render_prompt` renders a conversation with tools through the template. `GenericCallStream` and
+`parse_generic` read the generic JSON answer of templates without a format of their own.
 """
 
 from __future__ import annotations
 
 from snapcache.server.tools._detect import NO_TOOL_FORMAT, renders_tools, tool_format_for
 from snapcache.server.tools._format import ToolFormat
+from snapcache.server.tools._generic import GenericCallStream, parse_generic
 from snapcache.server.tools._messages import content_text, default_calls_as_text, render_messages
 from snapcache.server.tools._prompt import ChatTemplateError, render_prompt
 from snapcache.server.tools._stream import StreamItem, ToolCallStream
@@ -18,6 +20,7 @@ from snapcache.server.tools._values import ParsedReply, ToolCall, ToolCallDelta,
 __all__ = [
     "NO_TOOL_FORMAT",
     "ChatTemplateError",
+    "GenericCallStream",
     "ParsedReply",
     "StreamItem",
     "ToolCall",
@@ -28,6 +31,7 @@ __all__ = [
     "content_text",
     "default_calls_as_text",
     "new_call_id",
+    "parse_generic",
     "render_messages",
     "render_prompt",
     "renders_tools",

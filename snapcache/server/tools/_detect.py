@@ -49,7 +49,8 @@ def tool_format_for(template: str | None) -> ToolFormat:
     if "<|tool_call>" in template and "call:" in template:
         return ToolFormat("gemma4", renders, ("<|tool_response>",), GEMMA4)
     if "[TOOL_CALLS]" in template:
-        return ToolFormat("mistral", renders, (), MistralSyntax())
+        syntax = MistralSyntax(named="[ARGS]" in template, call_ids="[CALL_ID]" in template)
+        return ToolFormat("mistral", renders, (), syntax)
     if "<seed:tool_call>" in template and "<parameter=" in template:
         return ToolFormat("seed_oss", renders, (), QwenXmlSyntax("<seed:tool_call>", "</seed:tool_call>"))
     if "<tool_call>" in template and "<function=" in template and "<parameter=" in template:

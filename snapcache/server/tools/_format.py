@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from snapcache.server.tools._grammar import TokenOf, call_grammar
 from snapcache.server.tools._qwen_xml import QwenXmlSyntax
 from snapcache.server.tools._stream import ToolCallStream, parse_reply
 from snapcache.server.tools._syntax import CallSyntax
@@ -59,7 +60,21 @@ class ToolFormat:
         """A parser for one streamed reply (same rules as `parse`): `feed(delta)`, then `finish()`."""
         return ToolCallStream(self._syntax_for(tools))
 
+    def grammar(
+        self, tools: Sequence[Any], *, parallel: bool = True, token_of: TokenOf | None = None
+    ) -> str | None:
+        """A GBNF grammar (text, root `root`) of a reply that calls one of `tools` (objects like
+        ToolSpec), several calls where `parallel` and the format allows; None where the model has
+        no call format. It starts with the call marker, as the one token `token_of(marker)` names
+        where that gives an id (the model's vocabulary), else as text. JSON arguments follow the
+        tools' schemas; other notations are left free between the markers."""
+        return call_grammar(self.name, self.syntax, tools, parallel=parallel, token_of=token_of or _no_token)
+
     def _syntax_for(self, tools: Sequence[Any]) -> CallSyntax | None:
         if tools and isinstance(self.syntax, QwenXmlSyntax):
             return self.syntax.typed(tools)
         return self.syntax
+
+
+def _no_token(text: str) -> int | None:
+    return None

@@ -147,6 +147,16 @@ class GemmaSyntax:
         self._close_call = close_call
         self._quote = quote
 
+    @property
+    def closing(self) -> str:
+        """The token that closes a call."""
+        return self._close_call
+
+    @property
+    def quote(self) -> str:
+        """The token on both sides of a string value."""
+        return self._quote
+
     def opening(self, marker: str, body: str) -> Opening | None:
         """None: the arguments are not JSON, so a call comes whole."""
         return None

@@ -21,6 +21,12 @@ class MistralSyntax:
     markers = (_MARKER,)
     opens_with_json = False
 
+    def __init__(self, *, named: bool = False, call_ids: bool = False) -> None:
+        # How the template writes calls (what a grammar asks for; both are read either way):
+        # `name[ARGS]{...}` rather than a JSON list, with `[CALL_ID]id` before `[ARGS]`.
+        self.named = named
+        self.call_ids = call_ids
+
     def opening(self, marker: str, body: str) -> Opening | None:
         """The call's name (and id) once `name[ARGS]{` has been written; calls in a JSON list are not
         streamed."""

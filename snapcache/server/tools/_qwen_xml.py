@@ -50,6 +50,11 @@ class QwenXmlSyntax:
         self._close = close_call
         self._kinds = kinds or {}
 
+    @property
+    def closing(self) -> str:
+        """The tag that closes a call."""
+        return self._close
+
     def typed(self, tools: Sequence[Any]) -> QwenXmlSyntax:
         """The same syntax reading values by the JSON schema types of `tools` (objects like ToolSpec)."""
         kinds: dict[str, dict[str, str]] = {}

@@ -1,0 +1,188 @@
+"""Replies in the generic JSON format, read whole or as they stream.
+
+A template without a call format of its own gets its model's answer as one JSON object (llama-server's
+generic format): `{"response": "..."}` for text, `{"tool_calls": [{"name": ..., "arguments": {...}},
+...]}` for calls (`{"tool_call": {...}}` where one call is allowed). Text around the object, such as
+a code fence, is tolerated.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Collection, Mapping
+from typing import Any
+
+from snapcache.server.tools._stream import StreamItem, _Preview
+from snapcache.server.tools._values import ParsedReply, ToolCall, ToolCallDelta, arguments_text, new_call_id
+
+_TEXT_ANSWER = re.compile(r'\s*\{\s*"response"\s*:\s*"')
+_CALLS_OPEN = re.compile(r'\s*\{\s*"tool_calls"\s*:\s*\[')
+_CALL_OPEN = re.compile(r'\s*\{\s*"tool_call"\s*:\s*(?=\{)')
+_CALL_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*(?=\{)')
+_NEXT_IN_LIST = re.compile(r"\s*\}\s*([,\]])")
+_CALL_END = re.compile(r"\s*\}")
+
+
+def parse_generic(text: str, names: Collection[str], *, parallel: bool = True) -> ParsedReply:
+    """The content and calls of a whole reply. Calls of tools not in `names` are not calls; without
+    `parallel` only the first call counts. A reply that is no such object is content as it is."""
+    answer = _json_object(text)
+    if answer is None:
+        return ParsedReply(text)
+    calls = []
+    listed = answer.get("tool_calls")
+    for call in ([answer.get("tool_call")] if listed is None else listed) or ():
+        if isinstance(call, Mapping) and call.get("name") in names:
+            arguments = arguments_text(call.get("arguments", {}))
+            if arguments is not None:
+                calls.append(ToolCall(new_call_id(), str(call["name"]), arguments))
+    if not parallel:
+        calls = calls[:1]
+    response = answer.get("response")
+    if calls:
+        return ParsedReply(response if isinstance(response, str) else "", tuple(calls))
+    return ParsedReply(response if isinstance(response, str) else text)
+
+
+class GenericCallStream:
+    """Fed the text of one reply as it comes; gives back what is known (as `ToolCallStream` does).
+
+    The text of a `{"response": ...}` answer streams as it grows; a call is announced once its name
+    is written (a `ToolCallDelta` with empty arguments), its arguments stream as written, and the
+    `ToolCall`s, with the ids their deltas announced, come when the reply ends. Anything else is
+    held until then and parsed whole (`parse_generic`).
+    """
+
+    def __init__(self, names: Collection[str], *, parallel: bool = True) -> None:
+        self._names = frozenset(names)
+        self._parallel = parallel
+        self._text = ""
+        self._shown = ""
+        self._mode: str | None = None  # "text", "calls" (a list), "call" (one), "held", None: unknown yet
+        self._at = 0  # where the next call of a list (or the one call) starts
+        self._open: _Preview | None = None
+        self._done = False
+        self._ids: list[tuple[str, str]] = []  # (id, name) of each call announced
+
+    def feed(self, text: str) -> list[StreamItem]:
+        self._text += text
+        return self._advance()
+
+    def finish(self) -> list[StreamItem]:
+        items = self._advance()
+        reply = parse_generic(self._text, self._names, parallel=self._parallel)
+        if reply.content.startswith(self._shown) and len(reply.content) > len(self._shown):
+            items.append(reply.content[len(self._shown) :])
+        for index, call in enumerate(reply.calls):
+            if index < len(self._ids) and self._ids[index][1] == call.name:
+                call = ToolCall(self._ids[index][0], call.name, call.arguments)
+            items.append(call)
+        return items
+
+    def _advance(self) -> list[StreamItem]:
+        if self._mode is None:
+            self._mode = self._opening()
+        if self._mode == "text":
+            visible = streamed_text(self._text)
+            if len(visible) > len(self._shown) and visible.startswith(self._shown):
+                piece, self._shown = visible[len(self._shown) :], visible
+                return [piece]
+            return []
+        items: list[StreamItem] = []
+        while self._mode in ("calls", "call") and not self._done and self._read_call(items):
+            pass
+        return items
+
+    def _opening(self) -> str | None:
+        """What the reply is, once its opening says so (None: not yet known)."""
+        if _TEXT_ANSWER.match(self._text):
+            return "text"
+        for mode, pattern in (("calls", _CALLS_OPEN), ("call", _CALL_OPEN)):
+            found = pattern.match(self._text)
+            if found is not None:
+                self._at = found.end()
+                return mode
+        stripped = self._text.lstrip()
+        if stripped and not stripped.startswith("{"):
+            return "held"  # not the format's object: parsed whole when the reply ends
+        return None
+
+    def _read_call(self, items: list[StreamItem]) -> bool:
+        """Read on in the call being written; True when it closed and another may follow."""
+        text = self._text
+        if self._open is None:
+            head = _CALL_HEAD.match(text, self._at)
+            if head is None:
+                return False
+            try:
+                name = str(json.loads(f'"{head.group(1)}"'))
+            except ValueError:
+                name = ""
+            index = len(self._ids)
+            if name not in self._names or (index and not self._parallel):
+                self._done = True  # not a call this request takes: the whole reply decides
+                return False
+            self._open = _Preview(index, new_call_id(), name, head.end())
+            self._ids.append((self._open.id, name))
+            items.append(ToolCallDelta(index, self._open.id, name, ""))
+        preview = self._open
+        if not preview.end.closed:
+            piece = text[preview.sent :]
+            size = preview.end.scan(piece)
+            if size:
+                items.append(ToolCallDelta(preview.index, preview.id, preview.name, piece[:size]))
+                preview.sent += size
+            if not preview.end.closed:
+                return False
+        ending = (_NEXT_IN_LIST if self._mode == "calls" else _CALL_END).match(text, preview.sent)
+        if ending is None:
+            return False
+        self._open, self._at = None, ending.end()
+        if self._mode == "call" or ending.group(1) == "]":
+            self._done = True
+            return False
+        return True
+
+
+def streamed_text(partial: str) -> str:
+    """The text of a `{"response": "..."}` answer so far ("" until it is clearly one)."""
+    opened = _TEXT_ANSWER.match(partial)
+    if opened is None:
+        return ""
+    rest, end, i = partial[opened.end() :], 0, 0
+    while i < len(rest) and rest[i] != '"':
+        if rest[i] != "\\":
+            i += 1
+        elif rest[i + 1 : i + 2] == "u":
+            if len(rest) < i + 6 or (0xD800 <= _hex(rest[i + 2 : i + 6]) < 0xDC00 and len(rest) < i + 12):
+                break  # an escape, or a surrogate pair, not whole yet
+            i += 12 if 0xD800 <= _hex(rest[i + 2 : i + 6]) < 0xDC00 else 6
+        else:
+            if len(rest) < i + 2:
+                break
+            i += 2
+        end = i
+    try:
+        return str(json.loads(f'"{rest[:end]}"', strict=False))
+    except ValueError:
+        return ""
+
+
+def _hex(digits: str) -> int:
+    try:
+        return int(digits, 16)
+    except ValueError:
+        return -1
+
+
+def _json_object(text: str) -> Mapping[str, Any] | None:
+    """The JSON object `text` holds (around it, at most spaces or a code fence), or None."""
+    start, end = text.find("{"), text.rfind("}")
+    if start < 0 or end < start:
+        return None
+    try:
+        found = json.loads(text[start : end + 1])
+    except ValueError:
+        return None
+    return found if isinstance(found, Mapping) else None

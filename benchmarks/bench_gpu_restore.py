@@ -1,58 +1,84 @@
 """Restore against prefill where llama.cpp runs on a GPU: does a restored state still beat reading the prompt?
 
-    python benchmarks/bench_gpu_restore.py [--quick] [--gpu-layers -1] [--sizes 1024 4096] [--runs 3]
+    python benchmarks/bench_gpu_restore.py [--quick] [--shapes 1b 8b] [--sizes 1024 4096 16384 32768]
+        [--modes exact inexact] [--runs 1] [--gpu-layers -1] [--no-flash-attn]
 
-A llama written with `gguf` (random f16 weights, a byte vocabulary) of a 1B model's shape: 16
-layers, 2048 wide, 16 heads (8 for K/V, 128 each), 8192-wide feed-forward layers; `--quick` uses
-the 2-layer tiny model. For each prompt size, on a new `Llama` each time: time to the first token
-reading the whole prompt (cold), and after restoring its state with `CachedLlama` from a RAM-only
-store and from a store on disk (a new store object, so the disk is read); the restore's own share
-(`RestoreInfo.restore_seconds`); and whether 8 greedy tokens after the restore equal a cold run's.
-llama.cpp copies a sequence's state to host memory on every backend, so on a GPU a restore is a
-host-to-device copy of the KV cells. Each new `Llama` first reads and drops 600 tokens, so that
-neither side pays for the kernels a context sets up on its first decodes. Medians of --runs.
-`--inexact` caches with `exact=False`, for builds where no split point is exact (CUDA).
+Llamas written with `gguf` (random f16 weights, a byte vocabulary, every layer's matrices alike so
+that an 8B file is written in seconds) of a 1B shape (16 layers, 2048 wide, 8 KV heads of 128,
+8192-wide feed-forward layers: 64 KiB of KV a token) and an 8B shape (32 layers, 4096 wide, 8 KV
+heads of 128, 14336-wide feed-forward layers: 128 KiB a token); `--quick` uses the 2-layer tiny
+model on the CPU. One `Llama` per shape, on llama-server's batch sizes (2048 / 512) and, unless
+`--no-flash-attn`, with flash attention on (llama-server's `auto` turns it on for CUDA): the prefill a
+restore has to beat is the fastest a user gets. Each `Llama` first reads and drops 600 tokens, so
+that neither side pays for the kernels a context sets up on its first decodes.
+
+For each prompt size: time to the first token reading the whole prompt (cold); after restoring the
+prompt's state with `CachedLlama` from a RAM store and from a store on disk (reopened with no RAM,
+so the disk is read); the restore's own share (`RestoreInfo.restore_seconds`); llama.cpp's own copy
+of the state out of and back into the context (`llama_state_seq_get_data` / `set_data` with a
+reused host buffer: the floor of any restore); and whether 8 greedy tokens after the restore equal a
+cold run's. Exact mode restores only where a split point keeps results bit for bit (measured per
+model and build, see `snapcache.llama.alignment`); `inexact` caches with `exact=False`. The note
+under each table gives the break-even prompt size: where restoring from RAM starts to beat reading.
 """
 
 from __future__ import annotations
 
+import ctypes
+import shutil
 import statistics
+import subprocess
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from _common import Table, fmt_ratio, fmt_seconds, make_parser, new_llama, prompt_paragraphs, report
 
 QUESTION = " Question: what comes next? Answer:"
+WARM_UP_TOKENS = 600
+SHAPES: dict[str, dict[str, int]] = {
+    "1b": {"n_layers": 16, "n_embd": 2048, "n_head": 16, "n_head_kv": 8, "head_dim": 128, "n_ff": 8192},
+    "8b": {"n_layers": 32, "n_embd": 4096, "n_head": 32, "n_head_kv": 8, "head_dim": 128, "n_ff": 14336},
+}
 COLUMNS = [
     "prompt tokens",
     "restored tokens",
+    "state",
     "cold",
     "restored (RAM)",
     "restored (disk)",
-    "of which restore",
+    "of which restore (RAM)",
+    "llama.cpp out / in (GB/s)",
     "cold/RAM",
+    "cold/disk",
+    "= cold",
 ]
-COLUMNS.append("= cold")
 
 
-def _model(workdir: Path, quick: bool) -> tuple[Path, str]:
-    from tiny_model import write_geometry_model, write_tiny_llama
+@dataclass(frozen=True)
+class Row:
+    size: int
+    restored: int
+    state_bytes: int
+    cold: float
+    ram: float
+    disk: float
+    share: float
+    copy_out: float
+    copy_in: float
+    equal: bool
 
-    if quick:
-        return write_tiny_llama(workdir / "tiny.gguf", seed=0), "tiny llama (2 layers, 64 wide)"
-    path = write_geometry_model(
-        workdir / "one-b.gguf", n_layers=16, n_head_kv=8, head_dim=128, n_embd=2048, n_head=16, n_ff=8192
-    )
-    return path, "random llama of a 1B shape (16 layers, 2048 wide, f16)"
 
-
-def _prompt(size: int) -> str:
+def _prompt(llm: Any, size: int) -> str:
+    """About `size` tokens of plain prose."""
     text = " ".join(prompt_paragraphs())
-    while len(text.encode()) < size:
+    while len(text.encode()) < 2 * size:
         text += " " + text
-    return text.encode()[:size].decode("utf-8", "ignore")
+    tokens = llm.tokenize(text.encode(), add_bos=False)[:size]
+    return str(llm.detokenize(tokens).decode("utf-8", "ignore"))
 
 
 def _first_token(target: Any, prompt: str) -> float:
@@ -62,110 +88,216 @@ def _first_token(target: Any, prompt: str) -> float:
     return time.perf_counter() - started
 
 
-def _warmed_up(llm: Any, prompt: str) -> Any:
-    """`llm` after one read of 600 tokens, then emptied: a new context's first decodes set up
-    kernels and buffers (CUDA graphs, cuBLAS), which neither a prefill nor a restore should be
-    charged for."""
-    llm.eval(llm.tokenize(prompt.encode())[:600])
+def _greedy(target: Any, prompt: str) -> list[int]:
+    text = target.create_completion(prompt, max_tokens=8, temperature=0.0)["choices"][0]["text"]
+    return list(str(text).encode())
+
+
+def _emptied(llm: Any) -> Any:
+    """`llm` with nothing evaluated: the next read starts from token 0 (and clears the sequence)."""
     llm.reset()
     return llm
 
 
-def _greedy(target: Any, prompt: str) -> str:
-    return str(target.create_completion(prompt, max_tokens=8, temperature=0.0)["choices"][0]["text"])
+def _llama_copies(llm: Any, prompt: str) -> tuple[int, float, float]:
+    """The state's size and llama.cpp's own copy of it out of the context and back in, into and from
+    a host buffer written once before (so that no page faults are timed)."""
+    import llama_cpp
+
+    _emptied(llm).eval(llm.tokenize(prompt.encode()))
+    size = int(llama_cpp.llama_state_seq_get_size_ext(llm.ctx, 0, 0))
+    buffer = np.ones(size, dtype=np.uint8)
+    pointer = buffer.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
+    started = time.perf_counter()
+    written = int(llama_cpp.llama_state_seq_get_data_ext(llm.ctx, pointer, size, 0, 0))
+    copy_out = time.perf_counter() - started
+    llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(llm.ctx), 0, -1, -1)
+    started = time.perf_counter()
+    read = int(llama_cpp.llama_state_seq_set_data_ext(llm.ctx, pointer, written, 0, 0))
+    copy_in = time.perf_counter() - started
+    if read <= 0:
+        raise SystemExit("bench_gpu_restore: llama.cpp refused its own state")
+    _emptied(llm)
+    return written, copy_out, copy_in
+
+
+def _measure(llm: Any, workdir: Path, size: int, runs: int, exact: bool) -> Row:
+    from snapcache import CachedLlama, SnapshotStore
+
+    system = _prompt(llm, size)
+    prompt = system + QUESTION
+    prompt_tokens = len(llm.tokenize(prompt.encode()))
+    cold_answer = _greedy(_emptied(llm), prompt)
+    state_bytes, copy_out, copy_in = _llama_copies(llm, system)
+    colds, rams, disks, shares = [], [], [], []
+    restored = 0
+    equal = True
+    folder = workdir / f"cache-{size}-{'exact' if exact else 'inexact'}"
+    budget = 4 * state_bytes + (1 << 30)
+    with SnapshotStore(folder, ram_bytes=0) as disk_store, SnapshotStore(None, ram_bytes=budget) as ram_store:
+        CachedLlama(_emptied(llm), disk_store, save=False, exact=exact).warm(system, raw=True)
+        CachedLlama(_emptied(llm), ram_store, save=False, exact=exact).warm(system, raw=True)
+        disk_store.flush()
+        for _ in range(runs):
+            colds.append(_first_token(_emptied(llm), prompt))
+            cached = CachedLlama(_emptied(llm), ram_store, save=False, exact=exact)
+            rams.append(_first_token(cached, prompt))
+            restore = cached.last_restore
+            restored = 0 if restore is None else restore.restored_tokens
+            shares.append(0.0 if restore is None else restore.restore_seconds)
+            _emptied(llm)
+            with SnapshotStore(folder, ram_bytes=0) as reopened:
+                cached = CachedLlama(llm, reopened, save=False, exact=exact)
+                disks.append(_first_token(cached, prompt))
+                _emptied(llm)  # restored again, from the disk
+                equal = equal and _greedy(cached, prompt) == cold_answer
+    shutil.rmtree(folder, ignore_errors=True)
+    median = statistics.median
+    return Row(
+        prompt_tokens,
+        restored,
+        state_bytes,
+        median(colds),
+        median(rams),
+        median(disks),
+        median(shares),
+        copy_out,
+        copy_in,
+        equal,
+    )
+
+
+def _break_even(rows: list[Row]) -> str:
+    """Where restoring from RAM starts to beat reading, from the rows (and a line through them)."""
+    restored = [row for row in rows if row.restored > 0]
+    if not restored:
+        return "nothing was restored: no break-even"
+    winning = [row.size for row in restored if row.ram < row.cold]
+    if len(restored) >= 2:
+        sizes = np.array([row.size for row in restored], dtype=np.float64)
+        cold_fit = np.polyfit(sizes, [row.cold for row in restored], 1)
+        ram_fit = np.polyfit(sizes, [row.ram for row in restored], 1)
+        prefill_rate = 1.0 / cold_fit[0] if cold_fit[0] > 0 else float("inf")
+        restore_rate = 1.0 / ram_fit[0] if ram_fit[0] > 0 else float("inf")
+        rates = (
+            f"prefill reads {prefill_rate:,.0f} tokens/s, "
+            f"a restore from RAM moves {restore_rate:,.0f} tokens/s"
+        )
+        slope = cold_fit[0] - ram_fit[0]
+        if slope <= 0:
+            return f"restoring never catches up ({rates})"
+        crossing = (ram_fit[1] - cold_fit[1]) / slope
+        where = "every size measured" if crossing <= 0 else f"about {crossing:,.0f} tokens"
+        return (
+            f"restore from RAM beats prefill from {where} ({rates}); measured wins at {winning or 'no size'}"
+        )
+    return f"restore from RAM beats prefill at {winning or 'no size'}"
+
+
+def _rate(n_bytes: int, seconds: float) -> str:
+    return f"{n_bytes / seconds / 1e9:.1f}"
+
+
+def _gpu_name() -> str:
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "no nvidia-smi"
+    return done.stdout.strip()
+
+
+def _model(workdir: Path, shape: str) -> tuple[Path, str]:
+    from tiny_model import write_geometry_model, write_tiny_llama
+
+    if shape == "tiny":
+        return write_tiny_llama(workdir / "tiny.gguf", seed=0), "tiny llama (2 layers, 64 wide)"
+    dims = SHAPES[shape]
+    path = write_geometry_model(workdir / f"{shape}.gguf", layers_alike=True, **dims)
+    kv = 2 * dims["n_layers"] * dims["n_head_kv"] * dims["head_dim"] * 2 // 1024
+    return path, (
+        f"random llama of a {shape.upper()} shape ({dims['n_layers']} layers, {dims['n_embd']} wide, "
+        f"f16, {kv} KiB of KV a token)"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    from snapcache import CachedLlama, SnapshotStore
-
     parser = make_parser(__doc__.splitlines()[0])
     parser.add_argument("--gpu-layers", type=int, default=-1, help="n_gpu_layers (-1: all; 0: the CPU)")
-    parser.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096], help="system prompt tokens")
-    parser.add_argument("--runs", type=int, default=3, help="runs per figure (median)")
+    parser.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=["1b", "8b"])
     parser.add_argument(
-        "--inexact", action="store_true", help="CachedLlama(exact=False): where no split is exact (CUDA)"
+        "--sizes", type=int, nargs="+", default=[1024, 4096, 16384, 32768], help="prompt tokens"
     )
+    parser.add_argument("--modes", nargs="+", choices=["exact", "inexact"], default=["exact", "inexact"])
+    parser.add_argument("--runs", type=int, default=1, help="runs per figure (median)")
+    parser.add_argument("--no-flash-attn", action="store_true", help="leave flash attention off")
     args = parser.parse_args(argv)
-    runs = 1 if args.quick else args.runs
-    exact = not args.inexact
-    sizes = [256] if args.quick else args.sizes
     import llama_cpp
 
-    if args.gpu_layers != 0 and not args.quick and not llama_cpp.llama_supports_gpu_offload():
-        # A CPU build would read a 1B model's prompts on the CPU: minutes, and not what this measures.
-        print("bench_gpu_restore: no GPU backend in this llama.cpp; nothing measured (try --gpu-layers 0)")
+    quick = args.quick
+    shapes = ["tiny"] if quick else args.shapes
+    sizes = [256] if quick else args.sizes
+    gpu_layers = 0 if quick else args.gpu_layers
+    if gpu_layers != 0 and not llama_cpp.llama_supports_gpu_offload():
+        # A CPU build would read an 8B model's prompts on the CPU: hours, and not what this measures.
+        print("bench_gpu_restore: no GPU backend in this llama.cpp; nothing measured (try --quick)")
         return 0
-    table_rows = []
+    flash_attn = not args.no_flash_attn and gpu_layers != 0
+    tables = []
     with tempfile.TemporaryDirectory(prefix="gpu-restore-") as scratch:
         workdir = Path(scratch)
-        model, name = _model(workdir, args.quick)
-        n_ctx = 2 * max(sizes) + 512  # the byte vocabulary reads some characters as several tokens
-
-        def fresh() -> Any:
-            return _warmed_up(new_llama(model, n_ctx, n_gpu_layers=args.gpu_layers), _prompt(2048))
-
-        for size in sizes:
-            system = _prompt(size)
-            prompt = system + QUESTION
-            cold_llm = fresh()
-            cold_answer = _greedy(cold_llm, prompt)
-            cold_llm.close()
-            colds, rams, disks, shares = [], [], [], []
-            restored = 0
-            equal = True
-            with SnapshotStore(workdir / f"cache-{size}") as disk_store, SnapshotStore(None) as ram_store:
-                writer = fresh()
-                CachedLlama(writer, disk_store, save=False, exact=exact).warm(system, raw=True)
-                CachedLlama(writer, ram_store, save=False, exact=exact).warm(system, raw=True)
-                writer.close()
-                disk_store.flush()
-                for _ in range(runs):
-                    llm = fresh()
-                    colds.append(_first_token(llm, prompt))
-                    llm.close()
-                    llm = fresh()
-                    cached = CachedLlama(llm, ram_store, save=False, exact=exact)
-                    rams.append(_first_token(cached, prompt))
-                    assert cached.last_restore is not None
-                    shares.append(cached.last_restore.restore_seconds)
-                    restored = cached.last_restore.restored_tokens
-                    llm.close()
-                    with SnapshotStore(workdir / f"cache-{size}", ram_bytes=0) as reopened:
-                        llm = fresh()
-                        cached = CachedLlama(llm, reopened, save=False, exact=exact)
-                        disks.append(_first_token(cached, prompt))
-                        llm.reset()
-                        equal = equal and _greedy(cached, prompt) == cold_answer
-                        llm.close()
-            median = statistics.median
-            if restored == 0:
-                # A miss times a cold read twice; say so rather than print a ratio of 1.
-                raise SystemExit(f"bench_gpu_restore: the warmed prefix of {size} tokens was not restored")
-            table_rows.append(
-                (size, restored, median(colds), median(rams), median(disks), median(shares), equal)
+        for shape in shapes:
+            started = time.perf_counter()
+            model, name = _model(workdir, shape)
+            written = time.perf_counter() - started
+            n_ctx = 2 * max(sizes) + 512  # the byte vocabulary reads some characters as several tokens
+            llm = new_llama(
+                model, n_ctx, n_gpu_layers=gpu_layers, n_batch=2048, n_ubatch=512, flash_attn=flash_attn
             )
-
-    backend = "GPU, all layers" if args.gpu_layers != 0 else "CPU"
-    if not exact:
-        backend += "; exact=False"
-    table = Table(
-        f"{name}: time to first token, cold against restored ({backend}; median of {runs})",
-        COLUMNS,
-    )
-    for size, restored, cold, ram, disk, share, equal in table_rows:
-        table.add(
-            f"{size:,}",
-            f"{restored:,}",
-            fmt_seconds(cold),
-            fmt_seconds(ram),
-            fmt_seconds(disk),
-            fmt_seconds(share),
-            fmt_ratio(cold, ram),
-            "yes" if equal else "no",
-        )
+            llm.eval(llm.tokenize(_prompt(llm, WARM_UP_TOKENS).encode()))
+            for mode in args.modes:
+                rows = [_measure(llm, workdir, size, args.runs, mode == "exact") for size in sizes]
+                backend = (
+                    "CPU"
+                    if gpu_layers == 0
+                    else f"GPU, all layers, flash attention {'on' if flash_attn else 'off'}"
+                )
+                table = Table(
+                    f"{name}: time to first token, cold against restored ({backend}; {mode})", COLUMNS
+                )
+                for row in rows:
+                    table.add(
+                        f"{row.size:,}",
+                        f"{row.restored:,}",
+                        f"{row.state_bytes / 2**20:,.0f} MiB",
+                        fmt_seconds(row.cold),
+                        fmt_seconds(row.ram),
+                        fmt_seconds(row.disk),
+                        fmt_seconds(row.share),
+                        f"{_rate(row.state_bytes, row.copy_out)} / {_rate(row.state_bytes, row.copy_in)}",
+                        fmt_ratio(row.cold, row.ram),
+                        fmt_ratio(row.cold, row.disk),
+                        "yes" if row.equal else "no",
+                    )
+                table.notes.append(_break_even(rows))
+                if mode == "exact" and all(row.restored == 0 for row in rows):
+                    table.notes.append(
+                        "no split point keeps this build's results bit for bit: exact mode caches nothing"
+                    )
+                table.notes.append(f"model written in {written:.1f} s; median of {args.runs}")
+                tables.append(table)
+            llm.close()
+            model.unlink()
     info = llama_cpp.llama_print_system_info().decode("utf-8", "replace").strip()
-    table.notes.append(f"llama.cpp: {info}")
-    report("bench_gpu_restore", [table], args.json, quick=args.quick)
+    for table in tables:
+        table.notes.append(f"GPU: {_gpu_name()}")
+        table.notes.append(f"llama.cpp: {info}")
+    report("bench_gpu_restore", tables, args.json, quick=quick)
     return 0
 
 

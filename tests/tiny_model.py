@@ -140,13 +140,15 @@ def write_geometry_model(
     n_embd: int = 256,
     n_head: int = 8,
     n_ff: int = 512,
+    layers_alike: bool = False,
 ) -> Path:
     """Write a llama whose KV cache has `n_layers` x `n_head_kv` heads of `head_dim` values; return the path.
 
     The defaults give an 8B model's KV geometry (32 * 2 * 8 * 128 * 2 bytes = 128 KiB of f16 KV per
     token) with an `n_embd`-wide residual stream and `n_ff`-wide feed-forward layers; the matrices
     are f16 (about 90 MB). Heads are wider than n_embd / n_head, so the key and value lengths are
-    written out.
+    written out. `layers_alike`: every layer gets the same random matrices, drawn once per shape,
+    so that a model of a full 8B compute shape (14 GB) is written at the disk's speed.
     """
     if n_head % n_head_kv:
         raise ValueError(f"n_head ({n_head}) must be a multiple of n_head_kv ({n_head_kv})")
@@ -165,21 +167,30 @@ def write_geometry_model(
     writer.add_rope_dimension_count(head_dim)
     writer.add_layer_norm_rms_eps(1e-5)
 
+    drawn: dict[tuple[int, int], npt.NDArray[np.float16]] = {}
+
     def f16(matrix: Array) -> npt.NDArray[np.float16]:
         return matrix.astype(np.float16)
+
+    def layer_matrix(rows: int, cols: int) -> npt.NDArray[np.float16]:
+        if not layers_alike:
+            return f16(w.matrix(rows, cols))
+        if (rows, cols) not in drawn:
+            drawn[rows, cols] = f16(w.matrix(rows, cols))
+        return drawn[rows, cols]
 
     writer.add_tensor("token_embd.weight", f16(w.embedding(n_embd)))
     for layer in range(n_layers):
         prefix = f"blk.{layer}"
         writer.add_tensor(f"{prefix}.attn_norm.weight", np.ones(n_embd, dtype=np.float32))
-        writer.add_tensor(f"{prefix}.attn_q.weight", f16(w.matrix(n_q, n_embd)))
-        writer.add_tensor(f"{prefix}.attn_k.weight", f16(w.matrix(n_kv, n_embd)))
-        writer.add_tensor(f"{prefix}.attn_v.weight", f16(w.matrix(n_kv, n_embd)))
-        writer.add_tensor(f"{prefix}.attn_output.weight", f16(w.matrix(n_embd, n_q)))
+        writer.add_tensor(f"{prefix}.attn_q.weight", layer_matrix(n_q, n_embd))
+        writer.add_tensor(f"{prefix}.attn_k.weight", layer_matrix(n_kv, n_embd))
+        writer.add_tensor(f"{prefix}.attn_v.weight", layer_matrix(n_kv, n_embd))
+        writer.add_tensor(f"{prefix}.attn_output.weight", layer_matrix(n_embd, n_q))
         writer.add_tensor(f"{prefix}.ffn_norm.weight", np.ones(n_embd, dtype=np.float32))
-        writer.add_tensor(f"{prefix}.ffn_gate.weight", f16(w.matrix(n_ff, n_embd)))
-        writer.add_tensor(f"{prefix}.ffn_up.weight", f16(w.matrix(n_ff, n_embd)))
-        writer.add_tensor(f"{prefix}.ffn_down.weight", f16(w.matrix(n_embd, n_ff)))
+        writer.add_tensor(f"{prefix}.ffn_gate.weight", layer_matrix(n_ff, n_embd))
+        writer.add_tensor(f"{prefix}.ffn_up.weight", layer_matrix(n_ff, n_embd))
+        writer.add_tensor(f"{prefix}.ffn_down.weight", layer_matrix(n_embd, n_ff))
     writer.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
     writer.add_tensor("output.weight", f16(w.matrix(N_VOCAB, n_embd) * 4.0))
     writer.add_name(f"geometry-llama-{n_layers}x{n_head_kv}x{head_dim}-seed{seed}")

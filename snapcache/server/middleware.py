@@ -1,7 +1,9 @@
 """The ASGI layer around llama-cpp-python's completion routes: scope in, reuse out.
 
 In: the `X-Snapcache-Scope` header picks the request's scope (a bad one is a 400), and requests the
-model cannot serve (an empty message list) are answered with a 400 before they queue for it.
+model cannot serve (an empty message list) are answered with a 400 before they queue for it. A chat
+completion with tools is marked for the chat engine's route and passed on as it came (that route
+checks it and reports its usage; see `snapcache.server.chat.chat_completions`).
 Out: `X-Snapcache-Restored-Tokens` and `X-Snapcache-Source` headers, and
 `usage.prompt_tokens_details.cached_tokens` in a JSON response, or in a final usage chunk of a
 stream whose request asked for one (`stream_options.include_usage`), as OpenAI's API does.
@@ -23,6 +25,7 @@ import anyio
 
 from snapcache.errors import InvalidArgument
 from snapcache.key import DEFAULT_SCOPE, validate_scope
+from snapcache.server.chat.chat_completions import ON_ENGINE, runs_on_engine
 from snapcache.server.chat.rules import PromptRules
 from snapcache.server.checks import CHAT_PATH, COMPLETION_PATHS, RequestChecks, parse_body
 from snapcache.server.errors import BadRequest, client_error, error_document
@@ -73,9 +76,15 @@ class SnapcacheMiddleware:
         if not more:  # a client gone before its body ended gets nothing, as before
             try:
                 request = parse_body(body)
-                changed = await anyio.to_thread.run_sync(self.checks.review, path, request)
+                engine = path == CHAT_PATH and runs_on_engine(request)
+                if not engine:
+                    changed = await anyio.to_thread.run_sync(self.checks.review, path, request)
             except BadRequest as exc:
                 await _send_error(send, exc.status, exc.document())
+                return
+            if engine:  # its own route checks it and reports its usage (see chat.chat_completions)
+                marked = {**scope, ON_ENGINE: True}
+                await _answered_as_json(self.app, marked, _replay(body, more, receive), send)
                 return
             if path == CHAT_PATH and self.rules is not None:
                 changed = self._cleaned(changed or request, record.scope) or changed

@@ -1,4 +1,5 @@
-"""Chat dialects over one internal chat request: Anthropic Messages and OpenAI Responses.
+"""Chat dialects over one internal chat request: Anthropic Messages, OpenAI Responses, and OpenAI
+Chat Completions with tools.
 
 Each dialect translates its request into a `ChatRequest` and the `ChatEngine`'s events back into
 its own answer; the engine is the one place a chat runs on the model (see `engine`).

@@ -1,8 +1,12 @@
-"""The dialect routes: Anthropic Messages (`/v1/messages`, `/v1/messages/count_tokens`) and OpenAI
-Responses (`/v1/responses`), each a translation over `ChatEngine`.
+"""The dialect routes: Anthropic Messages (`/v1/messages`, `/v1/messages/count_tokens`), OpenAI
+Responses (`/v1/responses`) and OpenAI Chat Completions with tools (`/v1/chat/completions`), each a
+translation over `ChatEngine`.
 
-Bad bodies get a 400 in the route's own error shape (FastAPI's validation errors included); with an
-API key set, clients send it as `x-api-key` (Anthropic's clients) or as a bearer token.
+The Chat Completions route shares its path with llama-cpp-python's, which keeps plain chats: it sits
+before that route and matches only the requests the middleware marked as the engine's (see
+`chat_completions`). Bad bodies get a 400 in the route's own error shape (FastAPI's validation
+errors included); with an API key set, clients send it as `x-api-key` (Anthropic's clients) or as a
+bearer token.
 """
 
 from __future__ import annotations
@@ -14,19 +18,25 @@ from typing import Any
 from fastapi import APIRouter, Depends, FastAPI, Request, Security
 from fastapi.exception_handlers import http_exception_handler, request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
+from fastapi.params import Depends as Dependency
 from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.routing import Match
+from starlette.types import Scope
 
 from snapcache.errors import InvalidArgument
 from snapcache.key import DEFAULT_SCOPE, validate_scope
-from snapcache.server.chat import anthropic, responses
+from snapcache.server.chat import anthropic, chat_completions, responses
 from snapcache.server.chat.anthropic_protocol import CountTokensRequest, MessagesRequest
+from snapcache.server.chat.chat_completions_protocol import parsed
 from snapcache.server.chat.engine import ChatEngine, ChatEvent
 from snapcache.server.chat.prompt_size import PromptCounter
 from snapcache.server.chat.responses_protocol import ResponsesRequest
 from snapcache.server.chat.streaming import EventStream, failure_status
+from snapcache.server.checks import CHAT_PATH, parse_body
 from snapcache.server.errors import BadRequest, error_document
 
 __all__ = ["MESSAGES_PATHS", "RESPONSES_PATH", "install_dialects"]
@@ -102,6 +112,7 @@ def install_dialects(app: FastAPI, engine: ChatEngine, api_key: str | None) -> N
     guard = [Depends(authenticate)] if api_key is not None else []
     app.include_router(_messages_router(engine, PromptCounter(engine)), dependencies=guard)
     app.include_router(_responses_router(engine), dependencies=guard)
+    _install_chat_completions(app, engine, guard)
     error_bodies: dict[frozenset[str], Callable[[int, str], JSONResponse]] = {
         MESSAGES_PATHS: _anthropic_error,
         frozenset({RESPONSES_PATH}): _openai_error,
@@ -120,7 +131,7 @@ def install_dialects(app: FastAPI, engine: ChatEngine, api_key: str | None) -> N
         return answer(400, _validation_message(exc))
 
     async def on_unauthorized(request: Request, exc: Exception) -> Response:
-        answer = dialect_error(request) or _anthropic_error
+        answer = dialect_error(request) or _openai_error  # Chat Completions with tools
         return answer(401, str(exc))
 
     async def on_http_error(request: Request, exc: Exception) -> Response:
@@ -184,9 +195,7 @@ def _responses_router(engine: ChatEngine) -> APIRouter:
             chat = responses.chat_request(body, _scope(request))
             _check_text(body)
         except BadRequest as exc:
-            return JSONResponse(
-                error_document(str(exc), param=exc.param, code=exc.code), status_code=exc.status
-            )
+            return _openai_bad_request(exc)
         if chat.stream:
             events = responses.ResponseEvents(body).events(engine.events(chat))
             return EventStream(events, responses.error_body, responses.error_event)
@@ -196,12 +205,62 @@ def _responses_router(engine: ChatEngine) -> APIRouter:
                 collected.append(event)
         except Exception as exc:
             if isinstance(exc, BadRequest):
-                document = error_document(str(exc), param=exc.param, code=exc.code)
-                return JSONResponse(document, status_code=exc.status)
+                return _openai_bad_request(exc)
             return _openai_error(*failure_status(exc))
         return JSONResponse(responses.response_of(collected, body))
 
     return router
+
+
+class _EngineChatCompletions(APIRoute):
+    """A route that matches only the requests the middleware marked as the engine's."""
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        if not scope.get(chat_completions.ON_ENGINE):
+            return Match.NONE, {}
+        return super().matches(scope)
+
+
+def _install_chat_completions(app: FastAPI, engine: ChatEngine, guard: list[Dependency]) -> None:
+    """Add the engine's `/v1/chat/completions` before llama-cpp-python's route of that path.
+
+    It takes its body as bytes and checks it itself, so that its errors are OpenAI's 400s; it is
+    left out of the schema, which documents the path by llama-cpp-python's request model.
+    """
+
+    async def create_chat_completion(request: Request) -> Response:
+        try:
+            body = parsed(parse_body(await request.body()))
+            chat = chat_completions.chat_request(body, _scope(request))
+        except BadRequest as exc:
+            return _openai_bad_request(exc)
+        if chat.stream:
+            events = chat_completions.CompletionChunks(body).events(engine.events(chat))
+            return EventStream(events, chat_completions.error_body, chat_completions.error_event)
+        collected: list[ChatEvent] = []
+        try:
+            async for event in engine.events(chat):
+                collected.append(event)
+        except Exception as exc:
+            if isinstance(exc, BadRequest):
+                return _openai_bad_request(exc)
+            return _openai_error(*failure_status(exc))
+        return JSONResponse(chat_completions.completion_of(collected, body))
+
+    app.router.add_api_route(
+        CHAT_PATH,
+        create_chat_completion,
+        methods=["POST"],
+        dependencies=guard,
+        include_in_schema=False,
+        route_class_override=_EngineChatCompletions,
+    )
+    routes = app.router.routes
+    routes.insert(0, routes.pop())  # routes match in order: first, or llama-cpp-python's takes it
+
+
+def _openai_bad_request(exc: BadRequest) -> JSONResponse:
+    return JSONResponse(error_document(str(exc), param=exc.param, code=exc.code), status_code=exc.status)
 
 
 def _scope(request: Request) -> str:

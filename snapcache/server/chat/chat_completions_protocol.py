@@ -1,0 +1,120 @@
+"""OpenAI Chat Completions request models: what `/v1/chat/completions` takes when the engine answers.
+
+Every model allows extra fields: what the server has no use for (`user`, `metadata`, `store`,
+`service_tier`, `prompt_cache_key`, `top_logprobs`, ...) is accepted and ignored. `parsed` turns a
+body into a request or a BadRequest that names the first field at fault.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
+
+from snapcache.server.errors import BadRequest
+
+__all__ = [
+    "ChatCompletionRequest",
+    "ContentPart",
+    "FunctionCall",
+    "FunctionDefinition",
+    "Message",
+    "NamedToolChoice",
+    "StreamOptions",
+    "Tool",
+    "ToolCall",
+    "parsed",
+]
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class ContentPart(_Lenient):
+    """`text` parts are read (and an assistant's `refusal`); images, audio and files are a 400."""
+
+    type: str
+    text: str | None = None
+    refusal: str | None = None
+
+
+class FunctionCall(_Lenient):
+    name: str
+    arguments: str | dict[str, Any] = "{}"
+
+
+class ToolCall(_Lenient):
+    """A call an earlier assistant turn made."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class Message(_Lenient):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+
+class FunctionDefinition(_Lenient):
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class Tool(_Lenient):
+    """A tool: `function` tools reach the prompt; other types (`custom`, ...) are left out."""
+
+    type: str
+    function: FunctionDefinition | None = None
+
+
+class _ChosenFunction(_Lenient):
+    name: str
+
+
+class NamedToolChoice(_Lenient):
+    type: Literal["function"]
+    function: _ChosenFunction
+
+
+class StreamOptions(_Lenient):
+    include_usage: StrictBool | None = None
+
+
+class ChatCompletionRequest(_Lenient):
+    """`POST /v1/chat/completions`, as the engine serves it."""
+
+    model: str | None = None
+    messages: list[Message] = Field(min_length=1)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: StrictBool | None = None
+    # As for plain chats on this route: a max_tokens of 0 or less sets no limit (the server's cap).
+    max_tokens: StrictInt | None = None
+    max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, ge=0, le=1)
+    top_k: StrictInt | None = Field(default=None, ge=0)
+    stop: str | list[str] | None = None
+    seed: StrictInt | None = None
+    n: StrictInt | None = Field(default=None, ge=1)
+    logprobs: StrictBool | None = None
+    stream: StrictBool = False
+    stream_options: StreamOptions | None = None
+
+
+def parsed(document: dict[str, Any]) -> ChatCompletionRequest:
+    """`document` as a request, or BadRequest naming the first field that is not what it must be."""
+    try:
+        return ChatCompletionRequest.model_validate(document)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first.get("loc", ())) or None
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        message = f"{where or 'request'}: {first.get('msg', 'invalid value')}{more}"
+        raise BadRequest(message, param=where) from None

@@ -1,0 +1,145 @@
+"""The Chat Completions adapter without a model: which bodies the engine takes, a request's
+translation, and the answer and chunks of an engine's events (as many calls as it reports)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import anyio
+import pytest
+
+from snapcache.server.chat.chat_completions import (
+    CompletionChunks,
+    chat_request,
+    completion_of,
+    runs_on_engine,
+)
+from snapcache.server.chat.chat_completions_protocol import parsed
+from snapcache.server.chat.engine import ChatEvent, Finished, Started, TextDelta, ToolCalled, Usage
+from snapcache.server.chat.request import ToolCallRequest
+from snapcache.server.errors import BadRequest
+
+TOOL = {"type": "function", "function": {"name": "read", "parameters": {"type": "object"}}}
+USER = {"role": "user", "content": "hi"}
+CALLED = {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "function": {"name": "read"}}]}
+USAGE = Usage(prompt_tokens=300, cached_tokens=256, completion_tokens=20)
+TWO_CALLS: list[ChatEvent] = [
+    Started(Usage(300, 256, 0)),
+    ToolCalled(ToolCallRequest("call_a", "read", '{"path": "a"}')),
+    ToolCalled(ToolCallRequest("call_b", "read", '{"path": "b"}')),
+    Finished("tool_calls", USAGE),
+]
+
+
+@pytest.mark.parametrize(
+    ("document", "expected"),
+    [
+        ({"messages": [USER], "tools": [TOOL]}, True),
+        ({"messages": [USER, CALLED, {"role": "tool", "tool_call_id": "c1", "content": "x"}]}, True),
+        ({"messages": [USER, CALLED]}, True),
+        ({"messages": [USER], "tools": []}, False),
+        ({"messages": [USER], "tool_choice": "auto"}, False),
+        ({"messages": "not a list", "tools": "nor this"}, False),
+    ],
+    ids=["tools", "tool result", "tool calls", "no tools", "a choice alone", "malformed"],
+)
+def test_the_engine_takes_bodies_with_tools_or_tool_history(document: dict[str, Any], expected: bool) -> None:
+    assert runs_on_engine(document) is expected
+
+
+def test_a_request_becomes_one_chat_request() -> None:
+    body = parsed(
+        {
+            "model": "m",
+            "messages": [
+                {"role": "system", "content": "Be brief."},
+                {"role": "developer", "content": [{"type": "text", "text": "Use tools."}]},
+                USER,
+                CALLED,
+                {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "x"}]},
+            ],
+            "tools": [TOOL, {"type": "custom", "custom": {"name": "grep"}}],
+            "tool_choice": {"type": "function", "function": {"name": "read"}},
+            "parallel_tool_calls": False,
+            "max_tokens": 9,
+            "max_completion_tokens": 12,
+            "stop": "END",
+            "store": True,
+        }
+    )
+    chat = chat_request(body, "agent")
+    assert [m.role for m in chat.messages] == ["system", "user", "assistant", "tool"]
+    assert chat.messages[0].content == "Be brief.\n\nUse tools."
+    assert chat.messages[2].tool_calls == (ToolCallRequest("c1", "read", "{}"),)
+    assert [tool.name for tool in chat.tools] == ["read"]
+    assert (chat.tool_choice, chat.parallel_tool_calls, chat.max_tokens) == ("read", False, 12)
+    assert (chat.stop, chat.scope) == (("END",), "agent")
+
+
+def test_no_limit_given_leaves_the_server_s_cap() -> None:
+    for limit in ({}, {"max_tokens": 0}, {"max_tokens": None}):
+        assert chat_request(parsed({"messages": [USER], "tools": [TOOL], **limit}), "s").max_tokens is None
+
+
+def test_a_named_choice_must_name_a_function_among_the_tools() -> None:
+    body = parsed(
+        {"messages": [USER], "tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "x"}}}
+    )
+    with pytest.raises(BadRequest, match="no function named 'x'"):
+        chat_request(body, "s")
+
+
+def test_every_call_the_engine_reports_is_in_the_answer() -> None:
+    body = parsed({"model": "m", "messages": [USER], "tools": [TOOL]})
+    answer = completion_of(TWO_CALLS, body)
+    choice = answer["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["content"] is None
+    assert [(c["id"], c["function"]["arguments"]) for c in choice["message"]["tool_calls"]] == [
+        ("call_a", '{"path": "a"}'),
+        ("call_b", '{"path": "b"}'),
+    ]
+    assert answer["usage"] == {
+        "prompt_tokens": 300,
+        "completion_tokens": 20,
+        "total_tokens": 320,
+        "prompt_tokens_details": {"cached_tokens": 256},
+    }
+
+
+def test_a_text_answer_has_its_content_and_no_calls() -> None:
+    body = parsed({"messages": [USER], "tools": [TOOL]})
+    answer = completion_of([Started(USAGE), TextDelta("Hel"), TextDelta("lo"), Finished("end", USAGE)], body)
+    assert answer["choices"][0]["message"] == {"role": "assistant", "content": "Hello"}
+    assert answer["choices"][0]["finish_reason"] == "stop"
+
+
+def test_chunks_carry_each_call_by_index_then_the_usage_and_done() -> None:
+    body = parsed(
+        {"messages": [USER], "tools": [TOOL], "stream": True, "stream_options": {"include_usage": True}}
+    )
+
+    async def chunks() -> list[bytes]:
+        async def events() -> Any:
+            for event in TWO_CALLS:
+                yield event
+
+        return [chunk async for chunk in CompletionChunks(body).events(events())]
+
+    sent = anyio.run(chunks)
+    assert sent[-1] == b"data: [DONE]\n\n"
+    data = [json.loads(chunk.removeprefix(b"data: ")) for chunk in sent[:-1]]
+    assert data[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    deltas = [d["choices"][0]["delta"]["tool_calls"][0] for d in data[1:5]]
+    assert [(d["index"], d.get("id"), d["function"].get("name")) for d in deltas] == [
+        (0, "call_a", "read"),
+        (0, None, None),
+        (1, "call_b", "read"),
+        (1, None, None),
+    ]
+    assert [d["function"]["arguments"] for d in deltas] == ["", '{"path": "a"}', "", '{"path": "b"}']
+    assert data[5]["choices"][0]["finish_reason"] == "tool_calls"
+    assert data[6]["choices"] == []
+    assert data[6]["usage"]["prompt_tokens_details"] == {"cached_tokens": 256}
+    assert len({d["id"] for d in data}) == 1

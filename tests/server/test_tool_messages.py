@@ -7,10 +7,13 @@ import json
 import pytest
 
 from snapcache.llama.chat_templates import GEMMA3_TEMPLATE
+from snapcache.server.chat.request import text_of
+from snapcache.server.errors import BadRequest
 from snapcache.server.tools import (
     ChatTemplateError,
     ToolCall,
     ToolSpec,
+    UnsupportedContent,
     content_text,
     render_messages,
     render_prompt,
@@ -33,6 +36,20 @@ def test_content_parts_become_text() -> None:
     assert content_text(None) == ""
     (message,) = render_messages([{"role": "user", "content": parts}], GEMMA3_TEMPLATE)
     assert message == {"role": "user", "content": "abc"}
+
+
+def test_strict_content_refuses_what_is_not_text() -> None:
+    parts = [{"type": "text", "text": "a"}, {"type": "output_text", "text": "b"}, "c"]
+    assert content_text(parts, separator="\n", strict=True) == "a\nb\nc"
+    with pytest.raises(UnsupportedContent, match="'image_url' is not supported"):
+        content_text([*parts, {"type": "image_url", "image_url": {"url": "x"}}], strict=True)
+    with pytest.raises(UnsupportedContent, match="a string or a list of text parts"):
+        content_text({"text": "a"}, strict=True)
+    # A request's content, as the dialects read it: the same rules, the error naming where it was.
+    assert text_of(parts, "messages.0.content") == "a\nb\nc"
+    with pytest.raises(BadRequest, match=r"^messages\.0\.content: content of type 'image'") as refused:
+        text_of([{"type": "image"}], "messages.0.content")
+    assert refused.value.param == "messages.0.content"
 
 
 def test_developer_becomes_system_and_leading_system_messages_become_one() -> None:

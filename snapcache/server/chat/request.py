@@ -10,11 +10,12 @@ as OpenAI `tool_calls` and their results as `tool` messages.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from snapcache.server.errors import BadRequest
+from snapcache.server.tools import UnsupportedContent, content_text
 
 __all__ = [
     "ChatMessage",
@@ -96,25 +97,12 @@ class ChatRequest:
 
 
 def text_of(content: Any, where: str) -> str:
-    """The text of a message's content: a string, or a list of text parts (other parts: BadRequest)."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, Sequence):
-        texts = []
-        for part in content:
-            if isinstance(part, str):
-                texts.append(part)
-            elif isinstance(part, Mapping) and isinstance(part.get("text"), str):
-                texts.append(part["text"])
-            else:
-                kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
-                raise BadRequest(
-                    f"{where}: content of type {kind!r} is not supported (text only)", param=where
-                )
-        return "\n".join(texts)
-    raise BadRequest(f"{where}: content must be a string or a list of text parts", param=where)
+    """The text of a message's content: a string, or a list of text parts joined by newlines (other
+    parts: BadRequest naming `where`)."""
+    try:
+        return content_text(content, separator="\n", strict=True)
+    except UnsupportedContent as exc:
+        raise BadRequest(f"{where}: {exc}", param=where) from None
 
 
 def normalized_messages(messages: Iterable[ChatMessage]) -> tuple[ChatMessage, ...]:

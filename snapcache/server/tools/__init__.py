@@ -12,7 +12,12 @@ from __future__ import annotations
 from snapcache.server.tools._detect import NO_TOOL_FORMAT, renders_tools, tool_format_for
 from snapcache.server.tools._format import ToolFormat
 from snapcache.server.tools._generic import GenericCallStream, parse_generic
-from snapcache.server.tools._messages import content_text, default_calls_as_text, render_messages
+from snapcache.server.tools._messages import (
+    UnsupportedContent,
+    content_text,
+    default_calls_as_text,
+    render_messages,
+)
 from snapcache.server.tools._prompt import ChatTemplateError, render_prompt
 from snapcache.server.tools._stream import StreamItem, ToolCallStream
 from snapcache.server.tools._values import ParsedReply, ToolCall, ToolCallDelta, ToolSpec, new_call_id
@@ -28,6 +33,7 @@ __all__ = [
     "ToolCallStream",
     "ToolFormat",
     "ToolSpec",
+    "UnsupportedContent",
     "content_text",
     "default_calls_as_text",
     "new_call_id",

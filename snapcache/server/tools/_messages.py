@@ -12,7 +12,7 @@ import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from snapcache.server.tools._values import ToolCall, compact_json
 
@@ -43,8 +43,15 @@ class _Traits:
         )
 
 
-def content_text(content: object) -> str:
-    """The text of a message's content: a string, None, or a list of content parts (text kept)."""
+class UnsupportedContent(ValueError):
+    """Content that is not text: a part of another kind, or neither a string nor a list of parts."""
+
+
+def content_text(content: object, *, separator: str = "", strict: bool = False) -> str:
+    """The text of a message's content: a string, None, or a list of content parts, `separator`
+    between them. Text parts are strings and `text`, `input_text` or `output_text` parts; others are
+    left out, or, `strict`, refused (UnsupportedContent), as is content that is no string or list
+    (else given as JSON or as its string)."""
     if content is None:
         return ""
     if isinstance(content, str):
@@ -54,10 +61,21 @@ def content_text(content: object) -> str:
         for part in content:
             if isinstance(part, str):
                 texts.append(part)
-            elif isinstance(part, Mapping) and part.get("type", "text") in _TEXT_PARTS:
+            elif _text_part(part, strict):
                 texts.append(str(part.get("text", "")))
-        return "".join(texts)
+            elif strict:
+                kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
+                raise UnsupportedContent(f"content of type {kind!r} is not supported (text only)")
+        return separator.join(texts)
+    if strict:
+        raise UnsupportedContent("content must be a string or a list of text parts")
     return json.dumps(content, ensure_ascii=False) if isinstance(content, Mapping) else str(content)
+
+
+def _text_part(part: object, strict: bool) -> TypeGuard[Mapping[str, Any]]:
+    if not isinstance(part, Mapping) or part.get("type", "text") not in _TEXT_PARTS:
+        return False
+    return isinstance(part.get("text"), str) or not strict
 
 
 def default_calls_as_text(calls: Sequence[ToolCall]) -> str:

@@ -6,7 +6,10 @@ Every dialect's request runs here against the model llama-cpp-python's routes us
 in its turn (`get_llama_proxy`: llama-cpp-python's lock when requests run one at a time), its chat
 stream read on worker threads under the request's `RequestRecord` (where the hook's listener leaves
 what it restored). Stop sequences are matched here, on the text, so the reply says which one ended
-it; tools are rendered and their calls parsed by the request's `ToolFormat`.
+it; tools are rendered and their calls read by the request's `ToolFormat`: the model's own format
+where its template has one (the answer then read with its special tokens as text, where call markers
+such as `[TOOL_CALLS]` live), else the generic one. Calls stream: `ToolCallDelta`s announce a call
+and carry its arguments as written, `ToolCalled` gives it whole.
 """
 
 from __future__ import annotations
@@ -21,17 +24,31 @@ from typing import Any, Literal, TypeVar
 import anyio
 from llama_cpp.server import app as llama_server
 
+from snapcache.server.chat.native_tools import NativeTools
 from snapcache.server.chat.request import ChatRequest, ToolCallRequest
 from snapcache.server.chat.rules import PromptRules
-from snapcache.server.chat.tool_format import tool_format_for
+from snapcache.server.chat.tool_format import ToolFormat, tool_format_for
 from snapcache.server.errors import BadRequest, client_error
 from snapcache.server.request import RequestRecord, serving
+from snapcache.server.tools import StreamItem, ToolCall
+from snapcache.server.tools import ToolCallDelta as CallPiece
 
-__all__ = ["ChatEngine", "ChatEvent", "Finished", "Started", "TextDelta", "ToolCalled", "Usage"]
+__all__ = [
+    "ChatEngine",
+    "ChatEvent",
+    "Finished",
+    "Started",
+    "TextDelta",
+    "ToolCallDelta",
+    "ToolCalled",
+    "Usage",
+]
 
 T = TypeVar("T")
 FinishReason = Literal["end", "length", "stop_sequence", "tool_calls"]
 _TOO_LONG = re.compile(r"Requested tokens \((\d+)\) exceed context window of (\d+)")
+# Whether the model's text for the request running in this context keeps its special tokens.
+_SPECIAL_TEXT: contextvars.ContextVar[bool] = contextvars.ContextVar("snapcache_special_text", default=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +78,23 @@ class TextDelta:
 
 
 @dataclass(frozen=True, slots=True)
+class ToolCallDelta:
+    """A call being written, as the model writes it (where its format names the tool first).
+
+    The first delta of a call (`index`: its place among the answer's calls) names it with empty
+    `arguments`; the next ones add the text of its JSON arguments. `ToolCalled` with the same `id`
+    follows once the call is whole (its arguments normalized: the same object). A call the answer
+    never finishes (cut by max_tokens) gets no `ToolCalled`, and its text comes back as `TextDelta`;
+    nor does a call the format drops (the same call made again, where small models start to loop).
+    """
+
+    index: int
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
 class ToolCalled:
     call: ToolCallRequest
 
@@ -72,7 +106,7 @@ class Finished:
     stop_sequence: str | None = None
 
 
-ChatEvent = Started | TextDelta | ToolCalled | Finished
+ChatEvent = Started | TextDelta | ToolCallDelta | ToolCalled | Finished
 
 
 class ChatEngine:
@@ -83,6 +117,8 @@ class ChatEngine:
         self._rules = rules
         self._max_tokens_default = max_tokens_default
         self.n_ctx = int(llm.n_ctx())
+        if NativeTools.for_model(llm) is not None:
+            _keep_special_text_when_asked(llm)
 
     def prepared(self, request: ChatRequest, *, remember: bool = True) -> ChatRequest:
         """`request` with the prompt rules applied to its text (what they changed remembered for
@@ -97,19 +133,26 @@ class ChatEngine:
         """The messages the model's chat template gets for `request` (tools included)."""
         return tool_format_for(request, self.llm).messages(request)
 
+    def template_options(self, request: ChatRequest) -> dict[str, Any]:
+        """What the model's chat template gets for `request` besides the messages (the tools, where
+        the template places them itself): `create_chat_completion`'s keyword arguments."""
+        return tool_format_for(request, self.llm).options(request)
+
     async def events(self, request: ChatRequest) -> AsyncIterator[ChatEvent]:
         """The request's events: `Started`, text and calls, `Finished`; BadRequest (before `Started`)
         for a request the model cannot run. Iterate it in one task, to its end or `aclose`."""
         request = self.prepared(request)
+        tools = tool_format_for(request, self.llm)
         context = contextvars.copy_context()
         context.run(serving.set, RequestRecord(scope=request.scope))
+        context.run(_SPECIAL_TEXT.set, tools.special_text(request))
 
         async def in_thread(call: Callable[[], T]) -> T:
             return await anyio.to_thread.run_sync(lambda: context.run(call))
 
         async with contextlib.asynccontextmanager(llama_server.get_llama_proxy)() as proxy:
             model = proxy(None)
-            run = self._run(model, request)
+            run = self._run(model, request, tools)
             try:
                 while True:
                     try:
@@ -123,20 +166,22 @@ class ChatEngine:
                 with anyio.CancelScope(shield=True):
                     await in_thread(run.close)
 
-    def _run(self, model: Any, request: ChatRequest) -> Generator[ChatEvent, None, None]:
+    def _run(self, model: Any, request: ChatRequest, tools: ToolFormat) -> Generator[ChatEvent, None, None]:
         """The events of one request, on worker threads (one at a time) in the request's context."""
-        tools = tool_format_for(request, self.llm)
         limit = request.max_tokens if request.max_tokens is not None else self._max_tokens_default
-        kwargs: dict[str, Any] = {"stream": True, "max_tokens": limit}
+        kwargs: dict[str, Any] = {"stream": True, "max_tokens": limit, **tools.options(request)}
         for name in ("temperature", "top_p", "top_k"):
             if getattr(request, name) is not None:
                 kwargs[name] = getattr(request, name)
         grammar = tools.grammar(request)
         if grammar is not None:
             kwargs["grammar"] = grammar
+        if tools.stop(request):
+            kwargs["stop"] = list(tools.stop(request))
         chunks = model.create_chat_completion(tools.messages(request), **kwargs)
         stops = _StopMatcher(request.stop)
-        text, shown, started, reason, generated = "", "", False, "end", 0
+        reader = tools.reader(request)
+        started, reason, generated, called = False, "end", 0, False
         try:
             for chunk in chunks:
                 if not started:
@@ -147,17 +192,14 @@ class ChatEngine:
                 if piece:
                     generated += 1
                     ready, matched = stops.feed(piece)
-                    text += ready
-                    if ready and not request.uses_tools:
-                        yield TextDelta(ready)
-                    elif ready:
-                        visible = tools.visible_text(text, request)
-                        if len(visible) > len(shown) and visible.startswith(shown):
-                            yield TextDelta(visible[len(shown) :])
-                            shown = visible
+                    for item in reader.feed(ready) if ready else ():
+                        called = called or isinstance(item, ToolCall)
+                        yield _event(item)
                     if matched is not None:
                         reason = "stop_sequence"
                         break
+                    if reader.finished:
+                        break  # the rest would be dropped: the request is cancelled here
                 if choice.get("finish_reason") == "length":
                     reason = "length"
         finally:
@@ -167,17 +209,11 @@ class ChatEngine:
         if not started:
             yield Started(_usage(generated))
         rest = stops.flush() if reason != "stop_sequence" else ""
-        text += rest
-        if rest and not request.uses_tools:
-            yield TextDelta(rest)
-        if request.uses_tools:
-            content, calls = tools.parse(text, request)
-            if content.startswith(shown) and len(content) > len(shown):
-                yield TextDelta(content[len(shown) :])
-            for call in calls:
-                yield ToolCalled(call)
-            if calls:
-                reason = "tool_calls"
+        for item in [*(reader.feed(rest) if rest else ()), *reader.finish()]:
+            called = called or isinstance(item, ToolCall)
+            yield _event(item)
+        if called:
+            reason = "tool_calls"
         yield Finished(reason, _usage(generated), stops.matched)  # type: ignore[arg-type]
 
     def _problem(self, exc: Exception) -> Exception:
@@ -197,6 +233,35 @@ class ChatEngine:
             )
             return BadRequest(message, param=error.get("param"), code="context_length_exceeded")
         return BadRequest(error["message"], param=error.get("param"), code=error.get("code"))
+
+
+def _event(item: StreamItem) -> ChatEvent:
+    """The event of what a reply's reader found."""
+    if isinstance(item, str):
+        return TextDelta(item)
+    if isinstance(item, CallPiece):
+        return ToolCallDelta(item.index, item.id, item.name, item.arguments)
+    return ToolCalled(ToolCallRequest(item.id, item.name, item.arguments))
+
+
+def _keep_special_text_when_asked(llm: Any) -> None:
+    """Make the Llama's text keep special tokens for the requests that ask (`_SPECIAL_TEXT`).
+
+    llama-cpp-python detokenizes a completion without its special tokens, on its own path
+    (`Llama._create_completion`) and on the batched one (`BatchedLlama`) alike, both through the
+    Llama's `detokenize`, in the thread that reads the request (where its context is): this wraps
+    that method once; for every other call it is the method itself.
+    """
+    current = vars(llm).get("detokenize")
+    if getattr(current, "keeps_special_text", False):
+        return
+    original = llm.detokenize
+
+    def detokenize(tokens: Any, prev_tokens: Any = None, special: bool = False) -> bytes:
+        return bytes(original(tokens, prev_tokens=prev_tokens, special=special or _SPECIAL_TEXT.get()))
+
+    detokenize.keeps_special_text = True  # type: ignore[attr-defined]
+    llm.detokenize = detokenize
 
 
 def _usage(generated: int) -> Usage:

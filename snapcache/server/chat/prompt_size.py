@@ -48,7 +48,7 @@ class PromptCounter:
         request = self._engine.prepared(request, remember=False)
         with self._lock:
             messages: list[Mapping[str, Any]] = list(self._engine.rendered_messages(request))
-            tokens = self._finder.render(messages, {})
+            tokens = self._finder.render(messages, self._engine.template_options(request))
         if tokens is None:
             raise BadRequest("the model's chat template cannot render these messages", param="messages")
         return len(tokens)

@@ -51,7 +51,10 @@ class GenericCallStream:
     The text of a `{"response": ...}` answer streams as it grows; a call is announced once its name
     is written (a `ToolCallDelta` with empty arguments), its arguments stream as written, and the
     `ToolCall`s, with the ids their deltas announced, come when the reply ends. Anything else is
-    held until then and parsed whole (`parse_generic`).
+    held until then and parsed whole (`parse_generic`). A reply cut short inside its calls (a token
+    limit) keeps the calls it finished, the rest given back as content. A call the reply already made
+    made again, the same tool with the same arguments, is where small models start to loop: the
+    reply is `finished` there, that call and anything after it dropped.
     """
 
     def __init__(self, names: Collection[str], *, parallel: bool = True) -> None:
@@ -64,6 +67,16 @@ class GenericCallStream:
         self._open: _Preview | None = None
         self._done = False
         self._ids: list[tuple[str, str]] = []  # (id, name) of each call announced
+        self._arguments_at = 0  # where the arguments of the call being written start
+        self._made: list[ToolCall] = []  # the calls whose objects closed
+        self._complete = False  # the list (or the one call) closed
+        self._repeated = False
+
+    @property
+    def finished(self) -> bool:
+        """Whether the reply holds all it will (its calls closed, or one made again): the rest of
+        the generation would be dropped."""
+        return self._complete or self._repeated
 
     def feed(self, text: str) -> list[StreamItem]:
         self._text += text
@@ -71,7 +84,12 @@ class GenericCallStream:
 
     def finish(self) -> list[StreamItem]:
         items = self._advance()
+        if self._repeated:
+            return [*items, *self._made]
         reply = parse_generic(self._text, self._names, parallel=self._parallel)
+        if not reply.calls and self._made:
+            rest = self._text[self._at :].strip()
+            return [*items, *self._made, *([rest] if rest else [])]
         if reply.content.startswith(self._shown) and len(reply.content) > len(self._shown):
             items.append(reply.content[len(self._shown) :])
         for index, call in enumerate(reply.calls):
@@ -123,7 +141,7 @@ class GenericCallStream:
             if name not in self._names or (index and not self._parallel):
                 self._done = True  # not a call this request takes: the whole reply decides
                 return False
-            self._open = _Preview(index, new_call_id(), name, head.end())
+            self._open, self._arguments_at = _Preview(index, new_call_id(), name, head.end()), head.end()
             self._ids.append((self._open.id, name))
             items.append(ToolCallDelta(index, self._open.id, name, ""))
         preview = self._open
@@ -138,9 +156,16 @@ class GenericCallStream:
         ending = (_NEXT_IN_LIST if self._mode == "calls" else _CALL_END).match(text, preview.sent)
         if ending is None:
             return False
-        self._open, self._at = None, ending.end()
+        arguments = text[self._arguments_at : preview.sent]
+        made = ToolCall(preview.id, preview.name, arguments_text(arguments) or arguments)
+        self._open = None
+        if any((call.name, call.arguments) == (made.name, made.arguments) for call in self._made):
+            self._repeated = self._done = True
+            return False
+        self._made.append(made)
+        self._at = ending.end()
         if self._mode == "call" or ending.group(1) == "]":
-            self._done = True
+            self._complete = self._done = True
             return False
         return True
 

@@ -50,9 +50,7 @@ class _Rules:
     def __init__(self, token_of: TokenOf) -> None:
         # The tool's name before its arguments, the id last: the order the templates render.
         order = {"name": 0, "arguments": 1, "parameters": 1, "id": 2}
-        self._converter = _Converter(
-            prop_order=order, allow_fetch=False, dotall=False, raw_pattern=False
-        )
+        self._converter = _Converter(prop_order=order, allow_fetch=False, dotall=False, raw_pattern=False)
         self._token_of = token_of
         self._schemas = 0
 

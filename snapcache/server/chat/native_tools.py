@@ -1,0 +1,133 @@
+"""Tool calls in the model's own format, for a chat template that writes calls its own way.
+
+Where the template a model renders with (its GGUF's) places the tools itself and teaches a call
+format `snapcache.server.tools` reads (Hermes/Qwen `<tool_call>`, Llama 3.x JSON, Mistral
+`[TOOL_CALLS]`, FunctionGemma, Gemma 4, Qwen3-Coder's XML), the template does the work: the tools go
+to it as `tools` (it decides where they go), earlier calls as `tool_calls` and results in the `tool`
+role (`render_messages` maps what it does not know). The answer is read with its special tokens kept
+as text, since call markers such as `[TOOL_CALLS]` are special tokens, and parsed as it streams;
+visible text never shows a marker, whole or in part.
+
+`tool_choice`: "auto" leaves the model free to call or answer; "required" or a tool's name holds the
+answer to calls under a grammar that starts with the format's marker token (one call where
+`parallel_tool_calls` is off, and always on Llama 3.x, whose templates take one call a turn); "none"
+leaves the tools out of the prompt and reads the answer as text. Without `parallel_tool_calls`, an
+unconstrained answer's calls after its first are dropped.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from snapcache.server.chat.request import ChatRequest, ToolSpec
+from snapcache.server.chat.tool_format import PlainReader, ReplyReader, chat_template, checked_grammar
+from snapcache.server.tools import StreamItem, ToolCall, ToolCallDelta, ToolCallStream, render_messages
+from snapcache.server.tools import ToolFormat as CallFormat
+from snapcache.server.tools import tool_format_for as call_format_for
+
+__all__ = ["NativeTools"]
+
+
+class NativeTools:
+    """The call format of one model's chat template (see the module docstring)."""
+
+    def __init__(self, form: CallFormat, template: str, llm: Any) -> None:
+        self.format = form
+        self._template = template
+        self._llm = llm
+
+    @classmethod
+    def for_model(cls, llm: Any) -> NativeTools | None:
+        """The model's own format, or None where its template has none it places tools for."""
+        template = chat_template(llm)
+        if template is None:
+            return None
+        form = call_format_for(template)
+        if not (form.native and form.renders_tools):
+            return None
+        return cls(form, template, llm)
+
+    def messages(self, request: ChatRequest) -> list[dict[str, Any]]:
+        merged: list[dict[str, Any]] = []
+        for message in (m.as_openai() for m in request.messages):
+            previous = merged[-1] if merged else None
+            if previous is not None and previous["role"] == message["role"] and _plain(previous, message):
+                previous["content"] = f"{previous['content']}\n\n{message['content']}"  # templates want turns
+            else:
+                merged.append(message)
+        return render_messages(merged, self._template)
+
+    def options(self, request: ChatRequest) -> dict[str, Any]:
+        return {"tools": [_openai(tool) for tool in request.tools]} if request.uses_tools else {}
+
+    def stop(self, request: ChatRequest) -> tuple[str, ...]:
+        return self.format.stop if request.uses_tools else ()
+
+    def special_text(self, request: ChatRequest) -> bool:
+        return request.uses_tools
+
+    def grammar(self, request: ChatRequest) -> Any | None:
+        if not request.uses_tools or request.tool_choice == "auto":
+            return None
+        tools = request.tools
+        if request.tool_choice != "required":
+            tools = tuple(tool for tool in tools if tool.name == request.tool_choice) or tools
+        gbnf = self.format.grammar(tools, parallel=request.parallel_tool_calls, token_of=self._token_of)
+        if gbnf is None:
+            return None
+        return checked_grammar(gbnf, self._llm._model.vocab)
+
+    def reader(self, request: ChatRequest) -> ReplyReader:
+        if not request.uses_tools:
+            return PlainReader()
+        return _NativeReader(self.format.stream(request.tools), parallel=request.parallel_tool_calls)
+
+    def _token_of(self, text: str) -> int | None:
+        """The id of the one token `text` is in the model's vocabulary, else None."""
+        tokens = self._llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
+        return int(tokens[0]) if len(tokens) == 1 else None
+
+
+class _NativeReader:
+    """A reply in the model's format, read as it streams; without `parallel`, finished at its first
+    call (the deltas and calls of any other dropped)."""
+
+    def __init__(self, stream: ToolCallStream, *, parallel: bool) -> None:
+        self._stream = stream
+        self._parallel = parallel
+        self._calls = 0
+
+    @property
+    def finished(self) -> bool:
+        return not self._parallel and self._calls > 0
+
+    def feed(self, text: str) -> list[StreamItem]:
+        return self._kept(self._stream.feed(text))
+
+    def finish(self) -> list[StreamItem]:
+        return self._kept(self._stream.finish())
+
+    def _kept(self, items: list[StreamItem]) -> list[StreamItem]:
+        if self._parallel:
+            return items
+        kept: list[StreamItem] = []
+        for item in items:
+            if isinstance(item, ToolCall):
+                self._calls += 1
+                if self._calls > 1:
+                    continue
+            elif isinstance(item, ToolCallDelta) and item.index > 0:
+                continue
+            kept.append(item)
+        return kept
+
+
+def _plain(*messages: dict[str, Any]) -> bool:
+    """Whether these are user messages, or assistant texts without calls."""
+    return all(m["role"] in ("user", "assistant") and not m.get("tool_calls") for m in messages)
+
+
+def _openai(tool: ToolSpec) -> dict[str, Any]:
+    """A tool as OpenAI describes a function, the shape templates iterate."""
+    function = {"name": tool.name, "description": tool.description, "parameters": dict(tool.parameters)}
+    return {"type": "function", "function": function}

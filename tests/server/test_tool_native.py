@@ -1,0 +1,200 @@
+"""The model's own tool format as the chat engine uses it (`NativeTools`), on GGUFs that carry a real
+template and its special tokens: which models get it, what their template is given, the grammar of a
+required call, how an answer is read, and the engine's events for a call on a real Llama."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import llama_cpp
+import pytest
+from llama_cpp.server import app as llama_server
+from tool_models import MISTRAL_SPECIALS, QWEN_SPECIALS, write_template_model
+
+from snapcache.server.chat.engine import ChatEngine, Finished, Started, TextDelta, ToolCalled
+from snapcache.server.chat.engine import ToolCallDelta as EngineDelta
+from snapcache.server.chat.generic_tools import GenericTools
+from snapcache.server.chat.native_tools import NativeTools
+from snapcache.server.chat.request import ChatMessage, ChatRequest, ToolCallRequest, ToolSpec
+from snapcache.server.chat.rules import PromptRules
+from snapcache.server.chat.tool_format import tool_format_for
+from snapcache.server.tools import ToolCall, ToolCallDelta
+
+TEMPLATES = Path(__file__).resolve().parent.parent / "data" / "chat_templates"
+WEATHER = ToolSpec("get_weather", "Weather.", {"type": "object", "properties": {"city": {"type": "string"}}})
+TIME = ToolSpec("get_time", "Time.", {"type": "object", "properties": {"city": {"type": "string"}}})
+
+
+def vocabulary(path: Path) -> Iterator[llama_cpp.Llama]:
+    llm = llama_cpp.Llama(str(path), n_ctx=64, vocab_only=True, verbose=False)
+    yield llm
+    llm.close()
+
+
+@pytest.fixture(scope="module")
+def qwen(tmp_path_factory: pytest.TempPathFactory) -> Iterator[llama_cpp.Llama]:
+    template = (TEMPLATES / "qwen2.5-7b-instruct.jinja").read_text()
+    path = write_template_model(
+        tmp_path_factory.mktemp("m") / "qwen.gguf", template, QWEN_SPECIALS, "<|im_end|>"
+    )
+    yield from vocabulary(path)
+
+
+@pytest.fixture(scope="module")
+def functiongemma(tmp_path_factory: pytest.TempPathFactory) -> Iterator[llama_cpp.Llama]:
+    template = (TEMPLATES / "functiongemma.jinja").read_text()
+    path = write_template_model(tmp_path_factory.mktemp("m") / "fg.gguf", template, {"<escape>": 3})
+    yield from vocabulary(path)
+
+
+def chat(*messages: ChatMessage, choice: str = "auto", parallel: bool = True) -> ChatRequest:
+    return ChatRequest(messages, tools=(WEATHER, TIME), tool_choice=choice, parallel_tool_calls=parallel)
+
+
+def read(tools: NativeTools, request: ChatRequest, reply: str, size: int = 3) -> tuple[list[object], bool]:
+    reader = tools.reader(request)
+    items: list[object] = []
+    for at in range(0, len(reply), size):
+        items.extend(reader.feed(reply[at : at + size]))
+    finished = reader.finished
+    return [*items, *reader.finish()], finished
+
+
+@pytest.mark.model
+def test_a_template_with_its_own_format_gets_it_and_others_the_generic_one(qwen, tiny_llama) -> None:
+    request = chat(ChatMessage("user", "Hi"))
+    native = tool_format_for(request, qwen)
+    assert isinstance(native, NativeTools)
+    assert native.format.name == "hermes"
+    assert isinstance(tool_format_for(request, tiny_llama), GenericTools)  # its template knows no tools
+
+
+@pytest.mark.model
+def test_the_template_gets_the_tools_and_the_history_in_its_own_shape(qwen) -> None:
+    tools = NativeTools.for_model(qwen)
+    assert tools is not None
+    call = ToolCallRequest("call_1", "get_weather", '{"city": "Oslo"}')
+    request = chat(
+        ChatMessage("system", "Be brief."),
+        ChatMessage("user", "Weather?"),
+        ChatMessage("user", "In Oslo."),
+        ChatMessage("assistant", "", (call,)),
+        ChatMessage("tool", "Sunny", tool_call_id="call_1"),
+    )
+    messages = tools.messages(request)
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool"]
+    assert messages[1]["content"] == "Weather?\n\nIn Oslo."  # user turns in a row become one
+    assert messages[2]["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": {"city": "Oslo"}}
+    assert messages[3]["name"] == "get_weather"
+    assert [t["function"]["name"] for t in tools.options(request)["tools"]] == ["get_weather", "get_time"]
+    assert tools.special_text(request)
+    none = chat(ChatMessage("user", "Hi"), choice="none")
+    assert tools.options(none) == {}
+    assert not tools.special_text(none)
+    assert tools.grammar(none) is None
+
+
+@pytest.mark.model
+def test_a_required_call_is_held_from_the_marker_token_on(qwen) -> None:
+    tools = NativeTools.for_model(qwen)
+    assert tools is not None
+    assert tools.grammar(chat(ChatMessage("user", "Hi"))) is None  # auto: the model chooses
+    (marker,) = qwen.tokenize(b"<tool_call>", add_bos=False, special=True)
+    grammar = tools.grammar(chat(ChatMessage("user", "Hi"), choice="get_time", parallel=False))._grammar
+    assert f"tool-call ::= <[{marker}]>" in grammar
+    assert "get_time" in grammar
+    assert "get_weather" not in grammar
+    assert "tool-call (" not in grammar  # one call: parallel calls are off
+    required = tools.grammar(chat(ChatMessage("user", "Hi"), choice="required"))._grammar
+    assert "get_weather" in required
+    assert "get_time" in required
+
+
+@pytest.mark.model
+def test_without_parallel_calls_the_answer_is_finished_at_its_first_call(qwen) -> None:
+    tools = NativeTools.for_model(qwen)
+    assert tools is not None
+    first = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    second = '\n<tool_call>\n{"name": "get_time", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    items, finished = read(tools, chat(ChatMessage("user", "Hi"), parallel=False), first + second)
+    assert finished
+    assert [item.name for item in items if isinstance(item, ToolCall)] == ["get_weather"]
+    assert {item.index for item in items if isinstance(item, ToolCallDelta)} == {0}
+    items, finished = read(tools, chat(ChatMessage("user", "Hi")), "Let me look. " + first + second)
+    assert not finished
+    assert [item.name for item in items if isinstance(item, ToolCall)] == ["get_weather", "get_time"]
+    assert "".join(item for item in items if isinstance(item, str)) == "Let me look."
+    deltas = [item for item in items if isinstance(item, ToolCallDelta) and item.index == 1]
+    assert json.loads("".join(delta.arguments for delta in deltas)) == {"city": "Oslo"}
+
+
+@pytest.mark.model
+def test_functiongemma_stops_where_it_would_write_a_result_itself(functiongemma) -> None:
+    tools = NativeTools.for_model(functiongemma)
+    assert tools is not None
+    assert tools.format.name == "functiongemma"
+    assert tools.stop(chat(ChatMessage("user", "Hi"))) == ("<start_function_response>",)
+    assert tools.stop(chat(ChatMessage("user", "Hi"), choice="none")) == ()
+    reply = "<start_function_call>call:get_time{city:<escape>Oslo<escape>}<end_function_call>"
+    items, _ = read(tools, chat(ChatMessage("user", "Hi")), reply)
+    assert [(i.name, json.loads(i.arguments)) for i in items if isinstance(i, ToolCall)] == [
+        ("get_time", {"city": "Oslo"})
+    ]
+
+
+def engine_events(
+    monkeypatch: pytest.MonkeyPatch, llm: llama_cpp.Llama, request: ChatRequest
+) -> list[object]:
+    """The events of `request` from a ChatEngine serving `llm` (one request at a time, no cache)."""
+    monkeypatch.setattr(llama_server, "_llama_proxy", lambda model: llm)
+    engine = ChatEngine(llm, PromptRules(), max_tokens_default=None)
+
+    async def collect() -> list[object]:
+        return [event async for event in engine.events(request)]
+
+    return anyio.run(collect)
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("template", ["qwen2.5-7b-instruct.jinja", "mistral-nemo-instruct-2407.jinja"])
+def test_the_engine_reads_calls_from_the_special_tokens_of_its_answer(
+    template: str, make_llama, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine on a real Llama: a required call, written by the model under the format's grammar,
+    comes back as events; Mistral's marker is a control token that only text with special tokens
+    holds, which the engine asks for this request alone."""
+    qwen = template.startswith("qwen")
+    specials, eos = (QWEN_SPECIALS, "<|im_end|>") if qwen else (MISTRAL_SPECIALS, "</s>")
+    path = write_template_model(tmp_path / "model.gguf", (TEMPLATES / template).read_text(), specials, eos)
+    llm = make_llama(path, n_ctx=2048)
+    city = {"type": "object", "properties": {"city": {"enum": ["Oslo", "Rome"]}}, "required": ["city"]}
+    request = ChatRequest(
+        (ChatMessage("system", "Be brief."), ChatMessage("user", "Weather in Oslo?")),
+        max_tokens=120,
+        tools=(ToolSpec("get_weather", "Weather.", city),),
+        tool_choice="required",
+        parallel_tool_calls=False,
+        temperature=0.0,
+    )
+    events = engine_events(monkeypatch, llm, request)
+    assert isinstance(events[0], Started)
+    called = [event.call for event in events if isinstance(event, ToolCalled)]
+    assert [(call.name, json.loads(call.arguments)["city"] in ("Oslo", "Rome")) for call in called] == [
+        ("get_weather", True)
+    ]
+    assert not [event for event in events if isinstance(event, TextDelta)]
+    assert events[-1] == Finished("tool_calls", events[-1].usage)
+    deltas = [event for event in events if isinstance(event, EngineDelta)]
+    if qwen:  # Hermes names the tool first: the arguments stream before the call is whole
+        assert deltas[0].name == "get_weather"
+        assert deltas[0].arguments == ""
+        assert {delta.id for delta in deltas} == {called[0].id}
+        assert json.loads("".join(delta.arguments for delta in deltas)) == json.loads(called[0].arguments)
+        assert events.index(deltas[-1]) < events.index(next(e for e in events if isinstance(e, ToolCalled)))
+    else:  # a JSON list of calls comes whole; the control token is no text outside the request
+        (marker,) = llm.tokenize(b"[TOOL_CALLS]", add_bos=False, special=True)
+        assert llm.detokenize([marker]) == b""
+        assert len(called[0].id) == 9

@@ -2,9 +2,11 @@
 
 `python benchmarks/write_reports.py` (run_all.py calls it after its runs) reads every JSON file in
 benchmarks/results/ and writes docs/benchmarks/<name>.md: the machine, the date and the command of
-the run in its header, then its tables. A page is written only from a result; pages of results not
-present now are kept (they stay the published figures until a new run replaces them), and a quick
-run (`--quick`) never replaces the page of a full run. The index lists every generated page.
+the run in its header, then its tables, each followed by its bar chart (<name>-<n>.svg beside the
+page for the n-th table, drawn by _charts.py from the table's cells; a table of text has none). A
+page is written only from a result; pages of results not present now are kept (they stay the
+published figures until a new run replaces them), and a quick run (`--quick`) never replaces the page
+of a full run. The index lists every generated page.
 
 A table quoted elsewhere (the README, a guide) is written there too, between
 `<!-- excerpt: NAME [table=N] [columns=0,1,3] -->` and `<!-- /excerpt -->`: that table of the result
@@ -21,8 +23,11 @@ import os
 import re
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from _charts import table_chart
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH_DIR = ROOT / "benchmarks"
@@ -36,6 +41,7 @@ EARLIER = "earlier-runs.md"
 NOT_RECORDED = "not recorded in this result"
 # Files that may quote a result's table between excerpt markers.
 EXCERPT_FILES = ("README.md", "docs/guides/serving.md", "docs/guides/settings.md")
+_CHART = re.compile(r"-\d+\.svg")
 _EXCERPT = re.compile(r"(<!-- excerpt: (?P<spec>[^>]*?) -->\n)(?P<body>.*?)(<!-- /excerpt -->)", re.DOTALL)
 
 
@@ -119,8 +125,21 @@ def _generic_tables(result: dict[str, Any]) -> list[dict[str, Any]]:
     return tables
 
 
-def render_page(name: str, result: dict[str, Any], source: str) -> str:
-    """The Markdown page of one benchmark result (`source`: the JSON's path, shown in the page)."""
+@dataclass(frozen=True, slots=True)
+class Report:
+    """A result's Markdown page and the SVG charts it shows, by file name."""
+
+    page: str
+    charts: dict[str, str]
+
+
+def chart_name(stem: str, number: int) -> str:
+    """The file of the chart of table `number` (from 1) of the page `stem`.md."""
+    return f"{stem}-{number}.svg"
+
+
+def render_report(stem: str, name: str, result: dict[str, Any], source: str) -> Report:
+    """The page `stem`.md of one benchmark result and its charts (`source`: the JSON's path, shown)."""
     summary = script_summary(name)
     quick = result.get("quick")
     standard = isinstance(result.get("tables"), list)
@@ -165,17 +184,24 @@ def render_page(name: str, result: dict[str, Any], source: str) -> str:
             "rows found in the JSON file, under their keys.",
             "",
         ]
-    for table in tables:
-        lines += [f"## {cell(table.get('title') or 'table')}", ""]
+    charts = {}
+    for number, table in enumerate(tables, start=1):
+        title = str(table.get("title") or "table")
+        lines += [f"## {cell(title)}", ""]
         lines += markdown_table(table.get("columns") or [], table.get("rows") or [])
         lines.append("")
+        chart = table_chart(title, table.get("columns") or [], table.get("rows") or [])
+        if chart is not None:
+            charts[chart_name(stem, number)] = chart.svg
+            alt = cell(chart.alt).replace("[", "\\[").replace("]", "\\]")
+            lines += [f"![{alt}]({chart_name(stem, number)})", ""]
         for note in table.get("notes") or []:
             lines.append(f"- {cell(note)}")
         if table.get("notes"):
             lines.append("")
     if not tables:
         lines += ["This result holds no tables.", ""]
-    return "\n".join(lines)
+    return Report("\n".join(lines), charts)
 
 
 # -- the index ----------------------------------------------------------------------------------------
@@ -262,7 +288,13 @@ def write_reports(results_dir: Path = RESULTS_DIR, docs_dir: Path = DOCS_DIR) ->
         if result.get("quick") and page.exists() and _page_facts(page).get("run") == "full":
             print(f"kept {page.name}: a quick run never replaces the page of a full run", file=sys.stderr)
             continue
-        page.write_text(render_page(name, result, source), encoding="utf-8")
+        report = render_report(json_path.stem, name, result, source)
+        for stale in docs_dir.glob(f"{json_path.stem}-*.svg"):
+            if _CHART.fullmatch(stale.name[len(json_path.stem) :]) and stale.name not in report.charts:
+                stale.unlink()
+        for chart, svg in report.charts.items():
+            (docs_dir / chart).write_text(svg, encoding="utf-8")
+        page.write_text(report.page, encoding="utf-8")
         written.append(page)
     (docs_dir / INDEX).write_text(render_index(generated_pages(docs_dir)), encoding="utf-8")
     return written
@@ -286,7 +318,9 @@ def render_excerpt(spec: str, results: dict[str, dict[str, Any]], page_link: str
     columns = list(range(len(table["columns"])))
     if settings.get("columns"):
         columns = [int(c) for c in settings["columns"].split(",") if int(c) < len(table["columns"])]
-    machine = result.get("machine") if isinstance(result.get("machine"), dict) else {}
+    machine = result.get("machine")
+    if not isinstance(machine, dict):
+        machine = {}
     date = str(result.get("created_at") or "")[:10]
     where = f"{machine.get('cpu_model', '?')}, {machine.get('cores', '?')} cores, {date}"
     lines = [f"`{result.get('command', name)}`, {where} ([report]({page_link}/{name}.md)):", ""]

@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from xml.etree import ElementTree
 
 import pytest
 
@@ -19,6 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import _charts  # noqa: E402
 import _common  # noqa: E402
 import write_reports  # noqa: E402
 
@@ -233,3 +235,142 @@ def test_an_excerpt_quotes_a_results_table_where_its_markers_are(tmp_path: Path)
     assert "<!-- /excerpt -->\nAfter.\n" in text
     assert "no_such_result -->\nkept\n" in text  # without its result an excerpt stays as it was
     assert write_reports.write_excerpts(result_path.parent, root, root / "docs" / "benchmarks") == []
+
+
+# -- charts beside the tables -------------------------------------------------------------------------
+
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+def _bars(svg_path: Path) -> dict[str, float]:
+    """The bars of a chart written by _charts: each bar's tooltip ("row: series = value") -> its width."""
+    root = ElementTree.fromstring(svg_path.read_text(encoding="utf-8"))
+    bars = {}
+    for rect in root.iter(f"{SVG}rect"):
+        if rect.get("class") == "bar":
+            tip = rect.find(f"{SVG}title")
+            assert tip is not None
+            assert tip.text
+            bars[tip.text] = float(rect.get("width", "nan"))
+    return bars
+
+
+def test_a_table_of_times_gets_a_chart_whose_bars_follow_the_values(tmp_path: Path) -> None:
+    table = _common.Table("restore time (median)", ["case", "restore", "kept", "backend"])
+    table.add("one", "1.00 s", "yes", "RAM")
+    table.add("two", "2.00 s", "no", "disk")
+    table.add("half", "500 ms", "yes", "RAM")
+    table.add("fast", "250 ms", "yes", "RAM")
+    path = tmp_path / "results" / "bench_restore.json"
+    _common.report("bench_restore", [table], path, quick=False)
+    docs = tmp_path / "docs"
+    write_reports.write_reports(path.parent, docs)
+    page = (docs / "bench_restore.md").read_text(encoding="utf-8")
+    # The image comes right after its table, its alt text naming the table and the series.
+    assert "| fast | 250 ms | yes | RAM |\n\n![Bar chart of restore time (median): restore (s), by case]" \
+        "(bench_restore-1.svg)\n" in page
+    bars = _bars(docs / "bench_restore-1.svg")
+    assert set(bars) == {"one: restore = 1.00 s", "two: restore = 2.00 s", "half: restore = 500 ms",
+                         "fast: restore = 250 ms"}
+    one = bars["one: restore = 1.00 s"]
+    assert one > 0
+    assert bars["two: restore = 2.00 s"] == pytest.approx(2 * one, rel=1e-3)
+    assert bars["half: restore = 500 ms"] == pytest.approx(one / 2, rel=1e-3)  # ms and s on one axis
+    assert bars["fast: restore = 250 ms"] == pytest.approx(one / 4, rel=1e-3)
+    svg = (docs / "bench_restore-1.svg").read_text(encoding="utf-8")
+    assert "RAM" not in svg  # text columns are not plotted
+    assert "kept" not in svg
+
+
+def test_a_chart_groups_series_by_unit_and_splits_two_value_cells() -> None:
+    chart = _charts.table_chart(
+        "burst",
+        ["server", "first / last token", "size", "tokens/s", "speed-up", "target", "threads"],
+        [
+            ["a", "500 ms / 2.00 s", "128 MiB", "40.0", "2.4x met", "≤ 1 ms", "2"],
+            ["b", "1.50 s / 3.00 s", "1.0 GiB", "80.0", "1.2x missed", "≤ 1 ms", "2"],
+            ["c", "- / 4.00 s", "-", "-", "-", "<1 ms", "2"],
+        ],
+    )
+    assert chart is not None
+    assert chart.alt == (
+        "Bar chart of burst: first / last token (left of /) and first / last token (right of /) (s); "
+        "size (GiB); tokens/s; speed-up (x), by server"
+    )
+    root = ElementTree.fromstring(chart.svg)
+    tips = [t.text for r in root.iter(f"{SVG}rect") if r.get("class") == "bar" for t in r.iter(f"{SVG}title")]
+    assert "a: first / last token (left of /) = 500 ms" in tips
+    assert "c: first / last token (right of /) = 4.00 s" in tips
+    assert not any(t and t.startswith("c: first / last token (left") for t in tips)  # "-" has no bar
+    assert "b: speed-up = 1.2x" in tips
+    assert not any("target" in (t or "") or "threads" in (t or "") for t in tips)  # bounds, one setting
+
+
+@pytest.mark.parametrize(
+    ("cell", "kind", "base"),
+    [
+        ("894 ms", "time", 0.894),
+        ("1.80 s", "time", 1.8),
+        ("2.3 min", "time", 138.0),
+        ("37.7 µs", "time", 37.7e-6),
+        ("~3.1 s", "time", 3.1),
+        ("128 MiB", "size", 128 * 2**20),
+        ("1.2 GiB", "size", 1.2 * 2**30),
+        ("998.9 KiB", "size", 998.9 * 2**10),
+        ("3.5 GB/s", "rate", 3.5e9),
+        ("2.4x", "ratio", 2.4),
+        ("13.33\u00d7", "ratio", 13.33),  # a multiplication sign, as the README writes ratios
+        ("1.68x missed", "ratio", 1.68),
+        ("12%", "percent", 12.0),
+        ("1,024", "number", 1024.0),
+        ("86.4", "number", 86.4),
+        ("12.4 ms*", "time", 0.0124),
+    ],
+)
+def test_units_are_parsed(cell: str, kind: str, base: float) -> None:
+    value = _charts.parse_value(cell)
+    assert value is not None
+    assert value.kind == kind
+    assert value.base == pytest.approx(base)
+
+
+@pytest.mark.parametrize("cell", ["-", "", "yes", "n/a", "<1 ms", "≤ 1 ms", "3 of 4", "10 tokens", "f16"])
+def test_cells_that_are_not_measurements_are_not_parsed(cell: str) -> None:
+    assert _charts.parse_value(cell) is None
+
+
+def test_a_plain_number_takes_the_rate_its_header_names() -> None:
+    value = _charts.parse_value("4.77", "state GB/s")
+    assert value is not None
+    assert (value.kind, value.base) == ("rate", pytest.approx(4.77e9))
+    tokens = _charts.parse_value("54.6", "tokens/s, 1 sequence")
+    assert tokens is not None
+    assert tokens.kind == "tokens/s"
+
+
+def test_a_table_with_no_numbers_gets_no_chart(tmp_path: Path) -> None:
+    docs = tmp_path / "docs"
+    path = _result(tmp_path, "hot_path", quick=False, rows=[["x", "1 ms", ""], ["y", "2 ms", ""]])
+    write_reports.write_reports(path.parent, docs)
+    assert (docs / "hot_path-1.svg").exists()
+    # A new run of the same benchmark whose table holds only text: no chart, and the old one goes.
+    table = _common.Table("exactness", ["--kv-cache", "flash attention", "restored = cold"])
+    table.add("f16", "no", "yes")
+    table.add("q8_0", "yes", "3 of 4")
+    _common.report("hot_path", [table], path, quick=False)
+    write_reports.write_reports(path.parent, docs)
+    page = (docs / "hot_path.md").read_text(encoding="utf-8")
+    assert "![" not in page
+    assert list(docs.glob("*.svg")) == []
+    assert _charts.table_chart("settings", ["what", "value"], [["threads", "2"], ["cores", "2"]]) is None
+
+
+def test_every_published_chart_is_in_the_site(built_site: tuple[Path, str]) -> None:
+    site, _ = built_site
+    charts = sorted((DOCS / "benchmarks").glob("*.svg"))
+    assert charts, "the generated pages show their tables' charts"
+    for chart in charts:
+        assert (site / "benchmarks" / chart.name).is_file(), chart.name
+        stem = chart.name.rsplit("-", 1)[0]
+        html = (site / "benchmarks" / stem / "index.html").read_text(encoding="utf-8")
+        assert f'src="../{chart.name}"' in html, chart.name

@@ -13,6 +13,7 @@ plain roles.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Mapping
@@ -95,16 +96,12 @@ class GenericTools:
         tools = request.tools
         if request.tool_choice not in ("auto", "required"):
             tools = tuple(tool for tool in tools if tool.name == request.tool_choice) or tools
-        schema = _answer_schema(
-            tools, text=request.tool_choice == "auto", parallel=request.parallel_tool_calls
+        # Agents send the same tools every turn: their grammar is made once.
+        listed = json.dumps([[tool.name, dict(tool.parameters)] for tool in tools])
+        gbnf = _answer_grammar(
+            listed, text=request.tool_choice == "auto", parallel=request.parallel_tool_calls
         )
-        # Keys in their order (not sorted): the model writes the tool's name before its arguments.
-        try:
-            gbnf = json_schema_to_gbnf(json.dumps(schema))
-        except Exception as exc:
-            _log.warning("tool calls: no grammar for these tools (%s); the answer is read as it comes", exc)
-            return None
-        return checked_grammar(gbnf, self._vocab)
+        return None if gbnf is None else checked_grammar(gbnf, self._vocab)
 
     def reader(self, request: ChatRequest) -> ReplyReader:
         if not request.uses_tools:
@@ -149,7 +146,21 @@ def _describe(tool: ToolSpec) -> str:
     return json.dumps(described, ensure_ascii=False)
 
 
-def _answer_schema(tools: tuple[ToolSpec, ...], *, text: bool, parallel: bool) -> dict[str, Any]:
+@functools.lru_cache(maxsize=32)
+def _answer_grammar(tools: str, *, text: bool, parallel: bool) -> str | None:
+    """The GBNF of an answer to these tools (`[[name, parameters], ...]` as JSON); None, logged, where
+    llama-cpp-python cannot make one."""
+    listed = [ToolSpec(name, "", parameters) for name, parameters in json.loads(tools)]
+    schema = _answer_schema(listed, text=text, parallel=parallel)
+    try:
+        # Keys in their order (not sorted): the model writes the tool's name before its arguments.
+        return str(json_schema_to_gbnf(json.dumps(schema)))
+    except Exception as exc:
+        _log.warning("tool calls: no grammar for these tools (%s); the answer is read as it comes", exc)
+        return None
+
+
+def _answer_schema(tools: list[ToolSpec], *, text: bool, parallel: bool) -> dict[str, Any]:
     calls = [
         {
             "type": "object",

@@ -42,6 +42,7 @@ ALLOWED_SKIPS = (
     "maps ahead on Linux 5.14 and later",
     "a system without transparent huge pages",
     "set SNAPCACHE_LONG_TESTS=1 to run it",
+    "Claude Code and Codex are not installed",
 )
 
 

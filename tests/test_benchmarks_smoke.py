@@ -363,3 +363,51 @@ def test_grammar_sampling_quick(tmp_path: Path) -> None:
         "grammar, scheduler",
     ]
     assert table["rows"][2][-1] == "true"  # greedy under the grammar: the same text both ways
+
+
+def _agent_installed(name: str) -> bool:
+    """As agents_vs_llama_server.py looks: $SNAPCACHE_AGENTS_DIR or .agents, PATH, /tmp/agents."""
+    import shutil
+
+    prefix = Path(os.environ.get("SNAPCACHE_AGENTS_DIR") or ROOT / ".agents")
+    candidates = [prefix / "node_modules" / ".bin" / name, Path("/tmp/agents/node_modules/.bin") / name]
+    return shutil.which("node") is not None and (
+        shutil.which(name) is not None or any(path.is_file() for path in candidates)
+    )
+
+
+@pytest.mark.gemma
+def test_agents_vs_llama_server_quick(tmp_path: Path, gemma_model_path: Path) -> None:
+    missing = [name for name in ("claude", "codex") if not _agent_installed(name)]
+    if missing:
+        pytest.skip(
+            "Claude Code and Codex are not installed (.ci/run installs them from the npm registry "
+            f"into .agents; SNAPCACHE_AGENTS_DIR names another npm prefix): missing {missing}"
+        )
+    out = tmp_path / "agents.json"
+    # --quick: snapcache serve alone, on the tiny llama that carries Gemma's vocabulary.
+    proc = _run("agents_vs_llama_server.py", "--quick", "--json", str(out), timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    _assert_header(proc.stdout, "tiny llama", "agent")
+    _assert_header(proc.stdout, "Prompt tokens read afresh / restored per session", "agent")
+    _assert_header(proc.stdout, "Targets of issue 44", "agent")
+    payload = _load_json(out, "agents_vs_llama_server")
+    sessions = payload["sessions"]
+    agents = {s["agent"] for s in sessions}
+    assert {"claude", "codex"} <= agents <= {"claude", "codex", "opencode"}
+    for agent in agents:
+        mine = [s for s in sessions if s["agent"] == agent]
+        assert [s["session"] for s in mine] == [1, 2, 3], agent
+        for s in mine:
+            assert s["server"] == "snapcache"
+            # Every request answered and the agent done; the first request carried its tools.
+            assert s["round_trip"], s
+            assert all(r["status"] == 200 for r in s["requests"]), s["requests"]
+            opening = s["opening"]
+            assert opening["tools"] > 0, opening
+            assert opening["prompt_tokens"] > 1_000, opening
+            assert 0 < opening["first_output_s"] <= opening["total_s"], opening
+            # The server's counters and its answers' usage fields count the same tokens.
+            assert s["answers_usage"] == s["server_counters"], s
+        # Session 2 (a new process) and session 3 (after the restart) restore their prompts.
+        assert all(s["fresh_share"] <= 0.10 for s in mine[1:]), [s["server_counters"] for s in mine]

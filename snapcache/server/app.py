@@ -36,7 +36,7 @@ from snapcache.server.checks import ModelLimits, RequestChecks
 from snapcache.server.errors import answer_client_errors
 from snapcache.server.middleware import SnapcacheMiddleware
 from snapcache.server.monitor import ServeMonitor
-from snapcache.server.openapi import document_errors
+from snapcache.server.openapi import describe_api
 from snapcache.server.parallel import ModelTurns, parallel_model, unlock_routes
 from snapcache.server.request import current_scope
 from snapcache.server.routes import extras_router, snapcache_router
@@ -121,7 +121,8 @@ def create_app(llm: llama_cpp.Llama, store: SnapshotStore, options: ServeOptions
     llama_server._llama_proxy = _OneModel(parallel or llm, alias)  # type: ignore[assignment]
     turns = ModelTurns(parallel.batched.own_context if parallel is not None else None)
     answer_client_errors()
-    checks = RequestChecks(ModelLimits.of(llm), options.max_tokens_default)
+    limits = ModelLimits.of(llm)
+    checks = RequestChecks(limits, options.max_tokens_default)
     rules = PromptRules(options.normalize, keep_billing_header=options.keep_billing_header)
 
     @contextlib.asynccontextmanager
@@ -140,7 +141,7 @@ def create_app(llm: llama_cpp.Llama, store: SnapshotStore, options: ServeOptions
     install_dialects(app, ChatEngine(llm, rules, options.max_tokens_default), options.api_key)
     unlock_routes(app, parallel is not None)
     app.add_middleware(SnapcacheMiddleware, checks=checks, rules=rules)
-    document_errors(app)
+    describe_api(app, limits, api_key=options.api_key is not None)
     if options.cors_origins:
         app.add_middleware(
             CORSMiddleware,

@@ -12,6 +12,7 @@ over `max_tokens`, as OpenAI has it.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -26,11 +27,22 @@ from llama_cpp.server.types import (
     DetokenizeInputRequest,
     TokenizeInputRequest,
 )
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, BeforeValidator, ValidationError
 
 from snapcache.server.errors import BadRequest
 
-__all__ = ["CHAT_PATH", "COMPLETION_PATHS", "ModelLimits", "RequestChecks", "parse_body"]
+__all__ = [
+    "AS_JSON_INTEGER",
+    "CHAT_PATH",
+    "COMPLETION_PATHS",
+    "MAX_GRAMMAR_NESTING",
+    "ModelLimits",
+    "RequestChecks",
+    "grammar_problem",
+    "parse_body",
+    "schema_problem",
+    "whole_numbers",
+]
 
 CHAT_PATH = "/v1/chat/completions"
 COMPLETION_PATHS = frozenset({CHAT_PATH, "/v1/completions", "/v1/engines/copilot-codex/completions"})
@@ -46,6 +58,31 @@ _MODELS: dict[str, type[BaseModel] | None] = {
     DETOKENIZE_PATH: DetokenizeInputRequest,
     "/snapcache/warm": None,  # its body: FastAPI validates it against snapcache's own model (a 422)
 }
+
+
+def whole_numbers(value: Any) -> Any:
+    """`value` with every float that is a whole number made an int, at any depth.
+
+    JSON has one number type (its schema's `integer` takes 2.0), while pydantic's strict mode, which
+    keeps `true` and `"2"` from passing for numbers, takes no float for an int.
+    """
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {key: whole_numbers(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [whole_numbers(item) for item in value]
+    return value
+
+
+# llama.cpp parses a grammar's groups recursively, a stack frame a level: llama-cpp-python writes a
+# string's maxLength as that many nested groups, and some 15,000 of them overflowed a thread's stack
+# and killed the server (measured: 1,000 parse, 2,000 to 12,000 are refused, 20,000 crash).
+MAX_GRAMMAR_NESTING = 1024
+
+# An int field of a strict request model read as JSON's `integer` (2.0 included): the last part of
+# its `Annotated`, after its constraints (which the schema shows only there).
+AS_JSON_INTEGER = BeforeValidator(whole_numbers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +168,7 @@ class RequestChecks:
         self._check_logprobs(request, chat)
         self._check_logit_bias(request)
         self._check_grammars(request, chat)
+        _check_min_tokens(request, chat)
         changes = {name: 0.0 for name in _ZERO_WHEN_NULL if name in request and request[name] is None}
         limit = self._token_limit(request, chat)
         if limit is not None:
@@ -165,49 +203,30 @@ class RequestChecks:
             return
         ids = []
         for key in bias:
-            try:
-                ids.append(int(key))
-            except ValueError:
+            if not (key.isascii() and key.isdigit()):
                 raise BadRequest(
                     f"logit_bias: key {key!r} is not a token id (or set logit_bias_type to 'tokens')",
                     param="logit_bias",
-                ) from None
+                )
+            ids.append(int(key))
         self._check_token_ids(ids, "logit_bias")
 
     def _check_grammars(self, request: Mapping[str, Any], chat: bool) -> None:
         grammar = request.get("grammar")
         if grammar is not None:
-            self._check_grammar(grammar, "grammar")
+            problem = grammar_problem(grammar, self._limits.vocab)
+            if problem is not None:
+                raise BadRequest(f"grammar: {problem}", param="grammar")
         if not chat:
             return
         response_format = request.get("response_format") or {}
         if response_format.get("type") == "json_object" and "schema" in response_format:
-            self._check_schema(response_format["schema"], "response_format")
-        tool = _chosen_tool(request)
-        if tool is not None:
-            self._check_schema(tool["function"]["parameters"], "tools")
-
-    def _check_schema(self, schema: Any, param: str) -> None:
-        """A JSON schema llama-cpp-python turns into a grammar (it falls back to any JSON when it
-        cannot convert one, but hands llama.cpp whatever it converted)."""
-        try:
-            grammar = LlamaGrammar.from_json_schema(json.dumps(schema), verbose=False)._grammar
-        except Exception:
-            return
-        self._check_grammar(grammar, param)
-
-    def _check_grammar(self, grammar: str, param: str) -> None:
-        vocab = self._limits.vocab
-        if vocab is None:
-            return
-        sampler = llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode("utf-8"), b"root")
-        if not sampler:
-            raise BadRequest(
-                f"{param}: llama.cpp cannot use this grammar (a syntax error, an undefined rule, left "
-                "recursion, or no 'root' rule)",
-                param=param,
-            )
-        llama_cpp.llama_sampler_free(sampler)
+            _check_schema(response_format["schema"], "response_format.schema")
+        for i, tool in enumerate(request.get("tools") or ()):
+            _check_schema(tool["function"]["parameters"], f"tools.{i}.function.parameters")
+        for i, function in enumerate(request.get("functions") or ()):
+            _check_schema(function["parameters"], f"functions.{i}.parameters")
+        _chosen_tool(request)
 
     def _token_limit(self, request: Mapping[str, Any], chat: bool) -> int | None:
         """The max_tokens to pass on when it must change (None: as it is)."""
@@ -239,9 +258,10 @@ def _refuse_constant(name: str) -> Any:
 
 
 def _validate(model: type[BaseModel], request: Mapping[str, Any]) -> None:
-    """Checked against llama-cpp-python's own request model, whose route would answer a 500."""
+    """Checked against llama-cpp-python's own request model, whose route would answer a 500; strictly,
+    as the schema documents it (`false` is no number, `"1"` no integer)."""
     try:
-        model.model_validate(request)
+        model.model_validate(whole_numbers(request), strict=True)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first.get("loc", ())) or None
@@ -249,6 +269,101 @@ def _validate(model: type[BaseModel], request: Mapping[str, Any]) -> None:
         raise BadRequest(
             f"{where or 'request'}: {first.get('msg', 'invalid value')}{more}", param=where
         ) from None
+
+
+def grammar_problem(grammar: str, vocab: Any = None) -> str | None:
+    """Why llama.cpp cannot use the GBNF `grammar` (root rule `root`), or None where it can.
+
+    `vocab`: the model's llama_vocab (None: only the nesting is checked, and a grammar made from
+    a JSON schema, which names no tokens, is parsed alone, as llama.cpp's own tests do).
+    """
+    depth = _nesting(grammar)
+    if depth > MAX_GRAMMAR_NESTING:
+        return (
+            f"the grammar nests {depth} groups deep, deeper than llama.cpp's parser is given "
+            f"({MAX_GRAMMAR_NESTING}; it recurses once a level, and a string's maxLength is a level "
+            "a character)"
+        )
+    sampler = llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode("utf-8"), b"root")
+    if not sampler:
+        return (
+            "llama.cpp cannot use this grammar (a syntax error, an undefined rule, left recursion, "
+            "no 'root' rule, or more repetition than it allows)"
+        )
+    llama_cpp.llama_sampler_free(sampler)
+    return None
+
+
+@functools.lru_cache(maxsize=256)
+def _schema_problem(schema: str) -> str | None:
+    try:
+        grammar = LlamaGrammar.from_json_schema(schema, verbose=False)._grammar
+    except Exception:
+        return None
+    return grammar_problem(grammar)
+
+
+def schema_problem(schema: Any) -> str | None:
+    """Why llama.cpp cannot use the grammar llama-cpp-python makes of the JSON schema `schema`
+    (a tool's arguments, a response format), or None: where it can, and where llama-cpp-python makes
+    none (keywords it does not support; a tool's arguments are then any JSON object)."""
+    try:
+        text = json.dumps(schema, sort_keys=True)
+    except (TypeError, ValueError):
+        return None
+    return _schema_problem(text)
+
+
+def _check_schema(schema: Any, param: str) -> None:
+    problem = schema_problem(schema)
+    if problem is not None:
+        raise BadRequest(f"{param}: {problem}", param=param)
+
+
+def _nesting(grammar: str) -> int:
+    """How deep the groups of a GBNF grammar nest (parentheses outside literals, classes, comments)."""
+    depth = deepest = 0
+    quote: str | None = None
+    i = 0
+    while i < len(grammar):
+        char = grammar[i]
+        if quote is not None:
+            if char == "\\":
+                i += 1
+            elif char == quote:
+                quote = None
+        elif char in '"[':
+            quote = "]" if char == "[" else char
+        elif char == "#":
+            end = grammar.find("\n", i)
+            i = len(grammar) if end < 0 else end
+        elif char == "(":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char == ")":
+            depth -= 1
+        i += 1
+    return deepest
+
+
+def _check_min_tokens(request: Mapping[str, Any], chat: bool) -> None:
+    """BadRequest for `min_tokens` with a grammar: llama-cpp-python holds the end of text back until
+    `min_tokens`, and where the grammar ends before, no token is left that both allow: llama.cpp
+    throws in its sampler and the server process aborts."""
+    if not request.get("min_tokens"):
+        return
+    response_format = request.get("response_format") if chat else None
+    grammars = {
+        "grammar": request.get("grammar") is not None,
+        "response_format": isinstance(response_format, dict) and response_format.get("type") == "json_object",
+        "a chosen function": chat and _chosen_tool(request) is not None,
+    }
+    given = [name for name, present in grammars.items() if present]
+    if given:
+        raise BadRequest(
+            f"min_tokens cannot be combined with {given[0]}, whose grammar may end the answer sooner",
+            param="min_tokens",
+        )
 
 
 def _chosen_tool(request: Mapping[str, Any]) -> Mapping[str, Any] | None:

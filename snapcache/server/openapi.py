@@ -1,14 +1,34 @@
-"""The server's /openapi.json says what its checks answer: a 400 in OpenAI's error format."""
+"""The server's /openapi.json says what the server does: which routes it serves, what bodies they
+accept, which answers they give, and whether they take credentials.
+
+FastAPI generates the schema from the routes' request models; `describe_api` corrects it where the
+server answers otherwise. The security schemes appear only when the server runs with an API key;
+`/v1/embeddings` is left out where the model computes none (every request to it would get a 400);
+a body the server refuses for a reason JSON Schema can state is invalid in the schema too (no
+messages, logprobs without the logits they need, two prompts, a logit_bias key that is no token
+id, min_tokens with a grammar, a scope or priority out of range, a warm request without exactly one
+text); a grammar has the `gbnf` format. Every operation documents its 400 in its API's error shape,
+and none documents a 422 where the server answers 400 instead.
+"""
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI
+from pydantic.json_schema import models_json_schema
 
-__all__ = ["document_errors"]
+from snapcache.key import MAX_SCOPE_LENGTH
+from snapcache.server.chat.chat_completions_protocol import ChatCompletionRequest
+from snapcache.server.checks import ModelLimits
 
-_ERROR_SCHEMA: dict[str, Any] = {
+__all__ = ["GRAMMAR_FORMAT", "describe_api"]
+
+Document = dict[str, Any]
+
+_ERROR_SCHEMA: Document = {
     "title": "ErrorDocument",
     "type": "object",
     "required": ["error"],
@@ -30,8 +50,17 @@ _BAD_REQUEST = {
     "description": "The request cannot be served; the message says why",
     "content": {"application/json": {"schema": _REF}},
 }
+# FastAPI's own answer to a request without the key (llama-cpp-python's check raises it).
+_UNAUTHORIZED = {
+    "description": "The API key is missing or wrong",
+    "content": {
+        "application/json": {
+            "schema": {"type": "object", "required": ["detail"], "properties": {"detail": {"type": "string"}}}
+        }
+    },
+}
 # llama-cpp-python documents a stream as one string; a client (and schemathesis) reads it as events.
-_EVENT_SCHEMA: dict[str, Any] = {
+_EVENT_SCHEMA: Document = {
     "type": "object",
     "required": ["data"],
     "properties": {"data": {"type": "string"}, "event": {"type": "string"}},
@@ -40,29 +69,350 @@ _NOT_FOUND = {
     "description": "No completion has run in this scope",
     "content": {"application/json": {"schema": _REF}},
 }
+# The end of a pattern, for JavaScript's reading and Python's alike (Python's `$` also matches before
+# a last line break, and Python-based generators write one).
+_END = "(?!\\n)$"
+# What `snapcache.key.validate_scope` takes (else a 400).
+_SCOPE: Document = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": MAX_SCOPE_LENGTH,
+    "pattern": f"^[^\\x00\\n\\r\\x1f]*{_END}",
+}
+# The one route whose body FastAPI checks (a 422); the server checks the others' itself (a 400).
+_VALIDATED_FORM = "/snapcache/warm"
+_EMBEDDINGS_PATH = "/v1/embeddings"
+_CHAT_PATH = "/v1/chat/completions"
+# The engine's Chat Completions models, named apart from the other routes' in the components.
+_WITH_TOOLS = "ChatWithTools"
+_EMPTY: Document = {"anyOf": [{"type": "null"}, {"type": "array", "maxItems": 0}]}
+# A chat the engine answers: it offers tools, or a message is a tool result or makes tool calls.
+_CHAT_WITH_TOOLS: Document = {
+    "anyOf": [
+        {"required": ["tools"], "properties": {"tools": {"type": "array", "minItems": 1}}},
+        {
+            "required": ["messages"],
+            "properties": {
+                "messages": {
+                    "type": "array",
+                    "contains": {
+                        "anyOf": [
+                            {"required": ["role"], "properties": {"role": {"const": "tool"}}},
+                            {
+                                "required": ["tool_calls"],
+                                "properties": {"tool_calls": {"type": "array", "minItems": 1}},
+                            },
+                        ]
+                    },
+                }
+            },
+        },
+    ]
+}
+# A chat llama-cpp-python's route answers: none of that.
+_PLAIN_CHAT: Document = {
+    "properties": {
+        "tools": _EMPTY,
+        "messages": {
+            "type": "array",
+            "items": {"properties": {"role": {"not": {"const": "tool"}}, "tool_calls": _EMPTY}},
+        },
+    }
+}
+# The string format of a grammar: llama.cpp's GBNF, with a `root` rule, that llama.cpp can parse.
+GRAMMAR_FORMAT = "gbnf"
+_GBNF: Document = {"type": "string", "format": GRAMMAR_FORMAT}
 
 
-def document_errors(app: FastAPI) -> None:
-    """Add the 400 of every operation that takes a body or a parameter (and /snapcache/why's 404) to
-    the schema FastAPI generates, and say what a streamed answer's events hold."""
+def describe_api(app: FastAPI, limits: ModelLimits, *, api_key: bool) -> None:
+    """Make `app.openapi()` say what the server does for the model of `limits` (see the module
+    docstring); `api_key`: whether clients must send one."""
     generate = app.openapi
 
-    def openapi() -> dict[str, Any]:
+    def openapi() -> Document:
         if app.openapi_schema is not None:
             return app.openapi_schema
         document = generate()
-        document.setdefault("components", {}).setdefault("schemas", {})["ErrorDocument"] = _ERROR_SCHEMA
-        for path, operations in document.get("paths", {}).items():
-            for method, operation in operations.items():
-                responses = operation.setdefault("responses", {})
-                if method == "post" or operation.get("parameters"):
-                    responses.setdefault("400", _BAD_REQUEST)
-                if path == "/snapcache/why":
-                    responses.setdefault("404", _NOT_FOUND)
-                for answer in responses.values():
-                    stream = answer.get("content", {}).get("text/event-stream")
-                    if stream is not None:
-                        stream["schema"] = {**stream.get("schema", {}), **_EVENT_SCHEMA}
+        _describe(document, limits, api_key=api_key)
+        app.openapi_schema = document
         return document
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _describe(document: Document, limits: ModelLimits, *, api_key: bool) -> None:
+    components = document.setdefault("components", {})
+    components.setdefault("schemas", {})["ErrorDocument"] = _ERROR_SCHEMA
+    paths: Document = document.get("paths", {})
+    if not limits.embeddings:
+        paths.pop(_EMBEDDINGS_PATH, None)
+    if not api_key:
+        components.pop("securitySchemes", None)
+    for path, operations in paths.items():
+        for method, operation in operations.items():
+            _describe_answers(path, method, operation, api_key=api_key)
+    corrected: set[int] = set()  # two paths may share one request model
+    for path, correct in _BODIES.items():
+        schema = _body_schema(document, path)
+        if schema is not None and id(schema) not in corrected:
+            corrected.add(id(schema))
+            correct(schema, limits)
+    _chat_with_tools(document)
+
+
+def _chat_with_tools(document: Document) -> None:
+    """`POST /v1/chat/completions` takes either body: llama-cpp-python's route answers a plain chat,
+    the chat engine's a chat with tools, tool calls or tool results (see
+    `snapcache.server.chat.chat_completions`), each checked by its own request model."""
+    operation = document.get("paths", {}).get(_CHAT_PATH, {}).get("post")
+    if operation is None:
+        return
+    content = operation["requestBody"]["content"]["application/json"]
+    plain = content["schema"]
+    mapping, definitions = models_json_schema(
+        [(ChatCompletionRequest, "validation")], ref_template=f"#/components/schemas/{_WITH_TOOLS}{{model}}"
+    )
+    schemas = document["components"]["schemas"]
+    for name, schema in definitions.get("$defs", {}).items():
+        schemas[_WITH_TOOLS + name] = schema
+    _as_the_engine_checks(schemas)
+    with_tools = mapping[(ChatCompletionRequest, "validation")]
+    content["schema"] = {
+        "anyOf": [
+            {"allOf": [plain, _PLAIN_CHAT]},
+            {"allOf": [with_tools, _CHAT_WITH_TOOLS]},
+        ]
+    }
+
+
+def _as_the_engine_checks(schemas: Document) -> None:
+    """What the engine's route refuses beyond its request model (each a 400)."""
+    request = schemas[_WITH_TOOLS + "ChatCompletionRequest"]["properties"]
+    request["messages"]["contains"] = {"properties": {"role": {"enum": ["user", "assistant", "tool"]}}}
+    request["n"] = {"anyOf": [{"type": "integer", "minimum": 1, "maximum": 1}, {"type": "null"}]}
+    request["logprobs"] = {"anyOf": [{"const": False}, {"type": "null"}]}
+    request["response_format"] = {
+        "anyOf": [
+            {"type": "null"},
+            {"const": "text"},
+            {"type": "object", "properties": {"type": {"enum": ["text", None]}}},
+        ],
+        "description": "Only text: with tools, the tools' grammar holds the answer.",
+    }
+    message = schemas[_WITH_TOOLS + "Message"]
+    message.setdefault("allOf", []).append(
+        {
+            "if": _given("role", {"const": "tool"}),
+            "then": {
+                "required": ["tool_call_id"],
+                "properties": {"tool_call_id": {"type": "string", "minLength": 1}},
+            },
+        }
+    )
+    schemas[_WITH_TOOLS + "ContentPart"] = {
+        "description": "Text parts, and an assistant's refusal; images, audio and files are a 400.",
+        "anyOf": [
+            {
+                "type": "object",
+                "required": ["type", "text"],
+                "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+            },
+            {
+                "type": "object",
+                "required": ["type", "refusal"],
+                "properties": {"type": {"const": "refusal"}, "refusal": {"type": "string"}},
+            },
+        ],
+    }
+
+
+def _describe_answers(path: str, method: str, operation: Document, *, api_key: bool) -> None:
+    responses: Document = operation.setdefault("responses", {})
+    if not api_key:
+        operation.pop("security", None)
+        responses.pop("401", None)
+    elif operation.get("security"):
+        responses.setdefault("401", _UNAUTHORIZED)
+    if path != _VALIDATED_FORM:
+        responses.pop("422", None)
+    if method == "post" or operation.get("parameters"):
+        responses.setdefault("400", _BAD_REQUEST)
+    if path == "/snapcache/why":
+        responses.setdefault("404", _NOT_FOUND)
+    for parameter in operation.get("parameters", ()):
+        if parameter.get("name") == "scope":
+            parameter["schema"] = {**parameter.get("schema", {}), **_SCOPE}
+    for answer in responses.values():
+        stream = answer.get("content", {}).get("text/event-stream")
+        if stream is not None:
+            stream["schema"] = {**stream.get("schema", {}), **_EVENT_SCHEMA}
+
+
+def _body_schema(document: Document, path: str) -> Document | None:
+    """The schema of the JSON body of `POST path` (the component it refers to), to correct in place."""
+    operation = document.get("paths", {}).get(path, {}).get("post")
+    if operation is None:
+        return None
+    schema = operation.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema")
+    if not isinstance(schema, dict):
+        return None
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/components/schemas/"):
+        found = document.get("components", {}).get("schemas", {}).get(ref.rsplit("/", 1)[1])
+        return found if isinstance(found, dict) else None
+    return schema
+
+
+def _require(schema: Document, name: str, **constraints: Any) -> None:
+    required = schema.setdefault("required", [])
+    if name not in required:
+        required.append(name)
+    prop = schema.get("properties", {}).get(name)
+    if prop is not None:
+        prop.pop("default", None)
+        prop.update(constraints)
+
+
+def _chat_completion(schema: Document, limits: ModelLimits) -> None:
+    _require(schema, "messages", minItems=1)
+    _grammar(schema)
+    chosen = {
+        "anyOf": [_given("function_call", {"type": "object"}), _given("tool_choice", {"type": "object"})]
+    }
+    _no_min_tokens_with_a_grammar(
+        schema,
+        [
+            _given("grammar", _GBNF),
+            _given(
+                "response_format",
+                {"type": "object", "required": ["type"], "properties": {"type": {"const": "json_object"}}},
+            ),
+            {**_given("functions", {"type": "array"}), **chosen},
+        ],
+    )
+    if not limits.logits_all:
+        allowed = {"anyOf": [{"const": False}, {"type": "null"}]}
+        _refuse(schema, "logprobs", allowed, "false or null: the model keeps no log-probabilities")
+    _token_ids_in_logit_bias(schema, limits.n_vocab)
+
+
+def _completion(schema: Document, limits: ModelLimits) -> None:
+    prompt = schema.get("properties", {}).get("prompt", {})
+    for choice in prompt.get("anyOf", ()):
+        if choice.get("type") == "array":
+            choice["maxItems"] = 1
+    if not limits.logits_all:
+        _refuse(schema, "logprobs", {"type": "null"}, "null: the model keeps no log-probabilities")
+    _token_ids_in_logit_bias(schema, limits.n_vocab)
+    _grammar(schema)
+    _no_min_tokens_with_a_grammar(schema, [_given("grammar", _GBNF)])
+
+
+def _refuse(schema: Document, name: str, allowed: Document, why: str) -> None:
+    prop = schema.get("properties", {}).get(name)
+    if prop is None:
+        return
+    kept = {key: prop[key] for key in ("title", "description") if key in prop}
+    kept["description"] = f"{kept.get('description', '')} Only {why}.".strip()
+    schema["properties"][name] = {**kept, **copy.deepcopy(allowed)}
+
+
+def _grammar(schema: Document) -> None:
+    """`grammar` is GBNF that llama.cpp parses, with a `root` rule: the format says so."""
+    grammar = schema.get("properties", {}).get("grammar")
+    for choice in (grammar or {}).get("anyOf", ()):
+        if choice.get("type") == "string":
+            choice.update(_GBNF)
+
+
+def _token_ids_in_logit_bias(schema: Document, n_vocab: int) -> None:
+    """`logit_bias` keys are token ids of the vocabulary, unless `logit_bias_type` is "tokens"."""
+    if "logit_bias" not in schema.get("properties", {}):
+        return
+    ids = {"type": "object", "propertyNames": {"pattern": _decimal_below(n_vocab)}}
+    schema.setdefault("allOf", []).append(
+        {
+            "if": _given("logit_bias_type", {"const": "tokens"}),
+            "else": {"properties": {"logit_bias": {"anyOf": [ids, {"type": "null"}]}}},
+        }
+    )
+
+
+def _no_min_tokens_with_a_grammar(schema: Document, grammars: list[Document]) -> None:
+    """`min_tokens` only 0 where a grammar is given, as each of `grammars` describes a body that
+    gives one: llama.cpp fails where a grammar ends before `min_tokens`."""
+    if "min_tokens" not in schema.get("properties", {}):
+        return
+    for condition in grammars:
+        schema.setdefault("allOf", []).append(
+            {"if": condition, "then": {"properties": {"min_tokens": {"maximum": 0}}}}
+        )
+
+
+def _given(name: str, value: Document) -> Document:
+    return {"required": [name], "properties": {name: value}}
+
+
+def _decimal_below(n: int) -> str:
+    """A pattern of the decimal numbers 0 to n - 1 (leading zeros allowed)."""
+    top = str(n - 1)
+    shorter = len(top) - 1
+    choices = ["[0-9]" if shorter == 1 else f"[0-9]{{1,{shorter}}}"] if shorter else []
+    for i, digit in enumerate(top):
+        low = 1 if i == 0 and len(top) > 1 else 0
+        high = int(digit) - 1
+        if high >= low:
+            left = len(top) - i - 1
+            rest = "" if left == 0 else "[0-9]" if left == 1 else f"[0-9]{{{left}}}"
+            choices.append(top[:i] + (str(low) if high == low else f"[{low}-{high}]") + rest)
+    choices.append(top)
+    return f"^0*({'|'.join(choices)}){_END}"
+
+
+def _warm(schema: Document, _limits: ModelLimits) -> None:
+    scope = schema.get("properties", {}).get("scope")
+    if scope is not None:
+        scope.update(_SCOPE)
+    # Exactly one of them given, not null; what `messages` warms is its leading system messages.
+    texts = ("system", "messages", "prompt")
+    given: dict[str, Document] = {
+        "system": {"type": "string"},
+        "messages": {
+            "type": "array",
+            "minItems": 1,
+            "prefixItems": [
+                {
+                    "type": "object",
+                    "required": ["role", "content"],
+                    "properties": {"role": {"enum": ["system", "developer"]}, "content": {"type": "string"}},
+                }
+            ],
+        },
+        "prompt": {"type": "string"},
+    }
+    schema["description"] = (
+        f"{schema.get('description', '')}\n\nA 400 says why where the text is too short to be worth "
+        "storing (chats with a system prompt share fewer than 64 tokens) or longer than the context."
+    ).strip()
+    schema["oneOf"] = [
+        {
+            "required": [name],
+            "properties": {other: given[name] if other == name else {"type": "null"} for other in texts},
+        }
+        for name in texts
+    ]
+
+
+def _detokenize(schema: Document, limits: ModelLimits) -> None:
+    tokens = schema.get("properties", {}).get("tokens", {}).get("items")
+    if tokens is not None:
+        tokens.update(minimum=0, maximum=limits.n_vocab - 1)
+
+
+_BODIES: dict[str, Callable[[Document, ModelLimits], None]] = {
+    _CHAT_PATH: _chat_completion,
+    "/v1/completions": _completion,
+    "/v1/engines/copilot-codex/completions": _completion,
+    "/snapcache/warm": _warm,
+    "/extras/detokenize": _detokenize,
+}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
@@ -20,11 +20,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from snapcache.errors import InvalidArgument
-from snapcache.key import DEFAULT_SCOPE
+from snapcache.key import DEFAULT_SCOPE, MAX_PRIORITY
 from snapcache.llama.hook import CacheHook
 from snapcache.llama.reports import WarmResult
 from snapcache.server.chat.rules import PromptRules
-from snapcache.server.checks import DETOKENIZE_PATH
+from snapcache.server.checks import AS_JSON_INTEGER, DETOKENIZE_PATH
 from snapcache.server.errors import error_document
 from snapcache.server.monitor import ServeMonitor
 from snapcache.server.parallel import ModelTurns, ParallelModel
@@ -36,13 +36,13 @@ class WarmRequest(BaseModel):
     """`POST /snapcache/warm`: exactly one of `system`, `messages` (their leading system messages) or
     `prompt` (raw text, as a completion prompt starts)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     system: str | None = None
     messages: list[dict[str, Any]] | None = None
     prompt: str | None = None
     scope: str = Field(default=DEFAULT_SCOPE, min_length=1, max_length=256)
-    priority: int = 0
+    priority: Annotated[int, Field(ge=-MAX_PRIORITY, le=MAX_PRIORITY), AS_JSON_INTEGER] = 0
 
 
 def snapcache_router(

@@ -16,6 +16,7 @@ from snapcache.server.chat.anthropic_protocol import (
     ConversationRequest,
     MessageParam,
     MessagesRequest,
+    NamedChoice,
     TextBlock,
     ToolResultBlock,
     ToolUseBlock,
@@ -30,6 +31,7 @@ from snapcache.server.chat.request import (
     normalized_messages,
     text_of,
 )
+from snapcache.server.checks import schema_problem
 from snapcache.server.errors import BadRequest
 
 __all__ = ["chat_request", "error_body", "error_event", "message_events", "message_of"]
@@ -64,19 +66,21 @@ def chat_request(body: ConversationRequest, scope: str) -> ChatRequest:
     for i, message in enumerate(body.messages):
         messages.extend(_messages_of(message, f"messages.{i}.content"))
     tools = tuple(
-        ToolSpec(tool.name, tool.description or "", tool.input_schema)
-        for tool in body.tools or ()
+        ToolSpec(tool.name, tool.description or "", _checked(tool.input_schema, f"tools.{i}.input_schema"))
+        for i, tool in enumerate(body.tools or ())
         if tool.input_schema is not None
     )
     left_out = [tool.name for tool in body.tools or () if tool.input_schema is None]
     if left_out:
         _log.info("/v1/messages: server tools left out of the prompt: %s", ", ".join(left_out))
     choice, parallel = "auto", True
-    if body.tool_choice is not None:
-        choice = {"auto": "auto", "any": "required", "none": "none"}.get(body.tool_choice.type, "")
-        if body.tool_choice.type == "tool":
-            choice = _named_tool(body.tool_choice.name, tools)
-        parallel = not body.tool_choice.disable_parallel_tool_use
+    given = body.tool_choice
+    if given is not None:
+        if isinstance(given, NamedChoice):
+            choice = _named_tool(given.name, tools)
+        else:
+            choice = {"auto": "auto", "any": "required", "none": "none"}[given.type]
+        parallel = not given.disable_parallel_tool_use
     extra: dict[str, Any] = {}
     if isinstance(body, MessagesRequest):
         extra = {
@@ -97,14 +101,19 @@ def chat_request(body: ConversationRequest, scope: str) -> ChatRequest:
     )
 
 
+def _checked(schema: dict[str, Any], where: str) -> dict[str, Any]:
+    problem = schema_problem(schema)
+    if problem is not None:
+        raise BadRequest(f"{where}: {problem}", param=where)
+    return schema
+
+
 def _system_text(blocks: list[TextBlock]) -> str:
     # Blocks emptied by a prompt rule (the billing header) leave no blank line behind.
     return "\n".join(block.text for block in blocks if block.text)
 
 
-def _named_tool(name: str | None, tools: tuple[ToolSpec, ...]) -> str:
-    if not name:
-        raise BadRequest("tool_choice: a choice of type 'tool' needs the tool's name", param="tool_choice")
+def _named_tool(name: str, tools: tuple[ToolSpec, ...]) -> str:
     if name not in {tool.name for tool in tools}:
         raise BadRequest(f"tool_choice: no tool named {name!r} among the tools", param="tool_choice")
     return name

@@ -1,7 +1,8 @@
 """Anthropic Messages request models: what `/v1/messages` and its `count_tokens` take.
 
 Fields the server has no use for (`thinking`, `context_management`, `output_config`, `metadata`,
-`cache_control` on blocks, ...) are accepted and ignored: every model allows extra fields.
+`cache_control` on blocks, ...) are accepted and ignored: every model allows extra fields. Values
+are taken as their JSON type says (strict: `false` is no number), as the schema documents them.
 """
 
 from __future__ import annotations
@@ -10,12 +11,16 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
+from snapcache.server.checks import AS_JSON_INTEGER
+
 __all__ = [
     "AssistantMessage",
     "ConversationRequest",
     "CountTokensRequest",
     "MessageParam",
     "MessagesRequest",
+    "ModeChoice",
+    "NamedChoice",
     "SystemMessage",
     "TextBlock",
     "ToolChoiceParam",
@@ -27,7 +32,7 @@ __all__ = [
 
 
 class _Lenient(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
 
 class TextBlock(_Lenient):
@@ -89,17 +94,33 @@ class ToolParam(_Lenient):
     input_schema: dict[str, Any] | None = None
 
 
-class ToolChoiceParam(_Lenient):
-    type: Literal["auto", "any", "tool", "none"]
-    name: str | None = None
+class ModeChoice(_Lenient):
+    """Text or a call (`auto`), a call of any tool (`any`), or no call (`none`)."""
+
+    type: Literal["auto", "any", "none"]
     disable_parallel_tool_use: StrictBool | None = None
+
+
+class NamedChoice(_Lenient):
+    """A call of the tool named, which must be among the request's tools."""
+
+    type: Literal["tool"]
+    name: str
+    disable_parallel_tool_use: StrictBool | None = None
+
+
+ToolChoiceParam = Annotated[ModeChoice | NamedChoice, Field(discriminator="type")]
 
 
 class ConversationRequest(_Lenient):
     """What a Messages request and a count_tokens request share."""
 
     model: str
-    messages: list[MessageParam] = Field(min_length=1)
+    # At least one user or assistant message: system text alone is no conversation.
+    messages: list[MessageParam] = Field(
+        min_length=1,
+        json_schema_extra={"contains": {"properties": {"role": {"enum": ["user", "assistant"]}}}},
+    )
     system: str | list[TextBlock] | None = None
     tools: list[ToolParam] | None = None
     tool_choice: ToolChoiceParam | None = None
@@ -108,11 +129,11 @@ class ConversationRequest(_Lenient):
 class MessagesRequest(ConversationRequest):
     """`POST /v1/messages`."""
 
-    max_tokens: int = Field(ge=1)
+    max_tokens: Annotated[int, Field(ge=1), AS_JSON_INTEGER]
     stop_sequences: list[str] | None = None
     temperature: float | None = Field(default=None, ge=0)
     top_p: float | None = Field(default=None, ge=0, le=1)
-    top_k: int | None = Field(default=None, ge=0)
+    top_k: Annotated[int, Field(ge=0), AS_JSON_INTEGER] | None = None
     stream: StrictBool = False
 
 

@@ -23,6 +23,7 @@ from snapcache.server.chat.request import (
     normalized_messages,
 )
 from snapcache.server.chat.responses_protocol import (
+    TEXT_PARTS,
     ContentPart,
     FunctionCallItem,
     FunctionCallOutputItem,
@@ -30,13 +31,12 @@ from snapcache.server.chat.responses_protocol import (
     InputMessage,
     ResponsesRequest,
 )
+from snapcache.server.checks import schema_problem
 from snapcache.server.errors import BadRequest, error_document
 
 __all__ = ["ResponseEvents", "chat_request", "error_body", "error_event", "response_of"]
 
 _log = logging.getLogger("snapcache")
-
-_READ_TYPES = ("input_text", "output_text", "text", "refusal")
 
 
 def error_body(status: int, message: str) -> dict[str, Any]:
@@ -64,8 +64,8 @@ def chat_request(body: ResponsesRequest, scope: str) -> ChatRequest:
         for i, item in enumerate(body.input):
             messages.extend(_messages_of(item, f"input.{i}"))
     tools = tuple(
-        ToolSpec(tool.name, tool.description or "", tool.parameters or {"type": "object"})
-        for tool in body.tools or ()
+        ToolSpec(tool.name, tool.description or "", _checked(tool.parameters, f"tools.{i}.parameters"))
+        for i, tool in enumerate(body.tools or ())
         if tool.type == "function" and tool.name
     )
     left_out = [
@@ -92,6 +92,15 @@ def chat_request(body: ResponsesRequest, scope: str) -> ChatRequest:
     )
 
 
+def _checked(schema: dict[str, Any] | None, where: str) -> dict[str, Any]:
+    if not schema:
+        return {"type": "object"}
+    problem = schema_problem(schema)
+    if problem is not None:
+        raise BadRequest(f"{where}: {problem}", param=where)
+    return schema
+
+
 def _messages_of(item: Any, where: str) -> list[ChatMessage]:
     if isinstance(item, InputMessage):
         role = "system" if item.role == "developer" else item.role
@@ -108,7 +117,7 @@ def _text(content: str | list[ContentPart], where: str) -> str:
         return content
     texts = []
     for j, part in enumerate(content):
-        if part.type not in _READ_TYPES or part.text is None:
+        if part.type not in TEXT_PARTS or part.text is None:
             raise BadRequest(
                 f"{where}.{j}: content of type {part.type!r} is not supported (text only)", param=where
             )

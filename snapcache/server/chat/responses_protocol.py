@@ -1,16 +1,20 @@
 """OpenAI Responses request models: what `/v1/responses` takes.
 
 Fields the server has no use for (`reasoning`, `include`, `prompt_cache_key`, `metadata`, `store`,
-`text`, `truncation`, ...) are accepted and ignored: every model allows extra fields.
+`text`, `truncation`, ...) are accepted and ignored: every model allows extra fields. Values are
+taken as their JSON type says (strict: `false` is no number), as the schema documents them.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
+from snapcache.server.checks import AS_JSON_INTEGER
+
 __all__ = [
+    "TEXT_PARTS",
     "ContentPart",
     "FunctionCallItem",
     "FunctionCallOutputItem",
@@ -23,11 +27,22 @@ __all__ = [
 
 
 class _Lenient(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
+
+
+TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
 
 
 class ContentPart(_Lenient):
-    """`input_text`, `output_text` (text is read); `input_image`, `input_file` and others (a 400)."""
+    """`input_text`, `output_text` (text is read); `input_image`, `input_file` and others (a 400
+    that names the part: the model takes any type, and the schema documents the text parts only)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "properties": {"type": {"enum": list(TEXT_PARTS)}, "text": {"type": "string"}},
+            "required": ["type", "text"],
+        }
+    )
 
     type: str
     text: str | None = None
@@ -60,6 +75,18 @@ class SkippedItem(_Lenient):
 
 
 InputItem = FunctionCallItem | FunctionCallOutputItem | SkippedItem | InputMessage
+# A conversation needs a turn besides system text: a user or assistant message, or a call.
+_A_TURN = {
+    "anyOf": [
+        {
+            "type": "object",
+            "required": ["role"],
+            "properties": {"role": {"enum": ["user", "assistant"]}, "type": {"const": "message"}},
+        },
+        {"type": "object", "required": ["type"], "properties": {"type": {"const": "function_call"}}},
+    ]
+}
+InputItems = Annotated[list[InputItem], Field(json_schema_extra={"contains": _A_TURN})]
 
 
 class ToolItem(_Lenient):
@@ -73,20 +100,22 @@ class ToolItem(_Lenient):
 
 
 class FunctionChoice(_Lenient):
+    """A call of the function named, which must be among the request's function tools."""
+
     type: Literal["function"]
-    name: str
+    name: str = Field(min_length=1)
 
 
 class ResponsesRequest(_Lenient):
     """`POST /v1/responses`."""
 
     model: str | None = None
-    input: str | list[InputItem]
+    input: str | InputItems
     instructions: str | None = None
     tools: list[ToolItem] | None = None
     tool_choice: Literal["auto", "none", "required"] | FunctionChoice | None = None
     parallel_tool_calls: StrictBool | None = None
-    max_output_tokens: int | None = Field(default=None, ge=1)
+    max_output_tokens: Annotated[int, Field(ge=1), AS_JSON_INTEGER] | None = None
     temperature: float | None = Field(default=None, ge=0)
     top_p: float | None = Field(default=None, ge=0, le=1)
     stream: StrictBool = False

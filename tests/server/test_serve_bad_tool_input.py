@@ -5,7 +5,8 @@ A tool result without its call; a tool whose argument schema makes a grammar lla
 (a string's `maxLength` of 50,000 is a grammar nested 50,000 groups deep, whose parsing overflowed
 the stack and killed the server; an empty `enum`, which llama.cpp refuses); `min_tokens` with a
 grammar that ends sooner (llama.cpp threw in its sampler and the process aborted); 200 tools, whose
-prompt does not fit a 2,048-token context.
+prompt does not fit a 2,048-token context. And a grammar with a repeat_penalty of 0, which made the
+batched sampler's logits NaN and its pick a token the grammar refuses (the same abort), is answered.
 """
 
 from __future__ import annotations
@@ -152,6 +153,20 @@ def test_min_tokens_with_a_grammar_is_a_400(
     with pytest.raises(openai.BadRequestError) as raised:
         complete(openai_api, path, {**extra, "min_tokens": 8})
     assert openai_error(raised)["param"] == "min_tokens"
+    still_serving(server)
+
+
+@pytest.mark.parametrize(
+    ("path", "extra"),
+    [("completions", {"grammar": "root ::= [a-z]+"}), ("chat", {"response_format": {"type": "json_object"}})],
+    ids=["completion grammar", "json response"],
+)
+def test_a_grammar_with_a_repeat_penalty_of_0_is_answered(
+    server: ServerProcess, openai_api: Any, path: str, extra: dict[str, Any]
+) -> None:
+    for _ in range(4):  # each answer drew its tokens from NaN logits, and one was enough to abort
+        answer = complete(openai_api, path, {**extra, "repeat_penalty": 0.0, "min_p": 0.0})
+        assert answer.usage.completion_tokens > 0
     still_serving(server)
 
 

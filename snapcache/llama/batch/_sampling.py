@@ -152,6 +152,10 @@ class SamplerChain:
         token = self._pick(logits, constrained=False)
         if not self._allowed(token):
             token = self._pick(logits, constrained=True)
+        if not self._allowed(token):
+            # Logits the chain made NaN (a repeat_penalty of 0 times the grammar's -inf) let it pick
+            # a token the grammar refuses, and llama.cpp aborts the process on accepting one.
+            token = self._best_allowed(logits)
         llama_cpp.llama_sampler_accept(self._grammar, token)
         llama_cpp.llama_sampler_accept(self._chain, token)
         return token
@@ -169,6 +173,19 @@ class SamplerChain:
         if not 0 <= candidates.selected < candidates.size:
             raise InvalidArgument("the grammar allows no token here")
         return int(candidates.data[candidates.selected].id)
+
+    def _best_allowed(self, logits: Any) -> int:
+        """The token of the highest logit among those the grammar allows."""
+        rows = self._rows
+        rows["id"] = self._ids
+        rows["logit"] = np.ctypeslib.as_array(logits, shape=(len(self._ids),))
+        candidates = llama_cpp.llama_token_data_array(self._candidates, len(rows), -1, False)
+        llama_cpp.llama_sampler_apply(self._grammar, ctypes.byref(candidates))
+        kept = rows[: candidates.size]
+        finite = np.isfinite(kept["logit"])
+        if not finite.any():
+            raise InvalidArgument("the grammar allows no token here")
+        return int(kept["id"][finite][np.argmax(kept["logit"][finite])])
 
     def _allowed(self, token: int) -> bool:
         one = self._one

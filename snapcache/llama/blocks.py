@@ -57,6 +57,8 @@ __all__ = [
 ]
 
 Bytes = npt.NDArray[np.uint8]
+# Lends an assembly `size` bytes to build its blob in, or None (see `Assembly`).
+Lender = Callable[[int], "Bytes | None"]
 
 RECORD_MAGIC = b"SNAPREC1"
 _RECORD_HEADER = struct.Struct("<8sIII")
@@ -85,15 +87,22 @@ class SplitState:
         """Whether caches other than the first (sliding windows) follow it."""
         return len(self.sections) > 1
 
-    def block(self, index: int) -> bytes:
-        """The rows of positions 64*index .. 64*index + 63."""
+    def block(self, index: int) -> memoryview:
+        """The rows of positions 64*index .. 64*index + 63, copied once into a read-only buffer of
+        their own (no other reference to it: a store may keep it without copying it again)."""
         start = index * BLOCK_TOKENS
         section = self.sections[0]
         pieces: list[Bytes] = [self.state[section.data_header[0] : section.data_header[1]]]
         for layer in section.layers:
             pieces.append(self.state[layer.header[0] : layer.header[1]])
             pieces.append(_cells(self.state, layer, self.n_cells, start, start + BLOCK_TOKENS))
-        return b"".join(piece.tobytes() for piece in pieces)
+        out = np.empty(sum(piece.size for piece in pieces), dtype=np.uint8)
+        at = 0
+        for piece in pieces:  # a transposed V's rows are strided: numpy copies them as a 2-D block
+            out[at : at + piece.size].reshape(piece.shape)[...] = piece
+            at += piece.size
+        out.flags.writeable = False
+        return out.data
 
     def record(self, n_tokens: int, kind: int) -> bytes:
         """The record of a restore point after `n_tokens`: the tail after its whole blocks, and the
@@ -210,7 +219,11 @@ class Assembly:
     page per layer while the other thread waited.
     """
 
-    def __init__(self, n_blocks: int, record: Record | None, *, pad_window: bool = False) -> None:
+    def __init__(
+        self, n_blocks: int, record: Record | None, *, pad_window: bool = False, into: Lender | None = None
+    ) -> None:
+        """`into`: lends the blob's memory (touched already, see `capture_buffer`), or None for new
+        memory; new memory too when it lends none."""
         if n_blocks < 1:
             raise ValueError("no blocks to assemble")
         if record is not None and record.n_blocks != n_blocks:
@@ -218,6 +231,7 @@ class Assembly:
         self.n_blocks = n_blocks
         self._record = record
         self._padded = pad_window and pads_window(record)
+        self._into = into
         self._placed = np.zeros(n_blocks, dtype=bool)
         self._layout_lock = threading.Lock()
         self._layout: _Layout | None = None
@@ -235,7 +249,7 @@ class Assembly:
         if layout is None:
             with self._layout_lock:
                 if self._layout is None:
-                    layout = _Layout.of(array, self.n_blocks, self._record, self._padded)
+                    layout = _Layout.of(array, self.n_blocks, self._record, self._padded, self._into)
                     self._shared_writes = [*layout.first_writes, *layout.later_writes()]
                     self._shared_per_block = -(-len(self._shared_writes) // self.n_blocks)
                     self._layout = layout
@@ -300,7 +314,9 @@ class _Layout:
         ]
 
     @classmethod
-    def of(cls, first: Bytes, n_blocks: int, record: Record | None, padded: bool) -> _Layout:
+    def of(
+        cls, first: Bytes, n_blocks: int, record: Record | None, padded: bool, into: Lender | None = None
+    ) -> _Layout:
         """The layout `first`, a block, sets: the blob allocated, and all but the blocks written."""
         try:
             data_header, layers, size = parse_layers(first, 0, BLOCK_TOKENS)
@@ -340,7 +356,9 @@ class _Layout:
         # Gemma-3-270M), where leaving them to the system's zero pages (until 2026-11-23) had the
         # threads fault the whole blob in 4 KiB at a time.
         later_bytes = rest.nbytes if window is None else padded_window_bytes(window)
-        view, mapping = empty_in_pieces(total + later_bytes)
+        lent = None if into is None else into(total + later_bytes)
+        # Memory lent was touched before: nothing to map, and no page faults while blocks go in.
+        view, mapping = empty_in_pieces(total + later_bytes) if lent is None else (lent, [])
         # The blob's own fields (its header, cell list, each layer's fields and the tail's rows) are
         # written after the mapping, by the threads placing blocks: the fields of each layer are in
         # a page of their own, and written here they would map the blob a page at a time on this

@@ -17,6 +17,7 @@ import numpy as np
 from snapcache.errors import SnapcacheError
 from snapcache.key import SnapshotKey, TokenArray
 from snapcache.llama.blocks import KIND_PREFIX, KIND_PROMPT_END
+from snapcache.llama.capture_buffer import capture_buffer
 from snapcache.llama.chat_prefix import common_prefix
 from snapcache.llama.checkpoints import align_down
 from snapcache.llama.reports import Source, WarmResult
@@ -87,12 +88,19 @@ class PrefixLoader:
         query = prompt
         held = int(llm.n_tokens)
         while live < len(query):
-            found = self._states.find(
-                query, scope, blocks_alone=can_truncate(llm), pad_windows=pads_windows(llm)
-            )
-            if found is None or found.snapshot.key.token_count <= live:
-                break
-            if restore_sequence(llm, found.snapshot, tokens, window_padded=found.window_padded):
+            # Assembled in the Llama's own touched buffer, which llama.cpp then copies from: free
+            # again once the restore returns (or nothing was restored).
+            loan = capture_buffer(llm).loan()
+            try:
+                found = self._states.find(
+                    query, scope, blocks_alone=can_truncate(llm), pad_windows=pads_windows(llm), into=loan
+                )
+                if found is None or found.snapshot.key.token_count <= live:
+                    break
+                restored = restore_sequence(llm, found.snapshot, tokens, window_padded=found.window_padded)
+            finally:
+                loan.release()
+            if restored:
                 if found.kind == KIND_PROMPT_END:
                     self.restored_prompt_end = found.record_key
                 return found.snapshot.key.token_count, found.source
@@ -138,9 +146,9 @@ class PrefixLoader:
             held = int(self._llm.n_tokens)
             if prompt is not None and held <= len(prompt):
                 prompt = prompt.head(held)  # the very tokens it holds: compared, not copied
-                captured = capture_sequence(self._llm, tokens=prompt.array)
+                captured = capture_sequence(self._llm, tokens=prompt.array, reuse=True)
             else:
-                captured = capture_sequence(self._llm)
+                captured = capture_sequence(self._llm, reuse=True)
             return self._states.save(captured, scope, points, blocks_upto=blocks_upto, prompt=prompt)
         except (SnapcacheError, OSError) as exc:
             _log.warning("could not save the state of %d tokens: %s", int(self._llm.n_tokens), exc)
@@ -186,7 +194,8 @@ class PrefixLoader:
             if progress is not None:
                 progress(done, total)
         self.mark_read(total)
-        captured = capture_sequence(llm, tokens=tokens)
+        captured = capture_sequence(llm, tokens=tokens, reuse=True)
+        state_bytes = captured.state.nbytes  # read before the save gives the buffer back
         point = RestorePoint(total, priority, KIND_PREFIX)
         self._states.save(captured, scope, [point], blocks_upto=total, prompt=prompt)
-        return WarmResult(key, total, captured.state.nbytes, time.perf_counter() - started, False)
+        return WarmResult(key, total, state_bytes, time.perf_counter() - started, False)

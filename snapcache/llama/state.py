@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import threading
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +31,7 @@ from snapcache.llama._state_layout import (
     parse_sections,
     read_header,
 )
+from snapcache.llama.capture_buffer import capture_buffer
 from snapcache.snapshot import Snapshot
 
 __all__ = [
@@ -54,21 +57,25 @@ _padded_restores: weakref.WeakKeyDictionary[llama_cpp.Llama, dict[int, int]] = w
 class CapturedState:
     """One sequence's state: the tokens whose KV it holds, the raw bytes, and last-token logits if kept.
 
-    `state` is a view of a buffer of its own, not copied again: a store copies what it keeps.
+    `state` is a view of a buffer of its own, not copied again: a store copies what it keeps. When
+    `release` is set, the buffer is lent (see `capture_buffer`): call it, once, when `state` is no
+    longer needed, and read `state` no more after.
     """
 
     tokens: TokenArray
     state: memoryview
     logits: npt.NDArray[np.float32] | None
+    release: Callable[[], None] | None = None
 
 
 def capture_sequence(
-    llm: llama_cpp.Llama, seq_id: int = 0, tokens: TokenArray | None = None
+    llm: llama_cpp.Llama, seq_id: int = 0, tokens: TokenArray | None = None, *, reuse: bool = False
 ) -> CapturedState:
     """Copy out the state of `seq_id`, keyed by the tokens the Llama evaluated (`input_ids[:n_tokens]`).
 
     `tokens`: those very tokens, validated by the caller (see `as_token_array`): they key the capture
-    as they are, once compared with the context's, rather than a copy of `input_ids`. Raises
+    as they are, once compared with the context's, rather than a copy of `input_ids`. `reuse`: into
+    the Llama's capture buffer (see `capture_buffer`), lent until the state's `release`. Raises
     InvalidArgument when nothing has been evaluated and ModelError when llama.cpp fails or the
     context does not hold `tokens`.
     """
@@ -88,15 +95,33 @@ def capture_sequence(
     size = int(llama_cpp.llama_state_seq_get_size_ext(llm.ctx, seq_id, _FLAGS))
     if size <= 0:
         raise ModelError(f"llama.cpp reports no state for sequence {seq_id}")
-    buffer = bytearray(size)
-    target = (ctypes.c_uint8 * size).from_buffer(buffer)
-    written = int(llama_cpp.llama_state_seq_get_data_ext(llm.ctx, target, size, seq_id, _FLAGS))
-    del target  # releases its export of `buffer`
-    if written <= 0 or written > size:
-        raise ModelError(f"llama.cpp failed to copy the state of sequence {seq_id}")
-    if tokens is None:
-        tokens = as_token_array(llm.input_ids[:n_tokens])
-    return CapturedState(tokens=tokens, state=memoryview(buffer)[:written], logits=_last_logits(llm))
+    lent = capture_buffer(llm) if reuse else None
+    buffer = np.empty(size, dtype=np.uint8) if lent is None else lent.lease(size)
+    try:
+        pointer = buffer.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
+        written = int(llama_cpp.llama_state_seq_get_data_ext(llm.ctx, pointer, size, seq_id, _FLAGS))
+        if written <= 0 or written > size:
+            raise ModelError(f"llama.cpp failed to copy the state of sequence {seq_id}")
+        if tokens is None:
+            tokens = as_token_array(llm.input_ids[:n_tokens])
+        logits = _last_logits(llm)
+    except BaseException:
+        if lent is not None:
+            lent.release()
+        raise
+    release = None if lent is None else _once(lent.release)
+    return CapturedState(tokens=tokens, state=buffer[:written].data, logits=logits, release=release)
+
+
+def _once(release: Callable[[], None]) -> Callable[[], None]:
+    """`release`, made safe to call more than once (a save's error paths may each call it)."""
+    first = threading.Lock()
+
+    def release_once() -> None:
+        if first.acquire(blocking=False):  # held for good by the first call
+            release()
+
+    return release_once
 
 
 def restore_sequence(

@@ -15,13 +15,26 @@ every longer prefix needs, are the last to be evicted.
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
 
 from snapcache.errors import SnapcacheError
 from snapcache.key import BLOCK_TOKENS, SnapshotKey, TokenArray, block_keys
-from snapcache.llama.blocks import Assembly, Record, is_record, pads_window, read_record, split_state
+from snapcache.llama.blocks import (
+    Assembly,
+    Lender,
+    Record,
+    SplitState,
+    is_record,
+    pads_window,
+    read_record,
+    split_state,
+)
 from snapcache.llama.reports import Source
 from snapcache.llama.state import CapturedState
 from snapcache.prompt_tokens import PromptTokens
@@ -44,6 +57,38 @@ class RestorePoint:
     n_tokens: int
     priority: int
     kind: int
+
+
+Logits = npt.NDArray[np.float32] | None
+
+
+@dataclass(frozen=True, slots=True)
+class _BlockPut:
+    """A block a save stores unless the store holds it already (at `priority` or higher)."""
+
+    index: int
+    key: SnapshotKey
+    tokens: TokenArray
+    priority: int
+
+
+@dataclass(frozen=True, slots=True)
+class _RecordPut:
+    """The record a save stores for one restore point."""
+
+    point: RestorePoint
+    key: SnapshotKey
+    tokens: TokenArray
+    logits: Logits
+
+
+def _releasing(job: Callable[[], None], captured: CapturedState) -> None:
+    """`job`, then the capture's buffer given back (see `CapturedState.release`), whatever happens."""
+    try:
+        job()
+    finally:
+        if captured.release is not None:
+            captured.release()
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,38 +129,77 @@ class StoredStates:
         one of fewer tokens than a block. A point before the first block's end is not stored: a
         record needs a block, and the state of those tokens alone was never captured. `prompt`:
         tokens the capture's tokens start with (or are), whose hashes and keys are taken rather
-        than computed again.
+        than computed again. The blocks are copied out and put off the caller's path (see
+        `SnapshotStore.defer`: the store answers as if they were stored already), then
+        `captured.release` is called, if set.
         """
+        try:
+            count, job = self._save_job(captured, scope, points, blocks_upto, prompt)
+            self._store.defer(functools.partial(_releasing, job, captured))
+        except BaseException:
+            if captured.release is not None:
+                captured.release()
+            raise
+        return count
+
+    def _save_job(
+        self,
+        captured: CapturedState,
+        scope: str,
+        points: Sequence[RestorePoint],
+        blocks_upto: int,
+        prompt: PromptTokens | None,
+    ) -> tuple[int, Callable[[], None]]:
+        """How many points `save` stores, and the job that stores them. The keys are made here, on
+        the caller's thread, which owns `prompt`; the job copies and puts."""
         prompt = PromptTokens.of(captured.tokens) if prompt is None else prompt.extended(captured.tokens)
         tokens, n = prompt.array, len(prompt)
         points = [p for p in points if 0 < p.n_tokens <= n]
         split = split_state(captured.state)
         if split is None or n < BLOCK_TOKENS:
             whole = [p for p in points if p.n_tokens == n]
-            for point in whole:
-                key = prompt.key(self.fingerprint, scope)
-                self._store.put(key, tokens, captured.state, point.priority, captured.logits)
-            return len(whole)
+            key = prompt.key(self.fingerprint, scope)
+            puts = [(key, tokens, captured.state, p.priority, captured.logits) for p in whole]
+            return len(whole), functools.partial(self._put_whole, puts)
         points = [p for p in points if p.n_tokens >= BLOCK_TOKENS]
         if split.windows:
             points = [p for p in points if p.n_tokens == n]  # window caches hold only their own point
         n_blocks = max([p.n_tokens for p in points] + [min(blocks_upto, n)]) // BLOCK_TOKENS
         # The keys of these very slices: a put checks each key against its slice without a hash.
         keys = prompt.block_keys(self.fingerprint, scope, n_blocks)
-        missing = []
+        blocks = []
         for i, key in enumerate(keys):
             needed = [p.priority for p in points if p.n_tokens >= (i + 1) * BLOCK_TOKENS]
             priority = max(needed) if needed else min((p.priority for p in points), default=0)
-            held = self._store.held_priority(key)
-            if held is None or held < priority:
-                missing.append((key, prompt.block(i), split.block(i), priority))
-        self._store.put_many(missing)  # queued together: one pack file for many blocks
-        for point in points:
-            prefix = prompt.prefix(point.n_tokens)
-            key = prompt.key(self.fingerprint, scope, point.n_tokens)
-            logits = captured.logits if point.n_tokens == n else None
-            self._store.put(key, prefix, split.record(point.n_tokens, point.kind), point.priority, logits)
-        return len(points)
+            blocks.append(_BlockPut(i, key, prompt.block(i), priority))
+        records = [
+            _RecordPut(
+                point,
+                prompt.key(self.fingerprint, scope, point.n_tokens),
+                prompt.prefix(point.n_tokens),
+                captured.logits if point.n_tokens == n else None,
+            )
+            for point in points
+        ]
+        return len(points), functools.partial(self._put_split, split, blocks, records)
+
+    def _put_whole(self, puts: list[tuple[SnapshotKey, TokenArray, memoryview, int, Logits]]) -> None:
+        for key, tokens, state, priority, logits in puts:
+            self._store.put(key, tokens, state, priority, logits)
+
+    def _put_split(self, split: SplitState, blocks: list[_BlockPut], records: list[_RecordPut]) -> None:
+        """The blocks the store does not hold yet (or holds at a lower priority), then the records:
+        each copied once out of the capture into a buffer the store keeps as it is."""
+        missing = []
+        for block in blocks:
+            held = self._store.held_priority(block.key)
+            if held is None or held < block.priority:
+                missing.append((block.key, block.tokens, split.block(block.index), block.priority))
+        self._store.put_many(missing, owned=True)  # queued together: one pack file for many blocks
+        for record in records:
+            point = record.point
+            state = split.record(point.n_tokens, point.kind)
+            self._store.put(record.key, record.tokens, state, point.priority, record.logits)
 
     def raise_priority(self, key: SnapshotKey, priority: int, prompt: PromptTokens | None = None) -> None:
         """Store the record (or whole state) under `key` and every block it needs at `priority`.
@@ -168,6 +252,7 @@ class StoredStates:
         blocks_alone: bool,
         pad_windows: bool = False,
         longer_than: int = 0,
+        into: Lender | None = None,
     ) -> Found | None:
         """The longest prefix of `tokens` this store can restore, assembled; None on a miss.
 
@@ -175,7 +260,7 @@ class StoredStates:
         Blocks never cover the prompt's last token, which a completion must read itself.
         `pad_windows`: assemble a sliding-window cache padded (see `blocks.assemble`).
         `longer_than`: a prefix of at most this many tokens is a miss, and is never assembled (the
-        caller holds one that long already).
+        caller holds one that long already). `into`: lends the memory to assemble in (see `Assembly`).
         """
         prompt = PromptTokens.of(tokens)
         best: Found | None = None
@@ -191,7 +276,7 @@ class StoredStates:
             snapshot, tier = found
             prompt.learn(snapshot.key, snapshot.tokens)  # the store hashed that prefix already
             # The store confirmed its tokens start the prompt: the prompt's block keys are theirs.
-            best = self._from_record(snapshot, tier, pad_windows, prompt)
+            best = self._from_record(snapshot, tier, pad_windows, prompt, into)
             if best is not None or snapshot.key.token_count <= 1:
                 break
             query = prompt.prefix(snapshot.key.token_count - 1)
@@ -200,7 +285,7 @@ class StoredStates:
             longest = max(longer_than, 0 if best is None else best.snapshot.key.token_count)
             if limit * BLOCK_TOKENS > longest:
                 try:
-                    from_blocks = self._from_blocks(prompt, scope, limit, longest)
+                    from_blocks = self._from_blocks(prompt, scope, limit, longest, into)
                 except (SnapcacheError, OSError) as exc:
                     _log.warning("block lookup failed: %s", exc)
                     from_blocks = None
@@ -214,6 +299,7 @@ class StoredStates:
         tier: TierName,
         pad_windows: bool = False,
         prompt: PromptTokens | None = None,
+        into: Lender | None = None,
     ) -> Found | None:
         if not is_record(snapshot.state):
             return Found(snapshot, tier, None, None)  # a whole state
@@ -226,7 +312,7 @@ class StoredStates:
             return None
         keys = self._block_keys(snapshot, record.n_blocks, prompt)
         padded = pad_windows and pads_window(record)
-        state, served = self._assemble(keys, record, padded)
+        state, served = self._assemble(keys, record, padded, into)
         if state is None:
             if len(served) < record.n_blocks:
                 _log.debug("record %s lacks some of its %d blocks", snapshot.key.id[:12], record.n_blocks)
@@ -244,7 +330,9 @@ class StoredStates:
             return prompt.block_keys(self.fingerprint, snapshot.key.scope, n_blocks)
         return block_keys(self.fingerprint, snapshot.key.scope, snapshot.tokens, n_blocks)
 
-    def _from_blocks(self, prompt: PromptTokens, scope: str, limit: int, longer_than: int) -> Found | None:
+    def _from_blocks(
+        self, prompt: PromptTokens, scope: str, limit: int, longer_than: int, into: Lender | None
+    ) -> Found | None:
         keys = prompt.block_keys(self.fingerprint, scope, limit)
         run = 0
         for key in keys:
@@ -253,11 +341,11 @@ class StoredStates:
             run += 1
         if run * BLOCK_TOKENS <= longer_than:
             return None
-        state, served = self._assemble(keys[:run], None)
+        state, served = self._assemble(keys[:run], None, into=into)
         if state is None and 0 < len(served) < run and len(served) * BLOCK_TOKENS > longer_than:
             # A block failed to read: the run before it, in a blob of its own size.
             run = len(served)
-            state, served = self._assemble(keys[:run], None)
+            state, served = self._assemble(keys[:run], None, into=into)
         if state is None:
             return None
         prefix = prompt.prefix(run * BLOCK_TOKENS)
@@ -265,13 +353,17 @@ class StoredStates:
         return Found(Snapshot(key, prefix, state), slowest(served, "ram"), None, None)
 
     def _assemble(
-        self, keys: Sequence[SnapshotKey], record: Record | None, pad_window: bool = False
+        self,
+        keys: Sequence[SnapshotKey],
+        record: Record | None,
+        pad_window: bool = False,
+        into: Lender | None = None,
     ) -> tuple[memoryview | None, list[TierName]]:
         """The blob of the blocks of `keys` and `record`, each copied in as the store hands it over,
         and the tiers that served the blocks. The blob is None unless every block was served (the
         tiers then say how many were), or when the store fails or the pieces do not fit together."""
         try:
-            assembly = Assembly(len(keys), record, pad_window=pad_window)
+            assembly = Assembly(len(keys), record, pad_window=pad_window, into=into)
             served = self._store.copy_blocks(keys, assembly.place)
             if len(served) < len(keys):
                 return None, served

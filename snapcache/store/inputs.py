@@ -74,14 +74,20 @@ def resolve_remote(remote: _R) -> _R | str | None:
     return remote
 
 
-def copy_state(state: Buffer) -> bytes:
-    """One copy of the caller's buffer: callers reuse theirs."""
+def copy_state(state: Buffer, *, owned: bool = False) -> bytes | memoryview:
+    """One copy of the caller's buffer, since callers reuse theirs; kept as it is when `owned` (the
+    caller handed it over) or `bytes` (nobody can write them): a save that built its buffers need
+    not pay for a second copy."""
     try:
         view = memoryview(state)
     except TypeError:
         raise InvalidArgument(f"state_bytes must be bytes-like, got {type(state).__name__}") from None
     if view.nbytes == 0:
         raise InvalidArgument("state_bytes is empty")
+    if type(state) is bytes:  # exactly bytes: a subclass may carry a mutable buffer of its own
+        return state
+    if owned and view.c_contiguous:
+        return view.cast("B") if view.format != "B" or view.ndim != 1 else view
     return view.tobytes()
 
 

@@ -119,15 +119,19 @@ def snapshot_to_put(
     priority: int,
     logits: npt.ArrayLike | None,
     created_at: float,
+    *,
+    owned: bool = False,
 ) -> Snapshot:
-    """A put's arguments checked and copied into the snapshot to store."""
+    """A put's arguments checked and copied into the snapshot to store (the state kept as it is
+    when `owned`: see `copy_state`)."""
     if not isinstance(key, SnapshotKey):
         raise InvalidArgument(f"key must be a SnapshotKey, got {type(key).__name__}")
     priority = validate_priority(priority)
     array = as_token_array(tokens)
     if not key.matches(array):
         raise KeyMismatch(f"the {len(array)} tokens given do not hash to the key")
-    return Snapshot(key, array, copy_state(state_bytes), copy_logits(logits), priority, created_at)
+    state = copy_state(state_bytes, owned=owned)
+    return Snapshot(key, array, state, copy_logits(logits), priority, created_at)
 
 
 def packs_of(snapshots: list[Snapshot]) -> Iterator[list[Snapshot]]:

@@ -38,6 +38,7 @@ from snapcache.key import (
 from snapcache.snapshot import Buffer, Snapshot
 from snapcache.store.catalogs import DiskCatalogs
 from snapcache.store.closing import close_tiers, flush_tiers
+from snapcache.store.deferred_puts import DeferredPuts
 from snapcache.store.inputs import DEFAULT_DIRECTORY, Default, check_block_keys, check_key
 from snapcache.store.listing import disk_figures, follow_disk, local_entries
 from snapcache.store.local_puts import LocalPuts, put_everywhere, snapshot_to_put
@@ -151,6 +152,7 @@ class SnapshotStore:
         )
         # With a disk and a remote tier, a put is compressed once for both.
         self._payloads = share_payloads(self._disk, self._remote)
+        self._deferred = DeferredPuts(background=background_writes)
         close_at_exit(self)
 
     # -- public API ---------------------------------------------------------------------------------
@@ -191,31 +193,49 @@ class SnapshotStore:
         state_bytes: Buffer,
         priority: int = 0,
         logits: npt.ArrayLike | None = None,
+        *,
+        owned: bool = False,
     ) -> Snapshot | None:
         """Store a copy of `state_bytes` under `key`; None if no tier keeps it.
+
+        `owned`: the caller hands `state_bytes` over and never writes it again, so the store keeps it
+        without a copy (so it does `bytes`, which nobody can write).
 
         With background writes, a snapshot RAM does not keep is handed to the disk writer and
         returned; should the disk refuse it too, it is dropped then with a logged warning.
         Raises KeyMismatch when `tokens` do not hash to `key`.
         """
-        snapshot = snapshot_to_put(key, tokens, state_bytes, priority, logits, time.time())
+        snapshot = snapshot_to_put(key, tokens, state_bytes, priority, logits, time.time(), owned=owned)
         self._check_open()
         return put_everywhere(self._puts, [snapshot], self._remote, self._payloads)[0]
 
-    def put_many(self, items: Sequence[tuple[SnapshotKey, Tokens, Buffer, int]]) -> list[Snapshot | None]:
-        """`put(key, tokens, state_bytes, priority)` of each of `items`, queued for the disk together:
-        the blocks of one save then go into one pack file (up to 64 blocks or 16 MiB each).
+    def put_many(
+        self, items: Sequence[tuple[SnapshotKey, Tokens, Buffer, int]], *, owned: bool = False
+    ) -> list[Snapshot | None]:
+        """`put(key, tokens, state_bytes, priority, owned=owned)` of each of `items`, queued for the
+        disk together: the blocks of one save then go into one pack file (up to 64 blocks or 16 MiB
+        each).
 
         Each item is dated a microsecond before the one before it, so that the first count as the
         most recently used (as a restore records a prompt's blocks): a prompt's last blocks are
         evicted first."""
         now = time.time()
         snapshots = [
-            snapshot_to_put(key, tokens, state_bytes, priority, None, now - i * 1e-6)
+            snapshot_to_put(key, tokens, state_bytes, priority, None, now - i * 1e-6, owned=owned)
             for i, (key, tokens, state_bytes, priority) in enumerate(items)
         ]
         self._check_open()
         return put_everywhere(self._puts, snapshots, self._remote, self._payloads)
+
+    def defer(self, job: Callable[[], object]) -> None:
+        """Run `job`, which makes puts into this store, off the caller's path: on the store's own
+        thread, after the jobs deferred before it; now with `background_writes=False`.
+
+        Every other call of the store waits for the jobs deferred before it, so the store answers as
+        if `job` had run here: a save hands over the copying of a capture it owns and returns. A job
+        that raises is logged; a process that dies first loses it like a write in flight."""
+        self._check_open()
+        self._deferred.add(job)
 
     def get(self, key: SnapshotKey) -> Snapshot | None:
         """The snapshot stored under exactly `key` (RAM first, then disk), or None."""
@@ -260,6 +280,7 @@ class SnapshotStore:
     def touch_blocks(self, keys: list[SnapshotKey]) -> None:
         """Record a use of the blocks `get_blocks` served, the first of `keys` as the most recent (so
         that the first blocks of a prompt, which every longer prefix needs, are evicted last)."""
+        self._deferred.wait()
         self._reads.touch_blocks(keys)
 
     def stored_tokens(self, key: SnapshotKey) -> TokenArray | None:
@@ -314,6 +335,7 @@ class SnapshotStore:
 
     def stats(self) -> StoreStats:
         """Hit and miss counters and what each tier holds now."""
+        self._deferred.wait()
         figures = disk_figures(None if self._closed else self._disk)
         with self._lock:
             pending = 0 if self._writes is None else self._writes.outside_ram_bytes()
@@ -322,6 +344,7 @@ class SnapshotStore:
     def flush(self) -> None:
         """Wait until every write queued so far has reached the disk and the remote tier, and every
         use recorded so far the disk index (or failed with a warning)."""
+        self._deferred.wait()
         flush_tiers(writes=self._writes, uses=self._uses, remote=self._remote)
 
     def remote_stats(self) -> RemoteStats | None:
@@ -352,6 +375,7 @@ class SnapshotStore:
         Once closed, no get or lookup promotes into RAM: what RAM holds at the final write-out is
         what it held when close began, less evictions already queued as writes.
         """
+        self._deferred.stop()  # its puts land before the store closes to them
         with self._lock:
             if self._closed:
                 return
@@ -390,6 +414,8 @@ class SnapshotStore:
         follow_disk(change, self._lock, self._catalogs, self._memory)
 
     def _check_open(self) -> None:
+        """The store still open, once the puts deferred before this call are done (see `defer`)."""
+        self._deferred.wait()
         if self._closed:
             raise StoreUnavailable("the store is closed")
 

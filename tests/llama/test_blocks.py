@@ -5,12 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from chat_support import GREEDY, N_CTX, SYSTEM, chat, chat_reply, context_of
 
 from snapcache.key import BLOCK_TOKENS, SnapshotKey, as_token_array, block_keys
 from snapcache.llama.blocks import KIND_PROMPT_END, Assembly, assemble, read_record, split_state
 from snapcache.llama.cached import CachedLlama
+from snapcache.llama.capture_buffer import CaptureBuffer
 from snapcache.llama.state import capture_sequence
 from snapcache.store import SnapshotStore
 
@@ -459,3 +461,28 @@ def test_a_prefix_no_longer_than_the_one_held_is_a_miss_and_never_assembled(
     assert found is not None
     assert found.snapshot.key.token_count == 192
     assert assembled == [3]
+
+
+def test_an_assembly_builds_its_blob_in_the_buffer_lent_to_it(make_llama, tiny_model_path):
+    llm = make_llama(tiny_model_path, n_ctx=N_CTX)
+    tokens = llm.tokenize(RAW.encode())[:700]
+    llm.eval(tokens[:330])
+    captured = capture_sequence(llm).state
+    split = split_state(captured)
+    assert split is not None
+    blocks = [split.block(i) for i in range(330 // BLOCK_TOKENS)]
+    record = read_record(split.record(330, KIND_PROMPT_END))
+    buffer = CaptureBuffer()
+    buffer.lease(1 << 20)[:] = 0xAB  # an earlier capture's bytes: every one is written over
+    buffer.release()
+    loan = buffer.loan()
+    assembly = Assembly(len(blocks), record, into=loan)
+    for i, block in enumerate(blocks):
+        assembly.place(i, block)
+    blob = np.frombuffer(assembly.finish(), dtype=np.uint8)
+    assert bytes(blob) == bytes(captured)
+    assert np.shares_memory(blob, buffer._array)
+    assert loan(100) is None  # lent once: a second assembly of the same restore gets new memory
+    loan.release()
+    buffer.lease(10).fill(0)  # free again
+    buffer.release()

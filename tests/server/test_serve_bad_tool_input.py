@@ -116,6 +116,17 @@ def test_a_tool_schema_llama_cpp_cannot_take_is_a_400_in_both_dialects(
     error = openai_error(raised)
     assert (error["param"], expected in error["message"]) == ("tools.1.parameters", True), error
 
+    chat_tools = [
+        {"type": "function", "function": {"name": t["name"], "parameters": t["input_schema"]}} for t in tools
+    ]
+    with pytest.raises(openai.BadRequestError) as raised:
+        openai_api.chat.completions.create(
+            model="m", messages=QUESTION, tools=chat_tools, max_tokens=4, stream=stream
+        )
+    error = openai_error(raised)
+    assert error["param"] == "tools.1.function.parameters", error
+    assert expected in error["message"]
+
     still_serving(server)
 
 

@@ -31,6 +31,7 @@ from snapcache.server.chat.request import (
     arguments_text,
     normalized_messages,
 )
+from snapcache.server.checks import schema_problem
 from snapcache.server.errors import BadRequest, error_document
 
 __all__ = [
@@ -155,7 +156,7 @@ def _text(content: str | list[ContentPart] | None, where: str) -> str:
 def _tools_of(body: ChatCompletionRequest) -> tuple[ToolSpec, ...]:
     tools: list[ToolSpec] = []
     left_out: list[str] = []
-    for tool in body.tools or ():
+    for i, tool in enumerate(body.tools or ()):
         function = tool.function
         if tool.type != "function" or function is None:
             left_out.append(tool.type)
@@ -163,6 +164,10 @@ def _tools_of(body: ChatCompletionRequest) -> tuple[ToolSpec, ...]:
         if any(known.name == function.name for known in tools):
             raise BadRequest(f"tools: two functions are named {function.name!r}", param="tools")
         parameters = function.parameters or {"type": "object"}
+        problem = schema_problem(parameters)  # llama.cpp's grammar parser would crash on some
+        if problem is not None:
+            where = f"tools.{i}.function.parameters"
+            raise BadRequest(f"{where}: {problem}", param=where)
         tools.append(ToolSpec(function.name, function.description or "", parameters))
     if left_out:
         _log.info("/v1/chat/completions: tools other than functions left out: %s", ", ".join(left_out))

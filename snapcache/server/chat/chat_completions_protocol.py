@@ -1,16 +1,18 @@
 """OpenAI Chat Completions request models: what `/v1/chat/completions` takes when the engine answers.
 
-Every model allows extra fields: what the server has no use for (`user`, `metadata`, `store`,
+Fields are taken as their JSON type says (strict: `false` is no number; 2.0 is an integer, as in
+JSON Schema). Every model allows extra fields: what the server has no use for (`user`, `metadata`, `store`,
 `service_tier`, `prompt_cache_key`, `top_logprobs`, ...) is accepted and ignored. `parsed` turns a
 body into a request or a BadRequest that names the first field at fault.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
+from snapcache.server.checks import AS_JSON_INTEGER
 from snapcache.server.errors import BadRequest
 
 __all__ = [
@@ -28,7 +30,8 @@ __all__ = [
 
 
 class _Lenient(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    # Strict, as the schema documents the fields (`true` is no number), ints read as JSON's integer.
+    model_config = ConfigDict(extra="allow", strict=True)
 
 
 class ContentPart(_Lenient):
@@ -95,14 +98,14 @@ class ChatCompletionRequest(_Lenient):
     tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: StrictBool | None = None
     # As for plain chats on this route: a max_tokens of 0 or less sets no limit (the server's cap).
-    max_tokens: StrictInt | None = None
-    max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
+    max_tokens: Annotated[int, AS_JSON_INTEGER] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1), AS_JSON_INTEGER] | None = None
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, ge=0, le=1)
-    top_k: StrictInt | None = Field(default=None, ge=0)
+    top_k: Annotated[int, Field(ge=0), AS_JSON_INTEGER] | None = None
     stop: str | list[str] | None = None
-    seed: StrictInt | None = None
-    n: StrictInt | None = Field(default=None, ge=1)
+    seed: Annotated[int, AS_JSON_INTEGER] | None = None
+    n: Annotated[int, Field(ge=1), AS_JSON_INTEGER] | None = None
     logprobs: StrictBool | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None

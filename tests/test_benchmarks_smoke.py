@@ -406,7 +406,7 @@ def test_agents_vs_llama_server_quick(tmp_path: Path, gemma_model_path: Path) ->
             opening = s["opening"]
             assert opening["tools"] > 0, opening
             assert opening["prompt_tokens"] > 1_000, opening
-            assert 0 < opening["first_output_s"] <= opening["total_s"], opening
+            assert 0 < opening["first_event_s"] <= opening["first_output_s"] <= opening["total_s"], opening
             # The server's counters and its answers' usage fields count the same tokens.
             assert s["answers_usage"] == s["server_counters"], s
         # Session 2 (a new process) and session 3 (after the restart) restore their prompts.

@@ -52,7 +52,9 @@ import http.client
 import json
 import os
 import re
+import select
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -178,12 +180,14 @@ class Exchange:
     method: str
     path: str
     request: Any
-    status: int = 0
+    arrived: float  # time.perf_counter() when the proxy had the whole request
+    status: int = 0  # 0: no answer (the agent closed the request first, or the server failed)
     streamed: bool = False
     # From the request's arrival at the proxy: to the first streamed event (both servers send it once
     # the prompt is read: the first token), and to the first that carries generated output.
     first_event_s: float | None = None
     first_output_s: float | None = None
+    closed_by_agent_s: float | None = None  # the agent closed the request, this long after sending it
     total_s: float = 0.0
     usage: dict[str, Any] = field(default_factory=dict)
     answer: bytes = b""
@@ -223,11 +227,12 @@ class Exchange:
             return int(usage["prompt_tokens"]), int(details.get("cached_tokens") or 0)
         return None
 
-    def record(self) -> dict[str, Any]:
+    def record(self, session_start: float) -> dict[str, Any]:
         tokens = self.prompt_tokens()
-        return {"method": self.method, "path": self.path, "status": self.status, "streamed": self.streamed,
-                "tools": self.tools, "max_tokens": self.max_tokens, "first_event_s": self.first_event_s,
-                "first_output_s": self.first_output_s,
+        return {"method": self.method, "path": self.path, "sent_s": self.arrived - session_start,
+                "status": self.status, "streamed": self.streamed, "tools": self.tools,
+                "max_tokens": self.max_tokens, "first_event_s": self.first_event_s,
+                "first_output_s": self.first_output_s, "closed_by_agent_s": self.closed_by_agent_s,
                 "total_s": self.total_s, "prompt_tokens": tokens[0] if tokens else None,
                 "restored_tokens": tokens[1] if tokens else None}
 
@@ -313,10 +318,14 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             document: Any = json.loads(body) if body else None
         except ValueError:
             document = body[:2000]
-        exchange = Exchange(self.command, self.path, document)
+        exchange = Exchange(self.command, self.path, document, arrived=started)
         headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
         upstream = http.client.HTTPConnection("127.0.0.1", self.server.upstream_port,
                                               timeout=self.server.upstream_timeout)
+        forwarding = threading.Event()
+        watcher = threading.Thread(target=self._watch_agent, args=(upstream, exchange, forwarding),
+                                   daemon=True)
+        watcher.start()
         kept = bytearray()
         pending = b""
         try:
@@ -329,28 +338,30 @@ class _ProxyHandler(BaseHTTPRequestHandler):
                 if key.lower() not in _HOP_BY_HOP | {"content-length", "date", "server"}:
                     self.send_header(key, value)
             self.send_header("Transfer-Encoding", "chunked")
-            self.end_headers()
+            self._to_agent(exchange, None)
             while chunk := answer.read1(65536):
                 kept += chunk
                 if exchange.streamed:
                     pending += chunk
                     *lines, pending = pending.split(b"\n")
-                    self._read_events(exchange, lines, started)
-                self.wfile.write(b"%X\r\n%s\r\n" % (len(chunk), chunk))
-                self.wfile.flush()
-            self.wfile.write(b"0\r\n\r\n")
-            self.wfile.flush()
+                    self._read_events(exchange, lines)
+                self._to_agent(exchange, b"%X\r\n%s\r\n" % (len(chunk), chunk))
+            self._to_agent(exchange, b"0\r\n\r\n")
         except OSError as exc:
             kept += f"\n[proxy: {exc!r}]".encode()
-            if exchange.status == 0:
+            if exchange.closed_by_agent_s is not None:
+                self.close_connection = True
+            elif exchange.status == 0:
                 exchange.status = 502
                 with contextlib.suppress(OSError):
                     self.send_error(502, repr(exc))
         finally:
+            forwarding.set()
+            watcher.join()
             upstream.close()
             exchange.total_s = time.perf_counter() - started
             exchange.answer = bytes(kept)
-            if not exchange.streamed:
+            if not exchange.streamed and exchange.status == 200 and exchange.closed_by_agent_s is None:
                 exchange.first_event_s = exchange.first_output_s = exchange.total_s
                 with contextlib.suppress(ValueError):
                     whole = json.loads(kept)
@@ -359,8 +370,40 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             with self.server.lock:
                 self.server.exchanges.append(exchange)
 
+    def _to_agent(self, exchange: Exchange, data: bytes | None) -> None:
+        """Send `data` (None: the headers) to the agent; a failure means that it closed the request."""
+        try:
+            if data is None:
+                self.end_headers()
+            else:
+                self.wfile.write(data)
+                self.wfile.flush()
+        except OSError:
+            if exchange.closed_by_agent_s is None:
+                exchange.closed_by_agent_s = time.perf_counter() - exchange.arrived
+            raise
+
+    def _watch_agent(self, upstream: http.client.HTTPConnection, exchange: Exchange,
+                     forwarding: threading.Event) -> None:
+        """Close the connection to the server once the agent closes its own, as a direct connection
+        would be closed (an agent gives up on a slow request: Claude Code after 5 minutes)."""
+        while not forwarding.wait(0.2):
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            if not readable:
+                continue
+            try:
+                gone = not self.connection.recv(1, socket.MSG_PEEK)
+            except OSError:
+                gone = True
+            if gone:
+                exchange.closed_by_agent_s = time.perf_counter() - exchange.arrived
+                if upstream.sock is not None:
+                    with contextlib.suppress(OSError):
+                        upstream.sock.shutdown(socket.SHUT_RDWR)
+                return
+
     @staticmethod
-    def _read_events(exchange: Exchange, lines: list[bytes], started: float) -> None:
+    def _read_events(exchange: Exchange, lines: list[bytes]) -> None:
         for line in lines:
             if not line.startswith(b"data: {"):
                 continue
@@ -369,9 +412,9 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             except ValueError:
                 continue
             if exchange.first_event_s is None:
-                exchange.first_event_s = time.perf_counter() - started
+                exchange.first_event_s = time.perf_counter() - exchange.arrived
             if exchange.first_output_s is None and _is_output(event):
-                exchange.first_output_s = time.perf_counter() - started
+                exchange.first_output_s = time.perf_counter() - exchange.arrived
             usage = _usage_in(event)
             if usage:
                 exchange.usage.update({k: v for k, v in usage.items() if v is not None})
@@ -460,6 +503,7 @@ class Session:
     server: str
     agent: str
     number: int
+    started: float  # time.perf_counter() when the agent process started
     wall_s: float
     exit_code: int
     round_trip: bool
@@ -476,8 +520,15 @@ class Session:
         completions = self.completions()
         return next((e for e in completions if e.tools), completions[0] if completions else None)
 
-    def answered(self) -> tuple[int, int]:
-        return sum(e.status == 200 for e in self.exchanges), len(self.exchanges)
+    def answered(self) -> tuple[int, int, int]:
+        """Requests answered 200, closed by the agent before their answer ended, and sent."""
+        closed = sum(e.closed_by_agent_s is not None for e in self.exchanges)
+        return sum(e.status == 200 for e in self.exchanges) - closed, closed, len(self.exchanges)
+
+    def prompt_size(self) -> int | None:
+        """The prompt tokens of the first request with the agent's tools that was answered."""
+        sizes = [t[0] for t in (e.prompt_tokens() for e in self.completions() if e.tools) if t]
+        return sizes[0] if sizes else None
 
     def answers_usage(self) -> tuple[int, int] | None:
         """(prompt tokens, restored) over the session's answers, from their usage fields."""
@@ -498,8 +549,8 @@ class Session:
             "agent_usage": list(self.agent_usage) if self.agent_usage else None,
             "server_counters": list(self.counted), "answers_usage": self.answers_usage(),
             "fresh_share": self.fresh_share(),
-            "opening": opening.record() if opening else None,
-            "requests": [e.record() for e in self.exchanges],
+            "opening": opening.record(self.started) if opening else None,
+            "requests": [e.record(self.started) for e in self.exchanges],
         }
 
 
@@ -683,17 +734,17 @@ def run_agent_on_server(kind: ServerKind, agent: Agent, model: Path, workdir: Pa
             exchanges = proxy.since(mark)
             after = server_counters(kind, server.base)
             counted = (after[0] - before[0], after[1] - before[1])
-            answered = all(e.status == 200 for e in exchanges) and bool(exchanges)
-            session = Session(kind.key, agent.kind.key, number, wall, done.exit_code,
+            # A request the agent gave up on is the agent's doing; every other one must be answered.
+            answered = bool(exchanges) and all(e.status == 200 or e.closed_by_agent_s is not None
+                                               for e in exchanges)
+            session = Session(kind.key, agent.kind.key, number, started, wall, done.exit_code,
                               done.round_trip and answered, done.error, done.usage, counted, exchanges)
             sessions.append(session)
             _keep_session(home, session, done)
             opening = session.opening()
             say(f"{kind.key} / {agent.kind.key}: session {number}: {wall:.1f} s, exit {done.exit_code}, "
-                f"{session.answered()[0]}/{session.answered()[1]} answered, prompt "
-                f"{counted[0]:,} tokens, {counted[1]:,} restored; first token "
-                f"{fmt_seconds(opening.first_event_s if opening else None)}"
-                + (f"; {done.error}" if done.error else ""))
+                f"{_answered(session)} answered, prompt {counted[0]:,} tokens, {counted[1]:,} restored; "
+                f"first token {_first_cell(opening)}" + (f"; {done.error}" if done.error else ""))
     finally:
         proxy.shutdown()
         proxy.server_close()
@@ -709,12 +760,27 @@ def _keep_session(home: Path, session: Session, done: AgentRun) -> None:
     with stem.with_suffix(".exchanges.jsonl").open("w", encoding="utf-8") as out:
         for e in session.exchanges:
             request = e.request.decode(errors="replace") if isinstance(e.request, bytes) else e.request
-            line = {**e.record(), "usage": e.usage, "request": request,
+            line = {**e.record(session.started), "usage": e.usage, "request": request,
                     "answer": e.answer.decode(errors="replace")}
             out.write(json.dumps(line) + "\n")
 
 
 # -- tables -----------------------------------------------------------------------------------------------
+
+
+def _first_cell(exchange: Exchange | None, output: bool = False) -> str:
+    """Seconds to the request's first token (or output); '> N s' where the agent gave up first."""
+    if exchange is None:
+        return "-"
+    seconds = exchange.first_output_s if output else exchange.first_event_s
+    if seconds is None and exchange.closed_by_agent_s is not None:
+        return f"> {fmt_seconds(exchange.closed_by_agent_s)}"
+    return fmt_seconds(seconds)
+
+
+def _answered(session: Session) -> str:
+    answered, closed, sent = session.answered()
+    return f"{answered}/{sent}" + (f" ({closed} closed by the agent)" if closed else "")
 
 
 def _tokens(pair: tuple[int, int] | None) -> str:
@@ -748,23 +814,23 @@ def build_tables(sessions: list[Session], agents: list[Agent], model_name: str, 
     for agent in agents:
         for server in servers:
             for s in (s for s in sessions if s.agent == agent.kind.key and s.server == server):
-                opening = s.opening()
-                prompt = opening.prompt_tokens() if opening else None
-                answered, sent = s.answered()
+                opening, prompt = s.opening(), s.prompt_size()
                 main.add(agent.kind.label, SERVERS_BY_KEY[server].label, str(s.number), fmt_seconds(s.wall_s),
-                         _result(s), f"{answered}/{sent}", str(opening.tools) if opening else "-",
-                         f"{prompt[0]:,}" if prompt else "-",
-                         fmt_seconds(opening.first_event_s if opening else None),
-                         fmt_seconds(opening.first_output_s if opening else None),
-                         _tokens(s.counted), _share(s))
+                         _result(s), _answered(s), str(opening.tools) if opening else "-",
+                         f"{prompt:,}" if prompt else "-", _first_cell(opening),
+                         _first_cell(opening, output=True), _tokens(s.counted), _share(s))
     main.notes.extend([
         "wall: the agent process, start to exit; answered: the session's requests answered 200 / sent",
-        "tools, prompt tokens, first token, first output: the session's first request that carries the "
-        "agent's tools (as its answer's usage counts the prompt); from the proxy receiving that request to "
-        "the first streamed event, which both servers send once the prompt is read (snapcache serve: "
+        "tools, first token, first output: of the session's first request that carries the agent's tools, "
+        "the time from the proxy receiving it to the first streamed event, which both servers send once the "
+        "prompt is read (snapcache serve: "
         "message_start, response.created or the role chunk; llama-server: with its first generated "
         "token), and to the first event that carries generated text or tool-call arguments (later where "
-        "a server holds text back until it knows whether it is a tool call)",
+        "a server holds text back until it knows whether it is a tool call); prompt tokens: of the first "
+        "such request answered, as its answer's usage counts them",
+        "> N s: the agent closed the request after N s without a token (Claude Code gives up on a request "
+        "after 5 minutes and sends it again); the proxy then closes its connection to the server too, as "
+        "a direct connection would be closed",
         "tokens afresh / restored, afresh: all the session's requests, by the server's own counters "
         "(snapcache: /snapcache/stats; llama-server: /metrics prompt_tokens_total and "
         "prompt_tokens_cached_total)",
@@ -805,19 +871,23 @@ def build_tables(sessions: list[Session], agents: list[Agent], model_name: str, 
                 continue
             later = [s for s in mine if s.number > 1]
             shares = [share for share in (s.fresh_share() for s in later) if share is not None]
-            firsts = [o.first_event_s for o in (s.opening() for s in later) if o and o.first_event_s]
+            # The time to the first token, or when the agent gave up on the request without one.
+            firsts = [(o.first_event_s or o.closed_by_agent_s or 0.0, o.first_event_s is None)
+                      for o in (s.opening() for s in later) if o]
             cold = mine[0].opening()
-            sizes = [p[0] for p in (o.prompt_tokens() for o in (s.opening() for s in mine) if o) if p]
+            sizes = [size for size in (s.prompt_size() for s in mine) if size]
             worst_share = f"{max(shares):.1%}" if shares else "-"
             if shares:
                 worst_share += " met" if max(shares) <= FRESH_SHARE_TARGET else " missed"
-            worst_first = fmt_seconds(max(firsts)) if firsts else "-"
+            worst_first = "-"
             if firsts:
-                worst_first += " met" if max(firsts) <= FIRST_TOKEN_TARGET_S else " missed"
+                seconds, bound = max(firsts)
+                met = not bound and seconds <= FIRST_TOKEN_TARGET_S
+                worst_first = f"{'> ' if bound else ''}{fmt_seconds(seconds)} {'met' if met else 'missed'}"
             targets.add(agent.kind.label, SERVERS_BY_KEY[server].label,
                         f"{sum(s.round_trip for s in mine)} of {len(mine)}",
                         f"{min(sizes):,}-{max(sizes):,}" if sizes else "-", worst_share,
-                        fmt_seconds(cold.first_event_s if cold else None), worst_first)
+                        _first_cell(cold), worst_first)
     targets.notes.append("afresh and first token: the worst of sessions 2 and 3; prompt tokens: the first "
                          "request of each session, least to most (llama-server renders no tools for Gemma)")
     return [main, usage, targets]

@@ -287,6 +287,11 @@ class TimingProxy(ThreadingHTTPServer):
         with self.lock:
             return self.exchanges[start:]
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # An agent that drops a kept-alive connection between requests is no error of anyone's.
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
 
 class _ProxyHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"

@@ -56,6 +56,10 @@ class Completion:
     generated: int = 0
     last_token: int | None = None
     read_seconds: float | None = None
+    cancelled: bool = False  # its reader is gone: generation ends at the next token
+
+    def cancel(self) -> None:
+        self.cancelled = True
 
 
 @dataclass(frozen=True, slots=True)

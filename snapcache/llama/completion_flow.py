@@ -4,9 +4,10 @@ exhausted or closed), and the restored tokens reported in the result's usage."""
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Generator, Iterator, Sequence
+from contextlib import contextmanager, suppress
 from typing import Any
 
 import llama_cpp
@@ -14,6 +15,7 @@ import llama_cpp
 from snapcache.llama.chat_prefix import patched
 from snapcache.llama.completion import Completion, CompletionCache
 from snapcache.llama.reports import RestoreInfo
+from snapcache.llama.request_streams import stop_with_request
 
 _MISSING = object()
 
@@ -30,7 +32,9 @@ class CompletionFlow:
         """`complete()` (the Llama's own completion) with `call`'s prefix restored and its states saved."""
         self.last_restore = None
         if stream:
-            return self._stream(call, complete)
+            chunks = self._stream(call, complete)
+            stop_with_request(call.cancel, functools.partial(_close_unless_running, chunks))
+            return chunks
         with self._intercept_generate(call):
             result = complete()
         self._completions.finish(call)
@@ -38,7 +42,7 @@ class CompletionFlow:
             _add_cached_tokens(result, call.restore.cached_tokens)
         return result
 
-    def _stream(self, call: Completion, complete: Callable[[], Any]) -> Iterator[Any]:
+    def _stream(self, call: Completion, complete: Callable[[], Any]) -> Generator[Any, None, None]:
         # llama-cpp-python builds its stream lazily: the prompt reaches generate() on the first next().
         chunks: Iterator[Any] | None = None
         try:
@@ -68,6 +72,8 @@ class CompletionFlow:
             inner = original(tokens, *args, **kwargs)
             try:
                 for token in inner:
+                    if call.cancelled:
+                        return  # its reader is gone: what was read is saved when the stream closes
                     if call.generated == 0:
                         call.read_seconds = time.perf_counter() - started
                     call.generated += 1
@@ -78,6 +84,13 @@ class CompletionFlow:
 
         with patched(self._llm, "generate", generate):
             yield
+
+
+def _close_unless_running(chunks: Generator[Any, None, None]) -> None:
+    """Close a stream its reader left (its state is saved now, while its request still holds the
+    Llama); one a thread is running is left to that thread."""
+    with suppress(ValueError):  # "generator already executing"
+        chunks.close()
 
 
 def _add_cached_tokens(result: dict[str, Any], cached_tokens: int) -> None:

@@ -25,6 +25,7 @@ import anyio
 
 from snapcache.errors import InvalidArgument
 from snapcache.key import DEFAULT_SCOPE, validate_scope
+from snapcache.llama.request_streams import RequestStreams
 from snapcache.server.chat.chat_completions import ON_ENGINE, runs_on_engine
 from snapcache.server.chat.rules import PromptRules
 from snapcache.server.checks import CHAT_PATH, COMPLETION_PATHS, RequestChecks, parse_body
@@ -105,7 +106,8 @@ class SnapcacheMiddleware:
         response = _Response(send, record, chat=path == CHAT_PATH)
         token = serving.set(record)
         try:
-            await self.app(scope, _replay(body, more, receive), response.send)
+            with RequestStreams.opened() as streams:
+                await self.app(scope, _replay(body, more, receive, streams.cancel_all), response.send)
             await response.finish()
         except Exception as exc:
             if response.started:
@@ -275,18 +277,27 @@ async def _read_body(receive: Receive) -> tuple[bytes, bool]:
             return b"".join(parts), False
 
 
-def _replay(body: bytes, disconnected: bool, receive: Receive) -> Receive:
-    """A receive that hands the app the body already read, then whatever the client sends next."""
+def _replay(
+    body: bytes, disconnected: bool, receive: Receive, gone: Callable[[], None] | None = None
+) -> Receive:
+    """A receive that hands the app the body already read, then whatever the client sends next;
+    `gone()` is called when the app hears that the client disconnected."""
     sent = False
 
     async def replay() -> Message:
         nonlocal sent
         if not sent:
             sent = True
-            if disconnected:
-                return {"type": "http.disconnect"}
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
+            message: Message = (
+                {"type": "http.disconnect"}
+                if disconnected
+                else {"type": "http.request", "body": body, "more_body": False}
+            )
+        else:
+            message = await receive()
+        if gone is not None and message["type"] == "http.disconnect":
+            gone()
+        return message
 
     return replay
 

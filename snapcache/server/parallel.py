@@ -17,6 +17,7 @@ import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, TypeVar
 
+import anyio
 import llama_cpp
 from fastapi import FastAPI
 from llama_cpp.server import app as llama_server
@@ -26,6 +27,7 @@ from snapcache.llama.batch import BatchedLlama, Mode, Scheduler, unbatched_reaso
 from snapcache.llama.fingerprint_notes import FingerprintNotes
 from snapcache.llama.miss import MissExplanation, explain_prompt
 from snapcache.llama.reports import CompletionListener
+from snapcache.llama.request_streams import current_streams
 from snapcache.server.request import current_scope
 from snapcache.store import SnapshotStore
 
@@ -117,20 +119,38 @@ def parallel_model(
     return ParallelModel(BatchedLlama(scheduler, scope=current_scope, listener=listener), store)
 
 
+@contextlib.asynccontextmanager
+async def _stopping_streams() -> AsyncIterator[None]:
+    """The model's use by one request: the streams it started and left unread (its client gone)
+    are closed before the model is given back (see `snapcache.llama.request_streams`)."""
+    try:
+        yield
+    finally:
+        streams = current_streams()
+        if streams is not None:
+            with anyio.CancelScope(shield=True):
+                await run_in_threadpool(streams.close_all)
+
+
+async def _locked_proxy() -> AsyncIterator[Any]:
+    """llama-cpp-python's model proxy (one request at a time), whose streams stop with the request."""
+    async with contextlib.asynccontextmanager(_LOCKED_PROXY)() as proxy, _stopping_streams():
+        yield proxy
+
+
 async def _unlocked_proxy() -> AsyncIterator[Any]:
     """llama-cpp-python's model proxy, without its lock: the scheduler takes requests side by side."""
-    yield llama_server._llama_proxy
+    async with _stopping_streams():
+        yield llama_server._llama_proxy
 
 
 def unlock_routes(app: FastAPI, unlocked: bool) -> None:
     """Make llama-cpp-python's routes take their model without (or, `unlocked=False`, with) the
-    one-request lock. The completion routes call the module's `get_llama_proxy` directly, the
-    others through a dependency: both are set."""
-    if unlocked:
-        llama_server.get_llama_proxy = _unlocked_proxy
-        app.dependency_overrides[_LOCKED_PROXY] = _unlocked_proxy
-    else:
-        llama_server.get_llama_proxy = _LOCKED_PROXY
+    one-request lock, their streams stopped when their request ends. The completion routes call the
+    module's `get_llama_proxy` directly, the others through a dependency: both are set."""
+    proxy = _unlocked_proxy if unlocked else _locked_proxy
+    llama_server.get_llama_proxy = proxy
+    app.dependency_overrides[_LOCKED_PROXY] = proxy
 
 
 class ModelTurns:

@@ -257,6 +257,42 @@ def test_a_client_gone_mid_stream_frees_its_sequence(batched: ServerProcess) -> 
     assert time.monotonic() - started < 30
 
 
+@pytest.mark.parametrize("which", ["batched", "single"])
+def test_a_one_at_a_time_stream_whose_client_goes_gives_the_model_back(
+    batched: ServerProcess, single: ServerProcess, which: str
+) -> None:
+    """A stream on the Llama's own context (mirostat takes it with --parallel 4; every request does
+    with --parallel 1) whose client goes: its reader, llama-cpp-python's event publisher, never
+    closes it. It used to keep the context until a garbage collection (a warm then waited for ever)
+    and to save its state whenever that came; now it ends at its next token and saves then."""
+    server = {"batched": batched, "single": single}[which]
+    scope = fresh("gone-one-at-a-time")
+    api = openai.OpenAI(
+        base_url=server.api_url, api_key="unused", max_retries=0, default_headers={"X-Snapcache-Scope": scope}
+    )
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTIONS[2]}]
+    stream = api.chat.completions.create(
+        model="m",
+        messages=messages,  # type: ignore[arg-type]
+        max_tokens=1500,
+        temperature=0,
+        stream=True,
+        extra_body={"logit_bias": {str(EOS_TOKEN): -100}, "mirostat_mode": 2},
+    )
+    next(iter(stream))
+    stream.close()
+    started = time.monotonic()
+    body = json.dumps({"system": SYSTEMS[3], "scope": fresh("after-gone")}).encode()
+    status, report, _ = http_json("POST", f"{server.base_url}/snapcache/warm", body, timeout=60)
+    assert status == 200, report
+    # 1,500 tokens take the one-sequence path about 20 s here; a stream that ends at once, well under.
+    assert time.monotonic() - started < 10
+    # What the stream read was saved when it ended, and answers as a cold read does.
+    again = ask(server, QUESTIONS[2], scope=scope, stream=False)
+    assert again.cached_tokens >= 64
+    assert again.reply == cold(single, QUESTIONS[2], stream=False).reply
+
+
 def test_a_burst_larger_than_the_sequences_queues_and_every_request_is_answered(
     batched: ServerProcess,
 ) -> None:

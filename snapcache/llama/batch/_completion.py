@@ -24,18 +24,20 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import llama_cpp
 import numpy as np
 import numpy.typing as npt
 
 from snapcache.key import DEFAULT_SCOPE, TokenArray
+from snapcache.llama.batch._detached import DetachedStream
 from snapcache.llama.batch._request import Request, SchedulerError
 from snapcache.llama.batch._sampling import SamplingParams, batched_unsupported
 from snapcache.llama.batch._scheduler import Scheduler
 from snapcache.llama.chat_prefix import ChatPrefixFinder, render_options, system_head, text_prompt_tokens
 from snapcache.llama.reports import CompletionListener, CompletionReport
+from snapcache.llama.request_streams import stop_with_request
 
 __all__ = ["BatchedLlama"]
 
@@ -140,6 +142,7 @@ class BatchedLlama:
                 self._last.popitem(last=False)
         text = _Text(llm, request, [s.encode("utf-8") for s in stops if s], limit, criteria, self._listener)
         if stream:
+            stop_with_request(request.cancel)  # a reader gone frees the sequence when its request ends
             return text.chunks()
         return text.whole()
 
@@ -166,10 +169,12 @@ class BatchedLlama:
                 return self.llm.create_completion(prompt, **kwargs)
 
         def chunks() -> Iterator[Any]:
-            with self.own_context:
-                yield from self.llm.create_completion(prompt, **kwargs)
+            return iter(cast(Iterator[Any], self.llm.create_completion(prompt, **kwargs)))
 
-        return chunks()
+        # Made in a thread of its own: a reader who stops reading cannot keep the context.
+        stream = DetachedStream(chunks, self.own_context)
+        stop_with_request(stream.close)
+        return stream
 
     # -- chats --------------------------------------------------------------------------------------
 

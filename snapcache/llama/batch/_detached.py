@@ -1,0 +1,97 @@
+"""A stream made under a lock in a thread of its own, so that its reader cannot keep the lock.
+
+A server hands a streamed completion's iterator to its event publisher; when the client goes away,
+that publisher stops reading and never closes the iterator, which lives on until a garbage
+collection finds it. A generator that held the Llama's own context across its `yield`s kept the
+context for as long, and every call that needed it (a warm, the next one-at-a-time completion)
+waited. Here the stream runs in its own thread, under the lock, to its end whatever the reader does
+(its length is bounded by `max_tokens` or the context), and stops at its next token once the reader
+closes it, is collected, or the request it belongs to is cancelled (see `request_streams`).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, Generic, TypeVar
+
+from snapcache.llama.request_streams import RequestStreams
+
+__all__ = ["DetachedStream"]
+
+T = TypeVar("T")
+
+_CHUNK, _END, _FAILED = range(3)
+
+
+class DetachedStream(Generic[T]):
+    """The chunks of `make()`, which runs under `lock` in a thread of its own (in a copy of the
+    caller's context variables); an exception it raises is raised to the reader in its place."""
+
+    def __init__(self, make: Callable[[], Iterator[T]], lock: threading.Lock) -> None:
+        self._chunks: queue.SimpleQueue[tuple[int, Any]] = queue.SimpleQueue()
+        self._stop = threading.Event()
+        self._ended = False
+        # The thread holds the queue and the event, never this object, so that a reader who drops it
+        # lets it be collected, which stops the thread.
+        # The completion's own streams answer to this one: `close` cancels them at their next token.
+        self._inner = RequestStreams()
+        context = contextvars.copy_context()
+        self._inner.current_in(context)
+        thread = threading.Thread(
+            target=context.run,
+            args=(_produce, make, lock, self._chunks, self._stop),
+            name="snapcache-one-at-a-time-stream",
+            daemon=True,
+        )
+        thread.start()
+
+    def __iter__(self) -> DetachedStream[T]:
+        return self
+
+    def __next__(self) -> T:
+        if self._ended:
+            raise StopIteration
+        kind, value = self._chunks.get()
+        if kind == _CHUNK:
+            return value  # type: ignore[no-any-return]
+        self._ended = True
+        if kind == _FAILED:
+            raise value
+        raise StopIteration
+
+    def close(self) -> None:
+        """End the stream at its next token (the lock is given back then); thread-safe."""
+        self._ended = True
+        self._stop.set()
+        self._inner.cancel_all()
+
+    def __del__(self) -> None:
+        self._stop.set()
+        self._inner.cancel_all()
+
+
+def _produce(
+    make: Callable[[], Iterator[Any]],
+    lock: threading.Lock,
+    chunks: queue.SimpleQueue[tuple[int, Any]],
+    stop: threading.Event,
+) -> None:
+    try:
+        with lock:
+            stream = make()
+            try:
+                for chunk in stream:
+                    if stop.is_set():
+                        break
+                    chunks.put((_CHUNK, chunk))
+            finally:
+                close = getattr(stream, "close", None)
+                if close is not None:
+                    close()
+    except BaseException as exc:  # the reader's to see, in the reader's thread
+        chunks.put((_FAILED, exc))
+        return
+    chunks.put((_END, None))

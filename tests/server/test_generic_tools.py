@@ -210,6 +210,19 @@ def test_every_choice_with_tools_has_a_grammar(choice: str, parallel: bool) -> N
     assert ("get_time" in grammar._grammar) == (choice != "get_weather")
 
 
+@pytest.mark.model
+@pytest.mark.parametrize("name", ["get\b\x9a", 'say "\\hi\\"\f', "\U0001f600\x00"])
+def test_a_tool_name_with_characters_json_escapes_still_has_a_grammar(
+    name: str, make_llama, tiny_model_path
+) -> None:
+    """JSON writes a backspace as `\\b`, which llama.cpp's grammar parser refuses (a client's odd tool
+    name then lost its grammar): the grammar's literals use only the escapes llama.cpp reads."""
+    vocab = make_llama(tiny_model_path, n_ctx=256)._model.vocab
+    odd = ToolSpec(name, "A tool with an odd name.", {"type": "object"})
+    chat = ChatRequest((ChatMessage("user", "Hi"),), tools=(odd,), tool_choice="required")
+    assert GenericTools(vocab=vocab).grammar(chat) is not None, "llama.cpp refused the grammar"
+
+
 def test_a_call_names_its_tool_before_its_arguments() -> None:
     grammar = TOOLS.grammar(request(ChatMessage("user", "Hi"), choice="required"))._grammar
     calls = [line for line in grammar.splitlines() if "name-kv" in line and "arguments-kv" in line]

@@ -19,11 +19,11 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from llama_cpp.llama_grammar import LlamaGrammar, json_schema_to_gbnf
+from llama_cpp.llama_grammar import LlamaGrammar
 
 from snapcache.server.chat.request import ChatMessage, ChatRequest, ToolCallRequest, ToolSpec
 from snapcache.server.chat.tool_format import PlainReader, ReplyReader, checked_grammar
-from snapcache.server.tools import GenericCallStream, parse_generic
+from snapcache.server.tools import GenericCallStream, parse_generic, schema_gbnf
 
 __all__ = ["GenericTools"]
 
@@ -154,7 +154,7 @@ def _answer_grammar(tools: str, *, text: bool, parallel: bool) -> str | None:
     schema = _answer_schema(listed, text=text, parallel=parallel)
     try:
         # Keys in their order (not sorted): the model writes the tool's name before its arguments.
-        return str(json_schema_to_gbnf(json.dumps(schema)))
+        return schema_gbnf(schema)
     except Exception as exc:
         _log.warning("tool calls: no grammar for these tools (%s); the answer is read as it comes", exc)
         return None

@@ -12,6 +12,7 @@ from __future__ import annotations
 from snapcache.server.tools._detect import NO_TOOL_FORMAT, renders_tools, tool_format_for
 from snapcache.server.tools._format import ToolFormat
 from snapcache.server.tools._generic import GenericCallStream, parse_generic
+from snapcache.server.tools._grammar import schema_gbnf
 from snapcache.server.tools._messages import (
     UnsupportedContent,
     content_text,
@@ -41,5 +42,6 @@ __all__ = [
     "render_messages",
     "render_prompt",
     "renders_tools",
+    "schema_gbnf",
     "tool_format_for",
 ]

@@ -29,14 +29,46 @@ _log = logging.getLogger("snapcache")
 TokenOf = Callable[[str], int | None]
 
 _ANY_OBJECT: dict[str, Any] = {"type": "object"}
-# llama-cpp-python's JSON-schema converter (untyped).
-_Converter: Any = SchemaConverter
+
+
+class _ReadableLiterals(SchemaConverter):
+    """llama-cpp-python's JSON-schema converter with literals llama.cpp's parser reads: its own escape
+    only quotes and line ends, so a constant holding a backspace or form feed (JSON's `\\b`, `\\f`)
+    made a grammar llama.cpp refused, and a backslash in one was read as an escape."""
+
+    def _format_literal(self, text: str) -> str:
+        return literal(text)
+
+
+_Converter: Any = _ReadableLiterals
+
+
+def schema_gbnf(schema: Mapping[str, Any]) -> str:
+    """The GBNF of a JSON schema, its object keys in their order (not sorted)."""
+    converter = _Converter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+    converter.visit(converter.resolve_refs(json.loads(json.dumps(schema)), "schema"), "")
+    return str(converter.format_grammar())
+
+
 _MISTRAL_ID: dict[str, Any] = {"type": "string", "pattern": "^[a-zA-Z0-9]{9}$"}
 
 
+_LITERAL_ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
 def literal(text: str) -> str:
-    """`text` as a GBNF string literal."""
-    return json.dumps(text, ensure_ascii=False)
+    """`text` as a GBNF string literal: llama.cpp's parser knows only the escapes written here (not
+    JSON's `\\b` or `\\f`), so every other character that does not print is a `\\u` or `\\U`."""
+    return '"' + "".join(_literal_char(c) for c in text) + '"'
+
+
+def _literal_char(c: str) -> str:
+    escaped = _LITERAL_ESCAPES.get(c)
+    if escaped is not None:
+        return escaped
+    if c.isprintable():
+        return c
+    return f"\\u{ord(c):04X}" if ord(c) <= 0xFFFF else f"\\U{ord(c):08X}"
 
 
 def _char_class(chars: str, negated: bool) -> str:

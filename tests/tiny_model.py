@@ -14,6 +14,7 @@ channels wide, laid out the way llama.cpp's loader expects that architecture:
 `write_geometry_model` writes a llama with the KV geometry of a larger model (by default an 8B
 model's: 32 layers, 8 K/V heads of 128 values, 128 KiB of f16 KV per token) around narrow hidden and
 feed-forward layers, so that states have a real model's size while a prompt still reads in seconds.
+`write_tiny_llama_with_vocabulary` gives the tiny llama a real model's vocabulary.
 `write_tiny_lora` writes a LoRA adapter for a tiny model, `control_vector` a control vector's data.
 Nothing is downloaded.
 """
@@ -130,6 +131,61 @@ def write_tiny_model(
     return shards[0]
 
 
+def write_tiny_llama_with_vocabulary(
+    path: str | Path, vocabulary_of: str | Path, seed: int = 0, n_ctx_train: int = 32768
+) -> Path:
+    """The tiny llama with the vocabulary (tokens, scores, types, BOS/EOS/unknown ids) of the model
+    at `vocabulary_of`, its 16-bit embedding tied to its output: a model that reads the same tokens
+    as a real one (an agent's 20K-token prompt) at the tiny model's speed."""
+    tokens, scores, token_types, bos, eos, unknown = _vocabulary_of(Path(vocabulary_of))
+    w = _Weights(seed)
+    writer = gguf.GGUFWriter(str(path), "llama")
+    _add_attention_hparams(writer, N_EMBD, N_HEAD, N_HEAD_KV, N_FF, N_EMBD // N_HEAD, n_ctx_train)
+    writer.add_tensor("token_embd.weight", w.rng.standard_normal((len(tokens), N_EMBD)).astype(np.float16))
+    _add_llama_layers(writer, w, N_FF)
+    writer.add_tensor("output_norm.weight", np.ones(N_EMBD, dtype=np.float32))
+    writer.add_name(f"tiny-llama-large-vocabulary-seed{seed}")
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    writer.add_tokenizer_model("llama")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(token_types)
+    writer.add_unk_token_id(unknown)
+    writer.add_bos_token_id(bos)
+    writer.add_eos_token_id(eos)
+    writer.add_add_bos_token(True)
+    writer.add_add_eos_token(False)
+    writer.add_add_space_prefix(False)
+    writer.add_chat_template(CHAT_TEMPLATE)
+    _finish(writer)
+    return Path(path)
+
+
+def _vocabulary_of(path: Path) -> tuple[list[bytes], list[float], list[int], int, int, int]:
+    """Tokens, scores, GGUF token types and the BOS, EOS and unknown ids of the model at `path`."""
+    import llama_cpp
+
+    # llama_vocab_get_attr's flags, by the GGUF token type each stands for
+    types = {1: 2, 2: 5, 4: 1, 8: 3, 16: 4, 32: 6}
+    params = llama_cpp.llama_model_default_params()
+    params.vocab_only = True
+    model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
+    if not model:
+        raise RuntimeError(f"llama.cpp could not read the vocabulary of {path}")
+    try:
+        vocab = llama_cpp.llama_model_get_vocab(model)
+        ids = range(llama_cpp.llama_vocab_n_tokens(vocab))
+        tokens = [llama_cpp.llama_vocab_get_text(vocab, i) for i in ids]
+        scores = [llama_cpp.llama_vocab_get_score(vocab, i) for i in ids]
+        attrs = [llama_cpp.llama_vocab_get_attr(vocab, i) for i in ids]
+        token_types = [next((t for bit, t in types.items() if attr & bit), 1) for attr in attrs]
+        bos, eos = llama_cpp.llama_vocab_bos(vocab), llama_cpp.llama_vocab_eos(vocab)
+        return tokens, scores, token_types, bos, eos, tokens.index(b"<unk>")
+    finally:
+        llama_cpp.llama_model_free(model)
+
+
 def write_geometry_model(
     path: str | Path,
     n_layers: int = 32,
@@ -239,10 +295,15 @@ _ATTN_FF = 192
 def _write_llama(
     writer: gguf.GGUFWriter, w: _Weights, n_ff: int = N_FF, n_ctx_train: int = N_CTX_TRAIN
 ) -> None:
+    _add_attention_hparams(writer, N_EMBD, N_HEAD, N_HEAD_KV, n_ff, N_EMBD // N_HEAD, n_ctx_train)
+    writer.add_tensor("token_embd.weight", w.embedding(N_EMBD))
+    _add_llama_layers(writer, w, n_ff)
+    _add_output(writer, w, N_EMBD)
+
+
+def _add_llama_layers(writer: gguf.GGUFWriter, w: _Weights, n_ff: int) -> None:
     head_dim = N_EMBD // N_HEAD
     n_embd_kv = head_dim * N_HEAD_KV
-    _add_attention_hparams(writer, N_EMBD, N_HEAD, N_HEAD_KV, n_ff, head_dim, n_ctx_train)
-    writer.add_tensor("token_embd.weight", w.embedding(N_EMBD))
     for layer in range(N_LAYERS):
         prefix = f"blk.{layer}"
         writer.add_tensor(f"{prefix}.attn_norm.weight", np.ones(N_EMBD, dtype=np.float32))
@@ -251,7 +312,6 @@ def _write_llama(
         writer.add_tensor(f"{prefix}.attn_v.weight", w.matrix(n_embd_kv, N_EMBD))
         writer.add_tensor(f"{prefix}.attn_output.weight", w.matrix(N_EMBD, N_EMBD))
         _add_gated_ffn(writer, w, prefix, N_EMBD, n_ff)
-    _add_output(writer, w, N_EMBD)
 
 
 def _write_qwen(writer: gguf.GGUFWriter, w: _Weights, *, biases: bool, head_norms: bool) -> None:

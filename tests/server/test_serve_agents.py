@@ -26,10 +26,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 from server_process import ServerProcess, http_json, start_server, wait_until_written
-from tiny_model import CHAT_TEMPLATE, N_EMBD, N_FF, N_HEAD, N_HEAD_KV, N_LAYERS
+from tiny_model import write_tiny_llama_with_vocabulary
 
 pytestmark = [pytest.mark.model, pytest.mark.gemma, pytest.mark.slow]
 
@@ -158,92 +157,6 @@ def agents() -> dict[str, Path]:
     return bins
 
 
-def gemma_vocabulary(path: Path) -> tuple[list[bytes], list[float], list[int], int, int, int]:
-    """Tokens, scores, GGUF token types and the BOS, EOS and unknown ids of the model at `path`."""
-    import llama_cpp
-
-    # llama_vocab_get_attr's flags, by the GGUF token type each stands for
-    types = {1: 2, 2: 5, 4: 1, 8: 3, 16: 4, 32: 6}
-    params = llama_cpp.llama_model_default_params()
-    params.vocab_only = True
-    model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
-    if not model:
-        raise RuntimeError(f"llama.cpp could not read the vocabulary of {path}")
-    try:
-        vocab = llama_cpp.llama_model_get_vocab(model)
-        ids = range(llama_cpp.llama_vocab_n_tokens(vocab))
-        tokens = [llama_cpp.llama_vocab_get_text(vocab, i) for i in ids]
-        scores = [llama_cpp.llama_vocab_get_score(vocab, i) for i in ids]
-        attrs = [llama_cpp.llama_vocab_get_attr(vocab, i) for i in ids]
-        token_types = [next((t for bit, t in types.items() if attr & bit), 1) for attr in attrs]
-        unknown = tokens.index(b"<unk>")
-        return (
-            tokens,
-            scores,
-            token_types,
-            llama_cpp.llama_vocab_bos(vocab),
-            llama_cpp.llama_vocab_eos(vocab),
-            unknown,
-        )
-    finally:
-        llama_cpp.llama_model_free(model)
-
-
-def write_tiny_llama_with_vocabulary(path: Path, vocabulary_of: Path, seed: int = 0) -> Path:
-    """The tiny llama of `tiny_model` with the vocabulary of another model, its output tied to its
-    16-bit embedding, and a context of N_CTX tokens."""
-    import gguf
-
-    tokens, scores, token_types, bos, eos, unknown = gemma_vocabulary(vocabulary_of)
-    rng = np.random.default_rng(seed)
-
-    def matrix(rows: int, cols: int) -> np.ndarray:
-        return (rng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(np.float32)
-
-    head_dim = N_EMBD // N_HEAD
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_context_length(N_CTX)
-    writer.add_embedding_length(N_EMBD)
-    writer.add_block_count(N_LAYERS)
-    writer.add_feed_forward_length(N_FF)
-    writer.add_head_count(N_HEAD)
-    writer.add_head_count_kv(N_HEAD_KV)
-    writer.add_rope_dimension_count(head_dim)
-    writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_tensor("token_embd.weight", rng.standard_normal((len(tokens), N_EMBD)).astype(np.float16))
-    for layer in range(N_LAYERS):
-        prefix = f"blk.{layer}"
-        writer.add_tensor(f"{prefix}.attn_norm.weight", np.ones(N_EMBD, dtype=np.float32))
-        writer.add_tensor(f"{prefix}.attn_q.weight", matrix(N_EMBD, N_EMBD))
-        writer.add_tensor(f"{prefix}.attn_k.weight", matrix(head_dim * N_HEAD_KV, N_EMBD))
-        writer.add_tensor(f"{prefix}.attn_v.weight", matrix(head_dim * N_HEAD_KV, N_EMBD))
-        writer.add_tensor(f"{prefix}.attn_output.weight", matrix(N_EMBD, N_EMBD))
-        writer.add_tensor(f"{prefix}.ffn_norm.weight", np.ones(N_EMBD, dtype=np.float32))
-        writer.add_tensor(f"{prefix}.ffn_gate.weight", matrix(N_FF, N_EMBD))
-        writer.add_tensor(f"{prefix}.ffn_up.weight", matrix(N_FF, N_EMBD))
-        writer.add_tensor(f"{prefix}.ffn_down.weight", matrix(N_EMBD, N_FF))
-    writer.add_tensor("output_norm.weight", np.ones(N_EMBD, dtype=np.float32))
-    writer.add_name(f"tiny-llama-large-vocabulary-seed{seed}")
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
-    writer.add_tokenizer_model("llama")
-    writer.add_tokenizer_pre("default")
-    writer.add_token_list(tokens)
-    writer.add_token_scores(scores)
-    writer.add_token_types(token_types)
-    writer.add_unk_token_id(unknown)
-    writer.add_bos_token_id(bos)
-    writer.add_eos_token_id(eos)
-    writer.add_add_bos_token(True)
-    writer.add_add_eos_token(False)
-    writer.add_add_space_prefix(False)
-    writer.add_chat_template(CHAT_TEMPLATE)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
-
-
 class AgentServer:
     """`snapcache serve` behind a recording proxy whose address stays the same across restarts."""
 
@@ -289,7 +202,9 @@ def served(
     agents: dict[str, Path], gemma_model_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[AgentServer]:
     home = tmp_path_factory.mktemp("agents")
-    model = write_tiny_llama_with_vocabulary(home / "tiny-large-vocabulary.gguf", gemma_model_path)
+    model = write_tiny_llama_with_vocabulary(
+        home / "tiny-large-vocabulary.gguf", gemma_model_path, n_ctx_train=N_CTX
+    )
     server = AgentServer(model, home)
     try:
         yield server

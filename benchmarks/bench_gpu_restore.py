@@ -28,6 +28,7 @@ import ctypes
 import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -261,7 +262,11 @@ def main(argv: list[str] | None = None) -> int:
             )
             llm.eval(llm.tokenize(_prompt(llm, WARM_UP_TOKENS).encode()))
             for mode in args.modes:
-                rows = [_measure(llm, workdir, size, args.runs, mode == "exact") for size in sizes]
+                rows = []
+                for size in sizes:
+                    rows.append(row := _measure(llm, workdir, size, args.runs, mode == "exact"))
+                    # A line per row as it comes: a run cut short still shows what it measured.
+                    print(f"{shape} {mode} {size}: {row}", file=sys.stderr, flush=True)
                 backend = (
                     "CPU"
                     if gpu_layers == 0

@@ -13,7 +13,6 @@ the server drops it."""
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import shutil
@@ -22,11 +21,11 @@ import subprocess
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
+from agent_proxy import AgentProxy, Exchange
 from server_process import ServerProcess, http_json, start_server, wait_until_written
 from tiny_model import write_tiny_llama_with_vocabulary
 
@@ -41,104 +40,6 @@ AGENT_TIMEOUT_S = 600
 # At most this share of a restored session's prompt is read afresh.
 FRESH_SHARE = 0.10
 BILLING_PREFIX = "x-anthropic-billing-header:"
-_HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "upgrade", "host"})
-
-
-@dataclass(frozen=True, slots=True)
-class Exchange:
-    """One request through the proxy: what the agent sent and what the server answered."""
-
-    method: str
-    path: str
-    request: Any
-    status: int
-    answer: bytes
-
-    def events(self) -> list[dict[str, Any]]:
-        """The `data:` documents of a streamed answer, in order."""
-        lines = self.answer.decode(errors="replace").splitlines()
-        return [json.loads(line[len("data: ") :]) for line in lines if line.startswith("data: {")]
-
-
-class RecordingProxy(ThreadingHTTPServer):
-    """Forwards every request to the server as it came and streams the answer back, keeping both."""
-
-    daemon_threads = True
-
-    def __init__(self, upstream_port: int) -> None:
-        super().__init__(("127.0.0.1", 0), _ProxyHandler)
-        self.upstream_port = upstream_port
-        self.exchanges: list[Exchange] = []
-        self.lock = threading.Lock()
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-    def since(self, start: int) -> list[Exchange]:
-        with self.lock:
-            return self.exchanges[start:]
-
-    def mark(self) -> int:
-        with self.lock:
-            return len(self.exchanges)
-
-
-class _ProxyHandler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server: RecordingProxy
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-    def do_GET(self) -> None:
-        self._forward()
-
-    def do_POST(self) -> None:
-        self._forward()
-
-    def _body(self) -> bytes:
-        if self.headers.get("Transfer-Encoding", "").lower() != "chunked":
-            return self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        body = bytearray()
-        while size := int(self.rfile.readline().split(b";")[0], 16):
-            body += self.rfile.read(size)
-            self.rfile.readline()
-        self.rfile.readline()
-        return bytes(body)
-
-    def _forward(self) -> None:
-        body = self._body()
-        headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
-        upstream = http.client.HTTPConnection("127.0.0.1", self.server.upstream_port, timeout=AGENT_TIMEOUT_S)
-        kept, status = bytearray(), 502
-        try:
-            upstream.request(self.command, self.path, body=body or None, headers=headers)
-            answer = upstream.getresponse()
-            status = answer.status
-            self.send_response(status)
-            for key, value in answer.getheaders():
-                if key.lower() not in _HOP_BY_HOP | {"content-length", "date", "server"}:
-                    self.send_header(key, value)
-            self.send_header("Transfer-Encoding", "chunked")
-            self.end_headers()
-            while chunk := answer.read1(65536):
-                kept += chunk
-                self.wfile.write(b"%X\r\n%s\r\n" % (len(chunk), chunk))
-                self.wfile.flush()
-            self.wfile.write(b"0\r\n\r\n")
-        except OSError as exc:
-            kept += repr(exc).encode()
-            if status == 502:
-                self.send_error(502, repr(exc))
-        finally:
-            upstream.close()
-            try:
-                document = json.loads(body) if body else None
-            except ValueError:
-                document = body
-            with self.server.lock:
-                self.server.exchanges.append(Exchange(self.command, self.path, document, status, bytes(kept)))
 
 
 def agent_bin(name: str) -> Path:
@@ -163,7 +64,7 @@ class AgentServer:
     def __init__(self, model: Path, home: Path) -> None:
         self.model, self.home, self.starts = model, home, 0
         self.server = self._start()
-        self.proxy = RecordingProxy(self.server.port)
+        self.proxy = AgentProxy(self.server.port, AGENT_TIMEOUT_S)
         threading.Thread(target=self.proxy.serve_forever, daemon=True).start()
 
     def _start(self) -> ServerProcess:

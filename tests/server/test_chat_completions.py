@@ -17,7 +17,7 @@ from snapcache.server.chat.chat_completions import (
 )
 from snapcache.server.chat.chat_completions_protocol import parsed
 from snapcache.server.chat.engine import ChatEvent, Finished, Started, TextDelta, ToolCalled, Usage
-from snapcache.server.chat.request import ToolCallRequest
+from snapcache.server.chat.request import NamedTool, ToolCallRequest
 from snapcache.server.errors import BadRequest
 
 TOOL = {"type": "function", "function": {"name": "read", "parameters": {"type": "object"}}}
@@ -73,7 +73,7 @@ def test_a_request_becomes_one_chat_request() -> None:
     assert chat.messages[0].content == "Be brief.\n\nUse tools."
     assert chat.messages[2].tool_calls == (ToolCallRequest("c1", "read", "{}"),)
     assert [tool.name for tool in chat.tools] == ["read"]
-    assert (chat.tool_choice, chat.parallel_tool_calls, chat.max_tokens) == ("read", False, 12)
+    assert (chat.tool_choice, chat.parallel_tool_calls, chat.max_tokens) == (NamedTool("read"), False, 12)
     assert (chat.stop, chat.scope) == (("END",), "agent")
 
 

@@ -9,8 +9,10 @@ import json
 import pytest
 from llama_cpp.llama_grammar import LlamaGrammar
 
+from snapcache.server.chat.chat_completions import chat_request
+from snapcache.server.chat.chat_completions_protocol import ChatCompletionRequest
 from snapcache.server.chat.generic_tools import GenericTools
-from snapcache.server.chat.request import ChatMessage, ChatRequest, ToolCallRequest, ToolSpec
+from snapcache.server.chat.request import ChatMessage, ChatRequest, NamedTool, ToolCallRequest, ToolSpec
 from snapcache.server.tools import ToolCall, ToolCallDelta
 
 WEATHER = ToolSpec(
@@ -25,7 +27,9 @@ TOOLS = GenericTools(vocab=None)
 
 
 def request(*messages: ChatMessage, choice: str = "auto", parallel: bool = True) -> ChatRequest:
-    return ChatRequest(messages, tools=(WEATHER, TIME), tool_choice=choice, parallel_tool_calls=parallel)
+    """A chat offering both tools; `choice` a mode, or else a tool's name."""
+    named = choice if choice in ("auto", "none", "required") else NamedTool(choice)
+    return ChatRequest(messages, tools=(WEATHER, TIME), tool_choice=named, parallel_tool_calls=parallel)  # type: ignore[arg-type]
 
 
 def streamed(reply: str, chat: ChatRequest, size: int) -> list[object]:
@@ -221,6 +225,27 @@ def test_a_tool_name_with_characters_json_escapes_still_has_a_grammar(
     odd = ToolSpec(name, "A tool with an odd name.", {"type": "object"})
     chat = ChatRequest((ChatMessage("user", "Hi"),), tools=(odd,), tool_choice="required")
     assert GenericTools(vocab=vocab).grammar(chat) is not None, "llama.cpp refused the grammar"
+
+
+@pytest.mark.parametrize("name", ["none", "auto", "required"])
+def test_a_tool_named_like_a_mode_and_chosen_by_name_is_the_one_called(name: str) -> None:
+    """A function may be called "none": chosen by name, it is that call, not the mode."""
+    tool = {"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}
+    time_tool = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}
+    body = ChatCompletionRequest.model_validate(
+        {
+            "messages": [{"role": "user", "content": "Hi"}],
+            "tools": [tool, time_tool],
+            "tool_choice": {"type": "function", "function": {"name": name}},
+        }
+    )
+    chat = chat_request(body, "default")
+    assert chat.tool_choice == NamedTool(name)
+    assert chat.uses_tools
+    grammar = TOOLS.grammar(chat)._grammar
+    assert f'\\"{name}\\"' in grammar, grammar  # the name, as a JSON string literal
+    assert "get_time" not in grammar
+    assert "response" not in grammar  # a call, not text
 
 
 def test_a_call_names_its_tool_before_its_arguments() -> None:

@@ -18,7 +18,7 @@ from snapcache.server.chat.engine import ChatEngine, Finished, Started, TextDelt
 from snapcache.server.chat.engine import ToolCallDelta as EngineDelta
 from snapcache.server.chat.generic_tools import GenericTools
 from snapcache.server.chat.native_tools import NativeTools
-from snapcache.server.chat.request import ChatMessage, ChatRequest, ToolCallRequest, ToolSpec
+from snapcache.server.chat.request import ChatMessage, ChatRequest, NamedTool, ToolCallRequest, ToolSpec
 from snapcache.server.chat.rules import PromptRules
 from snapcache.server.chat.tool_format import tool_format_for
 from snapcache.server.tools import ToolCall, ToolCallDelta
@@ -51,7 +51,9 @@ def functiongemma(tmp_path_factory: pytest.TempPathFactory) -> Iterator[llama_cp
 
 
 def chat(*messages: ChatMessage, choice: str = "auto", parallel: bool = True) -> ChatRequest:
-    return ChatRequest(messages, tools=(WEATHER, TIME), tool_choice=choice, parallel_tool_calls=parallel)
+    """A chat offering both tools; `choice` a mode, or else a tool's name."""
+    named = choice if choice in ("auto", "none", "required") else NamedTool(choice)
+    return ChatRequest(messages, tools=(WEATHER, TIME), tool_choice=named, parallel_tool_calls=parallel)  # type: ignore[arg-type]
 
 
 def read(tools: NativeTools, request: ChatRequest, reply: str, size: int = 3) -> tuple[list[object], bool]:

@@ -25,7 +25,9 @@ from snapcache.server.chat.engine import ChatEvent, Finished, Started, TextDelta
 from snapcache.server.chat.request import (
     ChatMessage,
     ChatRequest,
+    NamedTool,
     ToolCallRequest,
+    ToolChoice,
     ToolSpec,
     arguments_text,
     normalized_messages,
@@ -37,6 +39,8 @@ from snapcache.server.errors import BadRequest
 __all__ = ["chat_request", "error_body", "error_event", "message_events", "message_of"]
 
 _log = logging.getLogger("snapcache")
+# Anthropic's tool_choice types, as the engine's modes
+_CHOICE_MODES: dict[str, ToolChoice] = {"auto": "auto", "any": "required", "none": "none"}
 
 _STOP_REASONS = {
     "end": "end_turn",
@@ -73,13 +77,14 @@ def chat_request(body: ConversationRequest, scope: str) -> ChatRequest:
     left_out = [tool.name for tool in body.tools or () if tool.input_schema is None]
     if left_out:
         _log.info("/v1/messages: server tools left out of the prompt: %s", ", ".join(left_out))
-    choice, parallel = "auto", True
+    choice: ToolChoice = "auto"
+    parallel = True
     given = body.tool_choice
     if given is not None:
         if isinstance(given, NamedChoice):
             choice = _named_tool(given.name, tools)
         else:
-            choice = {"auto": "auto", "any": "required", "none": "none"}[given.type]
+            choice = _CHOICE_MODES[given.type]
         parallel = not given.disable_parallel_tool_use
     extra: dict[str, Any] = {}
     if isinstance(body, MessagesRequest):
@@ -113,10 +118,10 @@ def _system_text(blocks: list[TextBlock]) -> str:
     return "\n".join(block.text for block in blocks if block.text)
 
 
-def _named_tool(name: str, tools: tuple[ToolSpec, ...]) -> str:
+def _named_tool(name: str, tools: tuple[ToolSpec, ...]) -> NamedTool:
     if name not in {tool.name for tool in tools}:
         raise BadRequest(f"tool_choice: no tool named {name!r} among the tools", param="tool_choice")
-    return name
+    return NamedTool(name)
 
 
 def _messages_of(message: MessageParam, where: str) -> list[ChatMessage]:

@@ -26,7 +26,9 @@ from snapcache.server.chat.engine import ChatEvent, Finished, Started, TextDelta
 from snapcache.server.chat.request import (
     ChatMessage,
     ChatRequest,
+    NamedTool,
     ToolCallRequest,
+    ToolChoice,
     ToolSpec,
     arguments_text,
     normalized_messages,
@@ -81,11 +83,14 @@ def chat_request(body: ChatCompletionRequest, scope: str) -> ChatRequest:
     messages = [_message_of(message, f"messages.{i}") for i, message in enumerate(body.messages)]
     tools = _tools_of(body)
     given = body.tool_choice or "auto"
-    choice = given if isinstance(given, str) else given.function.name
+    choice: ToolChoice = given if isinstance(given, str) else NamedTool(given.function.name)
     if choice not in ("auto", "none") and not tools:
-        raise BadRequest(f"tool_choice: {choice!r} needs function tools", param="tool_choice")
-    if choice not in ("auto", "none", "required") and choice not in {tool.name for tool in tools}:
-        raise BadRequest(f"tool_choice: no function named {choice!r} among the tools", param="tool_choice")
+        named = choice.name if isinstance(choice, NamedTool) else choice
+        raise BadRequest(f"tool_choice: {named!r} needs function tools", param="tool_choice")
+    if isinstance(choice, NamedTool) and choice.name not in {tool.name for tool in tools}:
+        raise BadRequest(
+            f"tool_choice: no function named {choice.name!r} among the tools", param="tool_choice"
+        )
     stop = body.stop if isinstance(body.stop, list) else [body.stop] if body.stop else []
     limit = body.max_completion_tokens or body.max_tokens
     return ChatRequest(

@@ -21,7 +21,7 @@ from typing import Any
 
 from llama_cpp.llama_grammar import LlamaGrammar
 
-from snapcache.server.chat.request import ChatMessage, ChatRequest, ToolCallRequest, ToolSpec
+from snapcache.server.chat.request import ChatMessage, ChatRequest, NamedTool, ToolCallRequest, ToolSpec
 from snapcache.server.chat.tool_format import PlainReader, ReplyReader, checked_grammar
 from snapcache.server.tools import GenericCallStream, parse_generic, schema_gbnf
 
@@ -94,8 +94,8 @@ class GenericTools:
         if not request.uses_tools:
             return None
         tools = request.tools
-        if request.tool_choice not in ("auto", "required"):
-            tools = tuple(tool for tool in tools if tool.name == request.tool_choice) or tools
+        if isinstance(request.tool_choice, NamedTool):
+            tools = tuple(tool for tool in tools if tool.name == request.tool_choice.name) or tools
         # Agents send the same tools every turn: their grammar is made once.
         listed = json.dumps([[tool.name, dict(tool.parameters)] for tool in tools])
         gbnf = _answer_grammar(

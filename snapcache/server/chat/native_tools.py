@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from snapcache.server.chat.request import ChatRequest, ToolSpec
+from snapcache.server.chat.request import ChatRequest, NamedTool, ToolSpec
 from snapcache.server.chat.tool_format import PlainReader, ReplyReader, chat_template, checked_grammar
 from snapcache.server.tools import StreamItem, ToolCall, ToolCallDelta, ToolCallStream, render_messages
 from snapcache.server.tools import ToolFormat as CallFormat
@@ -70,8 +70,8 @@ class NativeTools:
         if not request.uses_tools or request.tool_choice == "auto":
             return None
         tools = request.tools
-        if request.tool_choice != "required":
-            tools = tuple(tool for tool in tools if tool.name == request.tool_choice) or tools
+        if isinstance(request.tool_choice, NamedTool):
+            tools = tuple(tool for tool in tools if tool.name == request.tool_choice.name) or tools
         gbnf = self.format.grammar(tools, parallel=request.parallel_tool_calls, token_of=self._token_of)
         if gbnf is None:
             return None

@@ -20,6 +20,7 @@ from snapcache.server.tools import UnsupportedContent, content_text
 __all__ = [
     "ChatMessage",
     "ChatRequest",
+    "NamedTool",
     "ToolCallRequest",
     "ToolChoice",
     "ToolSpec",
@@ -29,8 +30,18 @@ __all__ = [
 ]
 
 Role = Literal["system", "user", "assistant", "tool"]
-# "auto": text or a call; "required": a call; a tool's name: a call of that tool; "none": no tools.
-ToolChoice = str
+
+
+@dataclass(frozen=True, slots=True)
+class NamedTool:
+    """A `tool_choice` that names the tool to call (kept apart from the modes: a tool may be called
+    "auto", "none" or "required")."""
+
+    name: str
+
+
+# "auto": text or a call; "required": a call; NamedTool: a call of that tool; "none": no tools.
+ToolChoice = Literal["auto", "none", "required"] | NamedTool
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,9 @@ from snapcache.server.chat.engine import ChatEvent, Finished, Started, TextDelta
 from snapcache.server.chat.request import (
     ChatMessage,
     ChatRequest,
+    NamedTool,
     ToolCallRequest,
+    ToolChoice,
     ToolSpec,
     normalized_messages,
 )
@@ -74,7 +76,7 @@ def chat_request(body: ResponsesRequest, scope: str) -> ChatRequest:
     if left_out:
         _log.info("/v1/responses: tools other than functions left out of the prompt: %s", ", ".join(left_out))
     given = body.tool_choice or "auto"
-    choice: str = given if isinstance(given, str) else given.name
+    choice: ToolChoice = given if isinstance(given, str) else NamedTool(given.name)
     if isinstance(given, FunctionChoice) and given.name not in {tool.name for tool in tools}:
         raise BadRequest(
             f"tool_choice: no function named {given.name!r} among the tools", param="tool_choice"

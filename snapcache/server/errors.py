@@ -26,7 +26,9 @@ class BadRequest(Exception):
         self.code = code
 
     def document(self) -> dict[str, Any]:
-        return error_document(str(self), param=self.param, code=self.code)
+        """The error in the OpenAI API's shape (a status of 500 or more is a server error)."""
+        kind = "invalid_request_error" if self.status < 500 else "server_error"
+        return error_document(str(self), kind=kind, param=self.param, code=self.code)
 
 
 def client_error(error: BaseException) -> dict[str, Any] | None:

@@ -209,8 +209,7 @@ def test_two_hundred_tools_that_do_not_fit_name_the_flag_to_raise(
         openai_api.responses.create(model="m", input=QUESTION, tools=functions, stream=stream)
     error = openai_error(raised)
     assert "--n-ctx" in error["message"], error
-    if not stream:  # a stream's early error carries its message only
-        assert error["code"] == "context_length_exceeded", error
+    assert error["code"] == "context_length_exceeded", error  # a stream's early error too
     still_serving(server)
 
 

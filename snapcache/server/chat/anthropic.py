@@ -58,9 +58,10 @@ _ERROR_TYPES = {
 }
 
 
-def error_body(status: int, message: str) -> dict[str, Any]:
-    """An error in the Anthropic API's shape."""
-    return {"type": "error", "error": {"type": _ERROR_TYPES.get(status, "api_error"), "message": message}}
+def error_body(failure: BadRequest) -> dict[str, Any]:
+    """An error in the Anthropic API's shape (which names no parameter)."""
+    kind = _ERROR_TYPES.get(failure.status, "api_error")
+    return {"type": "error", "error": {"type": kind, "message": str(failure)}}
 
 
 def chat_request(body: ConversationRequest, scope: str) -> ChatRequest:
@@ -229,9 +230,9 @@ async def message_events(events: AsyncIterator[ChatEvent], model: str) -> AsyncI
             yield _sse("message_stop", {"type": "message_stop"})
 
 
-def error_event(status: int, message: str) -> bytes:
+def error_event(failure: BadRequest) -> bytes:
     """An error that happened after the stream began, as its last event."""
-    return _sse("error", error_body(status, message))
+    return _sse("error", error_body(failure))
 
 
 def _usage(usage: Usage) -> dict[str, Any]:

@@ -34,7 +34,7 @@ from snapcache.server.chat.request import (
     normalized_messages,
 )
 from snapcache.server.checks import schema_problem
-from snapcache.server.errors import BadRequest, error_document
+from snapcache.server.errors import BadRequest
 
 __all__ = [
     "ON_ENGINE",
@@ -66,15 +66,15 @@ def runs_on_engine(document: Mapping[str, Any]) -> bool:
     )
 
 
-def error_body(status: int, message: str) -> dict[str, Any]:
+def error_body(failure: BadRequest) -> dict[str, Any]:
     """An error in the OpenAI API's shape."""
-    return error_document(message, kind="invalid_request_error" if status < 500 else "server_error")
+    return failure.document()
 
 
-def error_event(status: int, message: str) -> bytes:
+def error_event(failure: BadRequest) -> bytes:
     """An error that happened after the stream began, as its last event (the `openai` client raises
     it)."""
-    return _sse(error_body(status, message))
+    return _sse(failure.document())
 
 
 def chat_request(body: ChatCompletionRequest, scope: str) -> ChatRequest:

@@ -34,21 +34,22 @@ from snapcache.server.chat.responses_protocol import (
     ResponsesRequest,
 )
 from snapcache.server.checks import schema_problem
-from snapcache.server.errors import BadRequest, error_document
+from snapcache.server.errors import BadRequest
 
 __all__ = ["ResponseEvents", "chat_request", "error_body", "error_event", "response_of"]
 
 _log = logging.getLogger("snapcache")
 
 
-def error_body(status: int, message: str) -> dict[str, Any]:
+def error_body(failure: BadRequest) -> dict[str, Any]:
     """An error in the OpenAI API's shape."""
-    return error_document(message, kind="invalid_request_error" if status < 500 else "server_error")
+    return failure.document()
 
 
-def error_event(status: int, message: str) -> bytes:
+def error_event(failure: BadRequest) -> bytes:
     """An error that happened after the stream began, as its last event."""
-    return _sse("error", {"type": "error", "code": None, "message": message, "param": None})
+    error = {"type": "error", "code": failure.code, "message": str(failure), "param": failure.param}
+    return _sse("error", error)
 
 
 def chat_request(body: ResponsesRequest, scope: str) -> ChatRequest:

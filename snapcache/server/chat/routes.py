@@ -12,7 +12,7 @@ bearer token.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request, Security
@@ -35,9 +35,9 @@ from snapcache.server.chat.chat_completions_protocol import parsed
 from snapcache.server.chat.engine import ChatEngine, ChatEvent
 from snapcache.server.chat.prompt_size import PromptCounter
 from snapcache.server.chat.responses_protocol import ResponsesRequest
-from snapcache.server.chat.streaming import EventStream, failure_status
+from snapcache.server.chat.streaming import EventStream, as_failure
 from snapcache.server.checks import CHAT_PATH, parse_body
-from snapcache.server.errors import BadRequest, error_document
+from snapcache.server.errors import BadRequest
 
 __all__ = ["MESSAGES_PATHS", "RESPONSES_PATH", "install_dialects"]
 
@@ -55,12 +55,35 @@ class Unauthorized(Exception):
     """A request without the server's API key."""
 
 
+def _anthropic_failure(exc: BaseException) -> JSONResponse:
+    failure = as_failure(exc)
+    return JSONResponse(anthropic.error_body(failure), status_code=failure.status)
+
+
+def _openai_failure(exc: BaseException) -> JSONResponse:
+    failure = as_failure(exc)
+    return JSONResponse(failure.document(), status_code=failure.status)
+
+
 def _anthropic_error(status: int, message: str) -> JSONResponse:
-    return JSONResponse(anthropic.error_body(status, message), status_code=status)
+    return _anthropic_failure(BadRequest(message, status=status))
 
 
 def _openai_error(status: int, message: str) -> JSONResponse:
-    return JSONResponse(responses.error_body(status, message), status_code=status)
+    return _openai_failure(BadRequest(message, status=status))
+
+
+async def _answered(
+    events: AsyncIterator[ChatEvent],
+    answer: Callable[[list[ChatEvent]], dict[str, Any]],
+    failed: Callable[[BaseException], JSONResponse],
+) -> Response:
+    """A whole (not streamed) answer: `answer` of the events, or `failed` of what went wrong."""
+    try:
+        collected = [event async for event in events]
+    except Exception as exc:
+        return failed(exc)
+    return JSONResponse(answer(collected))
 
 
 _ANTHROPIC_ERROR_SCHEMA: dict[str, Any] = {
@@ -161,17 +184,13 @@ def _messages_router(engine: ChatEngine, counter: PromptCounter) -> APIRouter:
             chat = anthropic.chat_request(body, _scope(request))
             _check_text(body)
         except BadRequest as exc:
-            return _anthropic_error(exc.status, str(exc))
+            return _anthropic_failure(exc)
         if chat.stream:
             events = anthropic.message_events(engine.events(chat), body.model)
             return EventStream(events, anthropic.error_body, anthropic.error_event)
-        collected: list[ChatEvent] = []
-        try:
-            async for event in engine.events(chat):
-                collected.append(event)
-        except Exception as exc:
-            return _anthropic_error(*failure_status(exc))
-        return JSONResponse(anthropic.message_of(collected, body.model))
+        return await _answered(
+            engine.events(chat), lambda events: anthropic.message_of(events, body.model), _anthropic_failure
+        )
 
     @router.post(COUNT_TOKENS_PATH, summary="Anthropic Messages: count tokens", responses=_ANTHROPIC_ERRORS)
     async def count_tokens(body: CountTokensRequest, request: Request) -> Response:
@@ -180,7 +199,7 @@ def _messages_router(engine: ChatEngine, counter: PromptCounter) -> APIRouter:
             _check_text(body)
             count = await run_in_threadpool(counter.count, chat)
         except Exception as exc:
-            return _anthropic_error(*failure_status(exc))
+            return _anthropic_failure(exc)
         return JSONResponse({"input_tokens": count})
 
     return router
@@ -195,19 +214,13 @@ def _responses_router(engine: ChatEngine) -> APIRouter:
             chat = responses.chat_request(body, _scope(request))
             _check_text(body)
         except BadRequest as exc:
-            return _openai_bad_request(exc)
+            return _openai_failure(exc)
         if chat.stream:
             events = responses.ResponseEvents(body).events(engine.events(chat))
             return EventStream(events, responses.error_body, responses.error_event)
-        collected: list[ChatEvent] = []
-        try:
-            async for event in engine.events(chat):
-                collected.append(event)
-        except Exception as exc:
-            if isinstance(exc, BadRequest):
-                return _openai_bad_request(exc)
-            return _openai_error(*failure_status(exc))
-        return JSONResponse(responses.response_of(collected, body))
+        return await _answered(
+            engine.events(chat), lambda events: responses.response_of(events, body), _openai_failure
+        )
 
     return router
 
@@ -233,19 +246,13 @@ def _install_chat_completions(app: FastAPI, engine: ChatEngine, guard: list[Depe
             body = parsed(parse_body(await request.body()))
             chat = chat_completions.chat_request(body, _scope(request))
         except BadRequest as exc:
-            return _openai_bad_request(exc)
+            return _openai_failure(exc)
         if chat.stream:
             events = chat_completions.CompletionChunks(body).events(engine.events(chat))
             return EventStream(events, chat_completions.error_body, chat_completions.error_event)
-        collected: list[ChatEvent] = []
-        try:
-            async for event in engine.events(chat):
-                collected.append(event)
-        except Exception as exc:
-            if isinstance(exc, BadRequest):
-                return _openai_bad_request(exc)
-            return _openai_error(*failure_status(exc))
-        return JSONResponse(chat_completions.completion_of(collected, body))
+        return await _answered(
+            engine.events(chat), lambda events: chat_completions.completion_of(events, body), _openai_failure
+        )
 
     app.router.add_api_route(
         CHAT_PATH,
@@ -257,10 +264,6 @@ def _install_chat_completions(app: FastAPI, engine: ChatEngine, guard: list[Depe
     )
     routes = app.router.routes
     routes.insert(0, routes.pop())  # routes match in order: first, or llama-cpp-python's takes it
-
-
-def _openai_bad_request(exc: BadRequest) -> JSONResponse:
-    return JSONResponse(error_document(str(exc), param=exc.param, code=exc.code), status_code=exc.status)
 
 
 def _scope(request: Request) -> str:

@@ -20,19 +20,20 @@ from starlette.types import Receive, Scope, Send
 
 from snapcache.server.errors import BadRequest
 
-__all__ = ["EventStream", "failure_status"]
+__all__ = ["EventStream", "as_failure"]
 
 _log = logging.getLogger("snapcache")
 
-ErrorBody = Callable[[int, str], dict[str, Any]]
+ErrorBody = Callable[[BadRequest], dict[str, Any]]
 
 
-def failure_status(exc: BaseException) -> tuple[int, str]:
-    """The status and message a failed request answers with (a 500 is logged with its traceback)."""
+def as_failure(exc: BaseException) -> BadRequest:
+    """What a failed request answers: its BadRequest (status, message, param, code), or a 500 for any
+    other exception, logged with its traceback."""
     if isinstance(exc, BadRequest):
-        return exc.status, str(exc)
+        return exc
     _log.error("request failed: %s", exc, exc_info=exc)
-    return 500, f"the request failed: {type(exc).__name__}"
+    return BadRequest(f"the request failed: {type(exc).__name__}", status=500)
 
 
 class EventStream(Response):
@@ -45,7 +46,7 @@ class EventStream(Response):
         self,
         events: AsyncIterator[bytes],
         error_body: ErrorBody,
-        error_event: Callable[[int, str], bytes],
+        error_event: Callable[[BadRequest], bytes],
     ) -> None:
         super().__init__(status_code=200)
         self._events = events
@@ -60,8 +61,9 @@ class EventStream(Response):
             except StopAsyncIteration:
                 first = b""
             except Exception as exc:
-                status, message = failure_status(exc)
-                body = json.dumps(self._error_body(status, message)).encode()
+                failure = as_failure(exc)
+                status = failure.status
+                body = json.dumps(self._error_body(failure)).encode()
                 headers = [
                     (b"content-type", b"application/json"),
                     (b"content-length", str(len(body)).encode()),
@@ -88,8 +90,7 @@ class EventStream(Response):
                     async for chunk in events:
                         await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 except Exception as exc:
-                    status, message = failure_status(exc)
-                    chunk = self._error_event(status, message)
+                    chunk = self._error_event(as_failure(exc))
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
                 group.cancel_scope.cancel()

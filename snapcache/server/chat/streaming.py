@@ -4,7 +4,8 @@ The first event is awaited before anything is sent, so a request the model refus
 long for the context) gets its error with a 4xx status in its dialect's shape; after that the events
 go out as server-sent events, and an error ends the stream with the dialect's error event. The whole
 answer runs in the task that serves the request (the model's turn is taken and given back there),
-and a client gone cancels it.
+and a client gone cancels it: the model's work for it too, even before its first event (see
+`snapcache.llama.request_streams`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import anyio
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from snapcache.llama.request_streams import RequestStreams
 from snapcache.server.errors import BadRequest
 
 __all__ = ["EventStream", "as_failure"]
@@ -55,45 +57,51 @@ class EventStream(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         events = self._events
-        try:
+        # The model's streams for this answer (opened in its context when the events start): a
+        # client gone cancels them at their next step, also while the prompt is still being read.
+        with RequestStreams.opened() as streams:
             try:
-                first = await events.__anext__()
-            except StopAsyncIteration:
-                first = b""
-            except Exception as exc:
-                failure = as_failure(exc)
-                status = failure.status
-                body = json.dumps(self._error_body(failure)).encode()
-                headers = [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                ]
-                await send({"type": "http.response.start", "status": status, "headers": headers})
-                await send({"type": "http.response.body", "body": body, "more_body": False})
-                return
-            headers = [
-                (b"content-type", b"text/event-stream; charset=utf-8"),
-                (b"cache-control", b"no-cache"),
-                (b"x-accel-buffering", b"no"),
-            ]
-            await send({"type": "http.response.start", "status": 200, "headers": headers})
-            async with anyio.create_task_group() as group:
+                async with anyio.create_task_group() as group:
 
-                async def watch() -> None:
-                    while (await receive())["type"] != "http.disconnect":
-                        pass
+                    async def watch() -> None:
+                        while (await receive())["type"] != "http.disconnect":
+                            pass
+                        streams.cancel_all()
+                        group.cancel_scope.cancel()
+
+                    group.start_soon(watch)
+                    await self._answer(events, send)
                     group.cancel_scope.cancel()
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await events.aclose()  # type: ignore[attr-defined]
 
-                group.start_soon(watch)
-                await send({"type": "http.response.body", "body": first, "more_body": True})
-                try:
-                    async for chunk in events:
-                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                except Exception as exc:
-                    chunk = self._error_event(as_failure(exc))
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
-                group.cancel_scope.cancel()
-        finally:
-            with anyio.CancelScope(shield=True):
-                await events.aclose()  # type: ignore[attr-defined]
+    async def _answer(self, events: AsyncIterator[bytes], send: Send) -> None:
+        try:
+            first = await events.__anext__()
+        except StopAsyncIteration:
+            first = b""
+        except Exception as exc:
+            failure = as_failure(exc)
+            body = json.dumps(self._error_body(failure)).encode()
+            headers = [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ]
+            await send({"type": "http.response.start", "status": failure.status, "headers": headers})
+            await send({"type": "http.response.body", "body": body, "more_body": False})
+            return
+        headers = [
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+            (b"cache-control", b"no-cache"),
+            (b"x-accel-buffering", b"no"),
+        ]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": first, "more_body": True})
+        try:
+            async for chunk in events:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except Exception as exc:
+            chunk = self._error_event(as_failure(exc))
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})

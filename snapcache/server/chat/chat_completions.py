@@ -41,7 +41,6 @@ __all__ = [
     "CompletionChunks",
     "chat_request",
     "completion_of",
-    "error_body",
     "error_event",
     "runs_on_engine",
 ]
@@ -64,11 +63,6 @@ def runs_on_engine(document: Mapping[str, Any]) -> bool:
     return isinstance(messages, list) and any(
         isinstance(m, Mapping) and (m.get("role") == "tool" or bool(m.get("tool_calls"))) for m in messages
     )
-
-
-def error_body(failure: BadRequest) -> dict[str, Any]:
-    """An error in the OpenAI API's shape."""
-    return failure.document()
 
 
 def error_event(failure: BadRequest) -> bytes:

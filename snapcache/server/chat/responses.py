@@ -36,14 +36,9 @@ from snapcache.server.chat.responses_protocol import (
 from snapcache.server.checks import schema_problem
 from snapcache.server.errors import BadRequest
 
-__all__ = ["ResponseEvents", "chat_request", "error_body", "error_event", "response_of"]
+__all__ = ["ResponseEvents", "chat_request", "error_event", "response_of"]
 
 _log = logging.getLogger("snapcache")
-
-
-def error_body(failure: BadRequest) -> dict[str, Any]:
-    """An error in the OpenAI API's shape."""
-    return failure.document()
 
 
 def error_event(failure: BadRequest) -> bytes:

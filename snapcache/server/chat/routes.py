@@ -217,7 +217,7 @@ def _responses_router(engine: ChatEngine) -> APIRouter:
             return _openai_failure(exc)
         if chat.stream:
             events = responses.ResponseEvents(body).events(engine.events(chat))
-            return EventStream(events, responses.error_body, responses.error_event)
+            return EventStream(events, BadRequest.document, responses.error_event)
         return await _answered(
             engine.events(chat), lambda events: responses.response_of(events, body), _openai_failure
         )
@@ -249,7 +249,7 @@ def _install_chat_completions(app: FastAPI, engine: ChatEngine, guard: list[Depe
             return _openai_failure(exc)
         if chat.stream:
             events = chat_completions.CompletionChunks(body).events(engine.events(chat))
-            return EventStream(events, chat_completions.error_body, chat_completions.error_event)
+            return EventStream(events, BadRequest.document, chat_completions.error_event)
         return await _answered(
             engine.events(chat), lambda events: chat_completions.completion_of(events, body), _openai_failure
         )

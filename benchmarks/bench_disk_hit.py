@@ -39,6 +39,7 @@ from _common import Table, make_parser, report
 from snapcache.disk.files import FILES_DIR, decode_buffer, read_file  # the disk tier's own
 from snapcache.disk.tier import DiskTier
 from snapcache.formats import codec, snapshot_file
+from snapcache.formats.codec import ZSTD
 from snapcache.formats.threads import map_in_parallel
 from snapcache.key import BLOCK_TOKENS, SnapshotKey, TokenArray, block_keys
 from snapcache.llama._state_layout import pad_window, parse_sections
@@ -55,7 +56,7 @@ GEMMA_VOCABULARY = 262_144  # one row of logits is stored with each snapshot
 
 
 def encode_format_2(snapshot: Snapshot, mac_secret: bytes | None) -> snapshot_file.EncodedFile:
-    return snapshot_file.encode(snapshot, store_id=STORE_ID, level=1, shuffle=True, mac_secret=mac_secret)
+    return snapshot_file.encode(snapshot, store_id=STORE_ID, state_codec=ZSTD, mac_secret=mac_secret)
 
 
 def encode_format_1(snapshot: Snapshot, mac_secret: bytes | None) -> bytes:
@@ -93,7 +94,7 @@ def hit_row(
         data = encode_format_1(snapshot, mac_secret)
     else:
         encoded = snapshot_file.encode(
-            snapshot, store_id=STORE_ID, level=1, shuffle=True, mac_secret=mac_secret
+            snapshot, store_id=STORE_ID, state_codec=ZSTD, mac_secret=mac_secret
         )
         data = b"".join(bytes(p) for p in encoded.parts)
     state_bytes = len(snapshot.state)

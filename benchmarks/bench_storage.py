@@ -84,8 +84,15 @@ FULL = Sizes(10, 620, 100, 1_200, 32, (1_024, 8_192), 512, 256 << 20, 512 << 20,
 QUICK = Sizes(3, 200, 40, 200, 4, (128, 256), 64, 2 << 20, 4 << 20, 300, 1)
 
 
-def _store(directory: Path | None, ram: int = BIG_RAM, disk: int = BIG_DISK) -> SnapshotStore:
-    return SnapshotStore(directory, ram_bytes=ram, disk_bytes=disk if directory is not None else None)
+def _store(
+    directory: Path | None, ram: int = BIG_RAM, disk: int = BIG_DISK, compression: str | None = None
+) -> SnapshotStore:
+    return SnapshotStore(
+        directory,
+        ram_bytes=ram,
+        disk_bytes=disk if directory is not None else None,
+        compression=compression,  # type: ignore[arg-type]
+    )
 
 
 def _one_snapshot_bytes(model: ModelChoice, n_ctx: int, tokens: list[int], workdir: Path) -> tuple[int, int]:
@@ -370,6 +377,18 @@ def geometry_size(
     result["request_disk_s"] = statistics.median(q for _, q in from_disk)
     result["open_s"] = statistics.median(opens)
     result["disk_bytes"] = directory_bytes(directory)
+    result["compression"] = store.compression
+    # The same state written compressed (--compression zstd: what every state was before "auto").
+    zstd_directory = directory.parent / f"{directory.name}-zstd"
+    with _store(zstd_directory, compression="zstd") as zstd_store:
+        CachedLlama(reader, zstd_store).warm(prompt)
+    zstd_restores = []
+    for _ in range(reps):
+        with _store(zstd_directory, compression="zstd") as reopened:
+            zstd_restores.append(restore(reopened, "disk")[0])
+    _note(n, "restores from compressed files")
+    result["restore_disk_zstd_s"] = statistics.median(zstd_restores)
+    result["disk_bytes_zstd"] = directory_bytes(zstd_directory)
     result["read_file_s"] = _read_file_seconds(directory.parent / f"one-file-{n}", blob, reps)
     result["copy_s"] = _copy_seconds(blob, reps)
     restorer.reset()
@@ -612,6 +631,8 @@ def _geometry_tables(geo: dict[str, Any], reps: int) -> list[Table]:
         ("restore from disk, store reopened (lookup + read + restore)", "restore_disk_s"),
     ):
         row(label, [r[key] for r in runs])
+    if all("restore_disk_zstd_s" in r for r in runs):
+        row("  ... the files compressed (--compression zstd)", [r["restore_disk_zstd_s"] for r in runs])
     row("floor from disk: that read, then llama.cpp's restore alone", [floor(r) for r in runs])
     row("whole request restoring from RAM", [r["request_ram_s"] for r in runs], rates=False)
     row("whole request restoring from disk", [r["request_disk_s"] for r in runs], rates=False)
@@ -625,7 +646,9 @@ def _geometry_tables(geo: dict[str, Any], reps: int) -> list[Table]:
         geometry_table.notes.append(
             f"{run['prompt_tokens']:,} tokens: state {fmt_bytes(state)} "
             f"({state / run['prompt_tokens'] / 1024:.2f} KiB per token, header included), files on disk "
-            f"{fmt_bytes(run['disk_bytes'])}; targets: capture + put {put_ratio:.2f}x llama.cpp's capture "
+            f"{fmt_bytes(run['disk_bytes'])} (compression {run.get('compression', 'zstd')}"
+            + (f"; {fmt_bytes(run['disk_bytes_zstd'])} compressed" if "disk_bytes_zstd" in run else "")
+            + f"); targets: capture + put {put_ratio:.2f}x llama.cpp's capture "
             f"(<= {PUT_OVER_CAPTURE}x: {'met' if put_ratio <= PUT_OVER_CAPTURE else 'NOT met'}), from RAM "
             f"{ram_gbps:.2f} GB/s (>= {RAM_GBPS}: {'met' if ram_gbps >= RAM_GBPS else 'NOT met'}; "
             f"{ram_ratio:.2f}x its floor of one copy and llama.cpp's restore, "

@@ -1,5 +1,5 @@
-"""What the global options decide for every command: the cache directory, the remote tier, the
-models' K/V cache type and how chatty to be."""
+"""What the global options decide for every command: the cache directory, the remote tier, how
+the disk tier stores states, the models' K/V cache type and how chatty to be."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 
 REMOTE_BUDGET_ENV = "SNAPCACHE_REMOTE_BUDGET"
 KV_CACHE_ENV = "SNAPCACHE_KV_CACHE"
+COMPRESSION_ENV = "SNAPCACHE_COMPRESSION"
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +26,7 @@ class Settings:
     remote: str | None = None  # a redis:// URL; None: $SNAPCACHE_REMOTE, else no remote tier
     remote_budget: int | None = None  # bytes the remote tier may hold; None: the library's default
     kv_cache: str | None = None  # the models' K/V cache type (`snapcache.llama.loader.KV_CACHE_TYPES`)
+    compression: str | None = None  # auto, zstd or none; None: $SNAPCACHE_COMPRESSION, else auto
 
     def open_store(self) -> SnapshotStore:
         """The snapshot store in --cache-dir, else in the library's default directory.
@@ -35,12 +37,17 @@ class Settings:
         from snapcache import SnapshotStore
 
         if self.cache_dir is None:
-            return SnapshotStore(disk_bytes=None, **self.remote_options())
-        return SnapshotStore(self.cache_dir, disk_bytes=None, **self.remote_options())
+            return SnapshotStore(disk_bytes=None, **self.store_options())
+        return SnapshotStore(self.cache_dir, disk_bytes=None, **self.store_options())
 
-    def remote_options(self) -> dict[str, Any]:
-        """The SnapshotStore arguments of the remote tier: its URL and budget."""
-        return {"remote": self.remote, "remote_budget_bytes": self.remote_budget}
+    def store_options(self) -> dict[str, Any]:
+        """The SnapshotStore arguments the global options decide: the remote tier's URL and budget,
+        and the disk tier's compression."""
+        return {
+            "remote": self.remote,
+            "remote_budget_bytes": self.remote_budget,
+            "compression": self.compression,
+        }
 
 
 def settings_of(ctx: typer.Context) -> Settings:

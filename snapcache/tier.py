@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal, Protocol, TypeVar
 
 from snapcache.key import SnapshotKey
-from snapcache.snapshot import Buffer, Snapshot
+from snapcache.snapshot import Snapshot
 
 TierName = Literal["ram", "disk", "remote"]
 # The tiers from the fastest to the slowest, the order the store walks them in.
@@ -19,10 +19,6 @@ def slowest(tiers: Iterable[TierName], default: TierName) -> TierName:
     found = [TIER_ORDER.index(tier) for tier in tiers]
     return TIER_ORDER[max(found)] if found else default
 
-
-# The state of a snapshot compressed at a level and shuffle (`codec.compress`): what a store hands the
-# tiers that write files (disk, remote) so that a put is compressed once, not once per tier.
-PayloadSource = Callable[[Snapshot, int, bool], Buffer]
 
 # token_count, prefix_hash, rolling_hash (unsigned): a row of a tier's lookup catalog, what a
 # longest-prefix lookup needs of an entry

@@ -17,7 +17,7 @@ import typer
 import snapcache
 
 from ..formatting import format_size, render_pairs
-from ..settings import Settings, settings_of
+from ..settings import COMPRESSION_ENV, Settings, settings_of
 
 if TYPE_CHECKING:
     from snapcache.llama.cxx_runtime import LibraryLinkage
@@ -74,6 +74,7 @@ def doctor(
     checks = [
         *_directory_checks(found),
         _store_check(settings, found),
+        _compression_check(settings),
         *_remote_check(settings),
         _model_check(),
         _gpu_check(info["llama_cpp"]),
@@ -201,7 +202,8 @@ def _store_check(settings: Settings, found: DirectoryReport) -> Check:
         return Check("store", "ok", f"{_plural(files, 'snapshot file')}, indexed when the store next opens")
     try:
         with settings.open_store() as store:
-            count = len({e.key.id for e in store.entries()})
+            entries = store.entries()
+            count = len({e.key.id for e in entries})
             report = store.check(repair=False)  # the index against the files, without reading them
     except (snapcache.SnapcacheError, OSError) as exc:
         return Check("store", "fail", describe(exc))
@@ -212,7 +214,32 @@ def _store_check(settings: Settings, found: DirectoryReport) -> Check:
             f"opens; {_plural(count, 'snapshot')}; {_plural(report.problems, 'problem')} between the "
             "index and the files: run `snapcache check --repair`",
         )
-    return Check("store", "ok", f"opens; {_plural(count, 'snapshot')}")
+    on_disk = [e for e in entries if e.tier == "disk"]
+    stored, state = sum(e.nbytes for e in on_disk), sum(e.state_bytes for e in on_disk)
+    held = f"; {format_size(stored)} on disk for {format_size(state)} of state" if state else ""
+    return Check("store", "ok", f"opens; {_plural(count, 'snapshot')}{held}")
+
+
+_COMPRESSION_MEANS = {
+    "auto": "a model's states are stored raw where zstd saves under a quarter of them (f16 K/V), "
+    "read at the disk's speed; others compressed",
+    "zstd": "every state compressed (zstd)",
+    "none": "every state stored raw",
+}
+
+
+def _compression_check(settings: Settings) -> Check:
+    """How the disk tier stores states, and where that setting came from."""
+    if settings.compression is not None:
+        setting, source = settings.compression, "--compression"
+    elif os.environ.get(COMPRESSION_ENV):
+        setting, source = os.environ[COMPRESSION_ENV], f"${COMPRESSION_ENV}"
+    else:
+        setting, source = "auto", "the default"
+    means = _COMPRESSION_MEANS.get(setting)
+    if means is None:
+        return Check("compression", "fail", f"{setting!r} ({source}) is not one of auto, zstd, none")
+    return Check("compression", "ok", f"{setting} ({source}): {means}; every file reads under any setting")
 
 
 def _remote_check(settings: Settings) -> list[Check]:

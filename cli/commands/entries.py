@@ -261,6 +261,7 @@ def stats(ctx: typer.Context, as_json: JsonOption = False) -> None:
         directory = store.directory
         counters = store.stats()
         remote = store.remote_stats()
+        compression = store.compression
     entries = [e for e in everything if not e.key.is_block]
     blocks = [e for e in everything if e.key.is_block]
     savings = SavingsLedger(directory).totals() if directory is not None else []
@@ -278,6 +279,7 @@ def stats(ctx: typer.Context, as_json: JsonOption = False) -> None:
                 "shared_block_bytes": sum(e.nbytes for e in blocks),
                 "stored_bytes": stored,
                 "state_bytes": state,
+                "compression": compression,
                 "tokens": tokens,
                 "disk_budget_bytes": counters.disk_budget_bytes,
                 "scopes": dict(scopes),
@@ -296,7 +298,7 @@ def stats(ctx: typer.Context, as_json: JsonOption = False) -> None:
                 ("snapshots", str(len(entries))),
                 ("shared blocks", f"{len(blocks)} ({format_size(sum(e.nbytes for e in blocks))})"),
                 ("stored", f"{format_size(stored)} of {format_size(counters.disk_budget_bytes)} budget"),
-                ("state", f"{format_size(state)} (compression ratio {ratio})"),
+                ("state", f"{format_size(state)} (compression ratio {ratio}, new states: {compression})"),
                 ("tokens", str(tokens)),
                 ("scopes", ", ".join(f"{s} ({n})" for s, n in sorted(scopes.items())) or "-"),
                 ("models", ", ".join(f"{m[:SHORT_ID]} ({n})" for m, n in sorted(models.items())) or "-"),

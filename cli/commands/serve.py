@@ -163,11 +163,11 @@ def serve(
     _check_port_free(host, port)
     settings = settings_of(ctx)
     directory = settings.cache_dir
-    remote = settings.remote_options()
+    tiers = settings.store_options()
     store = (
-        SnapshotStore(ram_bytes=ram_bytes, disk_bytes=disk_bytes, **remote)
+        SnapshotStore(ram_bytes=ram_bytes, disk_bytes=disk_bytes, **tiers)
         if directory is None
-        else SnapshotStore(directory, ram_bytes=ram_bytes, disk_bytes=disk_bytes, **remote)
+        else SnapshotStore(directory, ram_bytes=ram_bytes, disk_bytes=disk_bytes, **tiers)
     )
     with store:
         if n_ctx is None:

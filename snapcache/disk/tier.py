@@ -42,6 +42,7 @@ from snapcache.disk.repair import DEFAULT_GRACE_S, CheckReport, open_or_rebuild,
 from snapcache.disk.uses import record_uses
 from snapcache.errors import InvalidArgument, StoreUnavailable
 from snapcache.formats import codec
+from snapcache.formats.compression import DEFAULT_COMPRESSION, CodecChoice, Compression, PayloadSource
 from snapcache.formats.pack_file import (
     PACK_MEMBERS,
     PACK_STATE_BYTES,
@@ -52,7 +53,7 @@ from snapcache.formats.pack_file import (
 from snapcache.formats.snapshot_file import EncodedFile, Encoding, mac_key
 from snapcache.key import SnapshotKey, TokenArray, rolling_hash, validate_budget
 from snapcache.snapshot import Buffer, Snapshot
-from snapcache.tier import CatalogRow, EntryInfo, PayloadSource, TierName
+from snapcache.tier import CatalogRow, EntryInfo, TierName
 
 logger = logging.getLogger("snapcache")
 
@@ -92,6 +93,7 @@ class DiskTier:
         *,
         secret: bytes | None = None,
         allow_shared_dir: bool = False,
+        compression: Compression = DEFAULT_COMPRESSION,
         compression_level: int = codec.DEFAULT_LEVEL,
         shuffle: bool = codec.DEFAULT_SHUFFLE,
         on_change: Callable[[Change], None] | None = None,
@@ -101,7 +103,7 @@ class DiskTier:
             budget_bytes = validate_budget("budget_bytes", budget_bytes)
         if secret is not None and (not isinstance(secret, bytes) or not secret):
             raise InvalidArgument("secret must be non-empty bytes or None")
-        level = codec.validate_level(compression_level)
+        codecs = CodecChoice(compression, level=compression_level, shuffle=shuffle)
         self._mac_key = None if secret is None else mac_key(secret)
         self.directory = prepare_cache_dir(Path(directory), allow_shared_dir)
         self._files = self.directory / FILES_DIR
@@ -118,7 +120,7 @@ class DiskTier:
                 logger.warning("could not reclaim debris in %s: %s", self._files, exc)
         self._removals = Removals(self._index, self._open_index, self._files, on_change)
         self._store_id = self._index.store_id
-        self._encoding = Encoding(self._store_id, level, bool(shuffle), self._mac_key)
+        self._encoding = Encoding(self._store_id, codecs, self._mac_key)
         self._stored = StoredFiles(self._files, mac_key=self._mac_key, store_id=self._store_id)
         self._reads = IndexedReads(
             self._open_index,
@@ -216,14 +218,14 @@ class DiskTier:
         if len(run) < 2:
             return [self.put(snapshot) for snapshot in run]
         encoding, source = self._encoding, self.payloads
+        state_codec = encoding.codec_for(run[0])  # one model: one kind of state
         if payloads is None and source is not None:
-            payloads = [source(snapshot, encoding.level, encoding.shuffle) for snapshot in run]
+            payloads = [source(snapshot, state_codec) for snapshot in run]
         try:
             encoded = encode_pack(
                 run,
                 store_id=encoding.store_id,
-                level=encoding.level,
-                shuffle=encoding.shuffle,
+                state_codec=state_codec,
                 mac_secret=encoding.mac_secret,
                 payloads=payloads,
             )

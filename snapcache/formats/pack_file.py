@@ -6,7 +6,7 @@ Layout (all integers little-endian)::
               formats.envelope); the header holds what the members share (store, fingerprint,
               priority, time, codec) and, per member, its scope, token count, prefix hash, state and
               payload sizes and digest
-    body      per member, in order: tokens (int32) | payload (blosc2 chunks, see codec)
+    body      per member, in order: tokens (int32) | payload (blosc2 chunks, or the raw state: see codec)
 
 A restore of many blocks then opens, reads and checks one header for many of them: per block only its
 bytes are read and its digest checked. A member's digest (XXH3-128, or BLAKE3 with a secret, as in
@@ -28,6 +28,7 @@ import xxhash
 
 from snapcache.errors import CorruptSnapshot
 from snapcache.formats import codec
+from snapcache.formats.codec import StateCodec
 from snapcache.formats.envelope import CheckedHead, Envelope, MacMismatch, read_exactly
 from snapcache.formats.snapshot_file import (
     MAGIC,
@@ -35,7 +36,6 @@ from snapcache.formats.snapshot_file import (
     MAX_STATE_BYTES,
     MAX_TOKENS,
     checked_time_and_priority,
-    decoded_state,
     file_tokens,
 )
 from snapcache.key import SnapshotKey, TokenArray
@@ -74,6 +74,7 @@ class PackHead:
     store_id: str
     priority: int
     created_at: float
+    state_codec: StateCodec
     members: tuple[PackMember, ...]
     file_bytes: int  # what the header says the whole file measures
     has_mac: bool
@@ -100,13 +101,12 @@ def encode_pack(
     snapshots: list[Snapshot],
     *,
     store_id: str,
-    level: int,
-    shuffle: bool,
+    state_codec: StateCodec,
     mac_secret: bytes | None,
     payloads: Sequence[Buffer] | None = None,
 ) -> EncodedPack:
-    """Compress `snapshots` (one fingerprint, one priority, no logits) into one pack file; `payloads`:
-    their states already compressed at `level` and `shuffle`, when tiers share them."""
+    """Encode `snapshots` (one fingerprint, one priority, no logits) with `state_codec` into one pack
+    file; `payloads`: their states already encoded so, when tiers share them."""
     if not 0 < len(snapshots) <= MAX_MEMBERS:
         raise ValueError(f"a pack holds 1 to {MAX_MEMBERS} snapshots, not {len(snapshots)}")
     first = snapshots[0]
@@ -123,7 +123,8 @@ def encode_pack(
             raise ValueError("a pack holds no logits")
         state = memoryview(snapshot.state).cast("B")
         tokens = np.ascontiguousarray(snapshot.tokens, dtype="<i4").data.cast("B")
-        payload = codec.compress(state, level=level, shuffle=shuffle) if payloads is None else payloads[i]
+        payload = state_codec.encode(state) if payloads is None else payloads[i]
+        payload_bytes = memoryview(payload).nbytes
         digest = xxhash.xxh3_128() if mac_secret is None else blake3.blake3()
         digest.update(tokens)
         digest.update(payload)
@@ -133,19 +134,19 @@ def encode_pack(
                 "token_count": key.token_count,
                 "prefix_hash": key.prefix_hash,
                 "state_bytes": state.nbytes,
-                "payload_bytes": len(payload),
+                "payload_bytes": payload_bytes,
                 "digest": digest.hexdigest(),
             }
         )
         body += [tokens, payload]
-        bodies.append(tokens.nbytes + len(payload))
+        bodies.append(tokens.nbytes + payload_bytes)
         state_sizes.append(state.nbytes)
     header = {
         "store_id": store_id,
         "model_fingerprint": fingerprint,
         "priority": first.priority,
         "created_at": first.created_at,
-        "codec": {"name": codec.NAME, "level": level, "shuffle": 2 if shuffle else 0},
+        "codec": state_codec.header(),
         "digest": "xxh3_128" if mac_secret is None else "blake3",
         "members": members,
     }
@@ -183,12 +184,7 @@ def _pack_head(checked: CheckedHead, file_bytes: int) -> PackHead:
     """The members a checked head lists, checked against each other and against `file_bytes`."""
     header = checked.header
     has_mac = checked.has_mac
-    codec_info = PACK.field(header, "codec", dict)
-    if PACK.field(codec_info, "name", str) != codec.NAME or PACK.field(codec_info, "shuffle", int) not in (
-        0,
-        2,
-    ):
-        raise CorruptSnapshot("unknown codec")
+    state_codec = StateCodec.of_header(PACK.field(header, "codec", dict))
     if PACK.field(header, "digest", str) != ("blake3" if has_mac else "xxh3_128"):
         raise CorruptSnapshot("pack names the wrong member digest")
     priority, created_at = checked_time_and_priority(header)
@@ -227,6 +223,7 @@ def _pack_head(checked: CheckedHead, file_bytes: int) -> PackHead:
         store_id=store_id,
         priority=priority,
         created_at=created_at,
+        state_codec=state_codec,
         members=tuple(members),
         file_bytes=offset,
         has_mac=has_mac,
@@ -244,8 +241,8 @@ def decode_member(
     state_into: memoryview | None = None,
 ) -> Snapshot:
     """Verify `data`, the member's bytes read from its file, and return its snapshot (copies of what it
-    keeps; with `state_into` large enough, the state is decoded into it). Raises MacMismatch for a
-    head authenticated otherwise, CorruptSnapshot for damage."""
+    keeps; with `state_into`, see codec.decoded). Raises MacMismatch for a head authenticated
+    otherwise, CorruptSnapshot for damage."""
     if not head.authenticated:
         raise MacMismatch("pack is authenticated under another secret (or none), or none is configured")
     view = memoryview(data).cast("B")
@@ -258,7 +255,7 @@ def decode_member(
     tokens = file_tokens(view[:tokens_end])
     if not member.key.matches(tokens):
         raise CorruptSnapshot("a pack block's tokens do not hash to its key")
-    state = decoded_state(view[tokens_end:], member.state_bytes, state_into)
+    state = codec.decoded(head.state_codec, view[tokens_end:], member.state_bytes, state_into)
     return Snapshot(
         key=member.key,
         tokens=tokens,

@@ -3,7 +3,7 @@
 Layout (all integers little-endian)::
 
     envelope  prelude, JSON header (at most MAX_HEADER_BYTES), SHA-256, MAC (see formats.envelope)
-    body      tokens (int32) | logits (float32) | payload (blosc2 chunks, see codec)
+    body      tokens (int32) | logits (float32) | payload (blosc2 chunks, or the raw state: see codec)
 
 The header holds what the rest of the file must hash to, so its digest (or MAC) covers the whole
 file: the SHA-256 of tokens and logits (a megabyte at most for today's vocabularies), and a digest
@@ -35,15 +35,16 @@ import xxhash
 
 from snapcache.errors import CorruptSnapshot
 from snapcache.formats import codec
+from snapcache.formats.codec import StateCodec
+from snapcache.formats.compression import CodecChoice, PayloadSource
 from snapcache.formats.envelope import FLAG_MAC, PRELUDE, CheckedHead, Envelope, MacMismatch, mac_key
 from snapcache.key import SnapshotKey, TokenArray
 from snapcache.snapshot import MAX_PRIORITY, Buffer, Snapshot
-from snapcache.tier import PayloadSource
 
 MAGIC = b"\x89SNAPC\r\n"
 FORMAT_VERSION = 2
 _V1_FRAME_CHECKSUM_BYTES = 4  # the last bytes of a zstd frame written with a content checksum
-_CODEC_NAMES = {1: "zstd", FORMAT_VERSION: codec.NAME}
+_CODEC_NAMES = {1: ("zstd",), FORMAT_VERSION: (codec.NAME, codec.RAW)}
 
 MAX_HEADER_BYTES = 64 << 10
 MAX_TOKENS = 1 << 24
@@ -67,7 +68,6 @@ __all__ = [
     "MacMismatch",
     "checked_time_and_priority",
     "decode",
-    "decoded_state",
     "encode",
     "file_tokens",
     "mac_key",
@@ -117,13 +117,12 @@ def encode(
     snapshot: Snapshot,
     *,
     store_id: str,
-    level: int,
-    shuffle: bool,
+    state_codec: StateCodec,
     mac_secret: bytes | None,
     payload: Buffer | None = None,
 ) -> EncodedFile:
-    """Compress `snapshot` and lay out its file; `mac_secret` comes from mac_key(). `payload`: the
-    state already compressed at `level` and `shuffle` (`codec.compress`), when tiers share one."""
+    """Encode `snapshot`'s state with `state_codec` and lay out its file; `mac_secret` comes from
+    mac_key(). `payload`: the state already encoded so (`state_codec.encode`), when tiers share one."""
     state = memoryview(snapshot.state).cast("B")
     tokens = np.ascontiguousarray(snapshot.tokens, dtype="<i4").data.cast("B")
     logits_shape: list[int] | None = None
@@ -133,7 +132,7 @@ def encode(
         logits_shape = [int(d) for d in array.shape]
         logits = array.data.cast("B")
     if payload is None:
-        payload = codec.compress(state, level=level, shuffle=shuffle)
+        payload = state_codec.encode(state)
     body_digest = hashlib.sha256(tokens)
     body_digest.update(logits)
     key = snapshot.key
@@ -145,8 +144,8 @@ def encode(
         "state_bytes": state.nbytes,
         "logits_shape": logits_shape,
         "logits_dtype": "<f4",
-        "codec": {"name": codec.NAME, "level": level, "shuffle": 2 if shuffle else 0},
-        "payload_bytes": len(payload),
+        "codec": state_codec.header(),
+        "payload_bytes": memoryview(payload).nbytes,
         "body_sha256": body_digest.hexdigest(),
     }
     if mac_secret is None:
@@ -166,27 +165,26 @@ def encode(
 
 @dataclass(frozen=True, slots=True)
 class Encoding:
-    """How one tier encodes its snapshots: its store id, compression settings and MAC key."""
+    """How one tier encodes its snapshots: its store id, codecs and MAC key."""
 
     store_id: str
-    level: int
-    shuffle: bool
+    codecs: CodecChoice
     mac_secret: bytes | None
 
-    def payload(self, snapshot: Snapshot, source: PayloadSource | None) -> Buffer | None:
-        """The state compressed by `source` (the store's shared payloads) at these settings; None
-        without one."""
-        return None if source is None else source(snapshot, self.level, self.shuffle)
+    def codec_for(self, snapshot: Snapshot) -> StateCodec:
+        """The codec `snapshot`'s state is stored with."""
+        return self.codecs.for_state(snapshot.key.model_fingerprint, snapshot.state)
 
     def encode(self, snapshot: Snapshot, source: PayloadSource | None = None) -> EncodedFile:
-        """`encode(snapshot)` at these settings, its state compressed by `source` where given."""
+        """`encode(snapshot)` with its codec, its state encoded by `source` (the store's shared
+        payloads) where given."""
+        state_codec = self.codec_for(snapshot)
         return encode(
             snapshot,
             store_id=self.store_id,
-            level=self.level,
-            shuffle=self.shuffle,
+            state_codec=state_codec,
             mac_secret=self.mac_secret,
-            payload=self.payload(snapshot, source),
+            payload=None if source is None else source(snapshot, state_codec),
         )
 
 
@@ -200,10 +198,11 @@ def decode(
     state_into: memoryview | None = None,
 ) -> Snapshot:
     """Verify a whole file read into memory and return its snapshot, which holds copies of what it
-    keeps: `data` may be overwritten once this returns.
+    keeps: `data` may be overwritten once this returns, unless `state_into` is given.
 
-    `state_into`: a writable buffer the state is decoded into instead of new memory, when it is
-    large enough (format 2); the snapshot's state is then a view of it.
+    `state_into`: a writable buffer a compressed state is decoded into instead of new memory, when
+    it is large enough (format 2); the snapshot's state is then a view of it, or of `data` itself
+    when the state is stored raw (see codec.decoded): valid while both buffers are.
 
     Raises MacMismatch for an intact file authenticated otherwise, CorruptSnapshot for the rest.
     """
@@ -235,7 +234,8 @@ def decode(
         shuffle = SNAPSHOT.field(header, "codec", dict)["shuffle"] == 2
         state = codec.decompress_zstd_frame(payload, expected_size=head.state_bytes, shuffle=shuffle)
     else:
-        state = decoded_state(payload, head.state_bytes, state_into)
+        state_codec = StateCodec.of_header(SNAPSHOT.field(header, "codec", dict))
+        state = codec.decoded(state_codec, payload, head.state_bytes, state_into)
     return Snapshot(
         key=key,
         tokens=tokens,
@@ -244,15 +244,6 @@ def decode(
         priority=head.priority,
         created_at=head.created_at,
     )
-
-
-def decoded_state(payload: memoryview, state_bytes: int, state_into: memoryview | None) -> memoryview:
-    """A verified blosc2 payload decoded, read-only: into `state_into` when it is large enough."""
-    if state_into is not None and state_into.nbytes >= state_bytes:
-        state = state_into[:state_bytes]
-        codec.decompress_into(payload, state)
-        return state.toreadonly()
-    return codec.decompress(payload, expected_size=state_bytes)
 
 
 def _verify_payload(head: _Head, payload: memoryview) -> None:
@@ -318,7 +309,7 @@ def _checked_fields(
     header = checked.header
     key = _header_key(header, expected_key)
     codec_info = SNAPSHOT.field(header, "codec", dict)
-    if SNAPSHOT.field(codec_info, "name", str) != _CODEC_NAMES[checked.version]:
+    if SNAPSHOT.field(codec_info, "name", str) not in _CODEC_NAMES[checked.version]:
         raise CorruptSnapshot("unknown codec")
     if SNAPSHOT.field(codec_info, "shuffle", int) not in (0, 2):
         raise CorruptSnapshot(f"unknown shuffle {codec_info['shuffle']}")

@@ -131,8 +131,7 @@ def export_bundle(
         encoded = encode(
             snapshot,
             store_id=ENTRY_STORE_ID,
-            level=codec.DEFAULT_LEVEL,
-            shuffle=codec.DEFAULT_SHUFFLE,
+            state_codec=codec.ZSTD,  # a bundle travels: compressed, whatever the store does
             mac_secret=None,  # the manifest's digest and MAC cover each entry's BLAKE3
         )
         digest = blake3.blake3()

@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 
 from snapcache.errors import CorruptSnapshot, InvalidArgument
 from snapcache.formats import codec
+from snapcache.formats.compression import CodecChoice, PayloadSource
 from snapcache.formats.snapshot_file import Encoding, MacMismatch, decode, mac_key
 from snapcache.key import SnapshotKey, rolling_hash, validate_budget
 from snapcache.remote import listing
@@ -34,7 +35,7 @@ from snapcache.remote.connection import Connection, validate_prefix, warn_no_sec
 from snapcache.remote.listing import RemoteStats
 from snapcache.remote.writes import RemoteWrites
 from snapcache.snapshot import Snapshot
-from snapcache.tier import CatalogRow, EntryInfo, PayloadSource
+from snapcache.tier import CatalogRow, EntryInfo
 
 log = logging.getLogger("snapcache")
 
@@ -110,9 +111,9 @@ class RemoteTier:
         self._forget_script = self._reader.register_script(FORGET)
         self._mac_key = None if secret is None else mac_key(secret)
         self._store_id = f"remote:{self.prefix}"
-        self._encoding = Encoding(
-            self._store_id, codec.validate_level(compression_level), bool(shuffle), self._mac_key
-        )
+        # Always compressed: a network is slower than any decode (formats.compression).
+        codecs = CodecChoice("zstd", level=compression_level, shuffle=shuffle)
+        self._encoding = Encoding(self._store_id, codecs, self._mac_key)
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(
             (

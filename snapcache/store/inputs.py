@@ -12,6 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 from snapcache.errors import InvalidArgument
+from snapcache.formats.compression import DEFAULT_COMPRESSION, Compression, validate_compression
 from snapcache.key import SnapshotKey
 from snapcache.snapshot import Buffer
 
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
     from snapcache.remote import RemoteTier
 
 _R = TypeVar("_R")
+COMPRESSION_ENV = "SNAPCACHE_COMPRESSION"
 
 
 class Default(enum.Enum):
@@ -72,6 +74,17 @@ def resolve_remote(remote: _R) -> _R | str | None:
     if isinstance(remote, str) and not remote:
         raise InvalidArgument("remote must be a redis:// URL, a RemoteTier or None, got ''")
     return remote
+
+
+def resolve_compression(compression: str | None) -> Compression:
+    """The disk tier's compression given, else SNAPCACHE_COMPRESSION, else "auto"; InvalidArgument
+    for another value."""
+    if compression is not None:
+        return validate_compression(compression)
+    try:
+        return validate_compression(os.environ.get(COMPRESSION_ENV) or DEFAULT_COMPRESSION)
+    except InvalidArgument as exc:
+        raise InvalidArgument(f"${COMPRESSION_ENV}: {exc}") from None
 
 
 def copy_state(state: Buffer, *, owned: bool = False) -> bytes | memoryview:

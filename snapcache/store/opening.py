@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from snapcache.errors import InvalidArgument
+from snapcache.formats.compression import Compression
 from snapcache.key import validate_budget
 from snapcache.store.catalogs import DiskCatalogs
 from snapcache.store.deferred_uses import DeferredUses
@@ -80,6 +81,7 @@ def open_disk(
     *,
     secret: bytes | None,
     allow_shared_dir: bool,
+    compression: Compression,
     background: bool,
     lock: threading.Condition,
     memory: StoreMemory,
@@ -90,7 +92,14 @@ def open_disk(
     """The disk tier in `path`, its catalogs, its write-behind queue and the recorder of its uses."""
     from snapcache.disk import DiskTier
 
-    disk = DiskTier(path, disk_bytes, secret=secret, allow_shared_dir=allow_shared_dir, on_change=on_change)
+    disk = DiskTier(
+        path,
+        disk_bytes,
+        secret=secret,
+        allow_shared_dir=allow_shared_dir,
+        compression=compression,
+        on_change=on_change,
+    )
     catalogs.attach(disk)
     disk_writes = DiskWrites(lock, disk, catalogs, counters)
     writes = WriteBehind(

@@ -16,7 +16,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from snapcache.formats import codec
+from snapcache.formats.codec import StateCodec
 from snapcache.key import SnapshotKey
 from snapcache.snapshot import Buffer, Snapshot
 
@@ -36,7 +36,7 @@ _PutId = tuple[SnapshotKey, float, int]
 @dataclass(slots=True)
 class _Entry:
     writers: int  # writers that have yet to take the payload
-    payloads: dict[tuple[int, bool], bytes] = field(default_factory=dict)  # by (level, shuffle)
+    payloads: dict[StateCodec, Buffer] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)  # held while one writer compresses
 
 
@@ -59,28 +59,37 @@ class SharedPayloads:
             self._entries[_put_id(snapshot)] = _Entry(writers)
             self._trim()
 
-    def __call__(self, snapshot: Snapshot, level: int, shuffle: bool) -> Buffer:
-        """The state of `snapshot` compressed at `level` and `shuffle`: compressed now, or by the
-        writer that asked before (this one waits for that compression rather than doing its own)."""
+    def __call__(self, snapshot: Snapshot, state_codec: StateCodec) -> Buffer:
+        """The state of `snapshot` encoded with `state_codec`: compressed now, or by the writer that
+        asked before (this one waits for that compression rather than doing its own). A raw
+        payload is the state itself: nothing is kept, the writer is only counted."""
         put_id = _put_id(snapshot)
         with self._lock:
             entry = self._entries.get(put_id)
+        if entry is None or state_codec.raw:
+            payload = state_codec.encode(snapshot.state)
+        else:
+            with entry.lock:
+                payload = self._shared(put_id, entry, snapshot, state_codec)
         if entry is None:
-            return codec.compress(snapshot.state, level=level, shuffle=shuffle)
-        with entry.lock:
-            payload = entry.payloads.get((level, shuffle))
-            if payload is None:
-                payload = codec.compress(snapshot.state, level=level, shuffle=shuffle)
-                with self._lock:  # with the count, so that a trim meanwhile subtracts what was added
-                    entry.payloads[(level, shuffle)] = payload
-                    if self._entries.get(put_id) is entry:
-                        self._bytes += len(payload)
+            return payload
         with self._lock:
             entry.writers -= 1
             if entry.writers <= 0 and self._entries.get(put_id) is entry:
                 del self._entries[put_id]
                 self._bytes -= _size(entry)
             self._trim()
+        return payload
+
+    def _shared(self, put_id: _PutId, entry: _Entry, snapshot: Snapshot, state_codec: StateCodec) -> Buffer:
+        """The payload `entry` holds for `state_codec`, compressed now if none does (entry.lock held)."""
+        payload = entry.payloads.get(state_codec)
+        if payload is None:
+            payload = state_codec.encode(snapshot.state)
+            with self._lock:  # with the count, so that a trim meanwhile subtracts what was added
+                entry.payloads[state_codec] = payload
+                if self._entries.get(put_id) is entry:
+                    self._bytes += memoryview(payload).nbytes
         return payload
 
     @property
@@ -116,4 +125,4 @@ def _put_id(snapshot: Snapshot) -> _PutId:
 
 
 def _size(entry: _Entry) -> int:
-    return sum(len(payload) for payload in entry.payloads.values())
+    return sum(memoryview(payload).nbytes for payload in entry.payloads.values())

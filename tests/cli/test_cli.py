@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -370,7 +371,32 @@ def test_doctor_creates_neither_the_directory_nor_the_index(tmp_path, runtime_ke
 
 def test_doctor_counts_the_snapshots_of_an_existing_cache(three):
     checks = {c["name"]: c for c in json.loads(invoke("doctor", "--json").stdout)["checks"]}
-    assert checks["store"] == {"name": "store", "status": "ok", "detail": "opens; 3 snapshots"}
+    assert checks["store"]["status"] == "ok"
+    detail = checks["store"]["detail"]
+    assert re.fullmatch(r"opens; 3 snapshots; \S+ \w+ on disk for \S+ \w+ of state", detail)
+
+
+def test_doctor_says_how_the_disk_tier_stores_states_and_who_chose(monkeypatch):
+    def compression(*options: str) -> dict[str, str]:
+        checks = {c["name"]: c for c in json.loads(invoke(*options, "doctor", "--json").stdout)["checks"]}
+        return checks["compression"]
+
+    monkeypatch.delenv("SNAPCACHE_COMPRESSION", raising=False)
+    default = compression()
+    assert default["status"] == "ok"
+    assert default["detail"].startswith("auto (the default): a model's states are stored raw where")
+    assert compression("--compression", "zstd")["detail"].startswith("zstd (--compression): every state")
+    monkeypatch.setenv("SNAPCACHE_COMPRESSION", "none")
+    assert compression()["detail"].startswith("none ($SNAPCACHE_COMPRESSION): every state stored raw")
+    assert compression("--compression", "auto")["detail"].startswith("auto (--compression)")
+    monkeypatch.setenv("SNAPCACHE_COMPRESSION", "lz4")
+    assert compression()["status"] == "fail"
+    assert_clean_failure(invoke("ls"), "$SNAPCACHE_COMPRESSION: compression must be one of auto, zstd, none")
+
+
+def test_an_unknown_compression_is_a_clean_error():
+    result = invoke("--compression", "lz4", "ls")
+    assert_clean_failure(result, "--compression must be one of auto, zstd, none")
 
 
 @pytest.mark.skipif(os.name != "posix", reason="POSIX mode bits")

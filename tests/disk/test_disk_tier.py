@@ -28,6 +28,7 @@ from snapcache.errors import (
     StoreUnavailable,
 )
 from snapcache.formats import snapshot_file
+from snapcache.formats.codec import StateCodec
 from snapcache.key import SnapshotKey, rolling_hash
 from snapcache.snapshot import Snapshot
 
@@ -1086,7 +1087,9 @@ def test_a_hit_is_served_when_the_index_is_read_only(
 
 def forge(snapshot: Snapshot, store_id: str, edit: Callable[[bytes], bytes] = lambda h: h) -> bytes:
     """A file for `snapshot` (tokens unchecked) whose header `edit` changed, with a fresh header digest."""
-    encoded = snapshot_file.encode(snapshot, store_id=store_id, level=3, shuffle=True, mac_secret=None)
+    encoded = snapshot_file.encode(
+        snapshot, store_id=store_id, state_codec=StateCodec(level=3), mac_secret=None
+    )
     data = b"".join(bytes(part) for part in encoded.parts)
     prelude = snapshot_file.PRELUDE
     magic, version, flags, length = prelude.unpack_from(data)

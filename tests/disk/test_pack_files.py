@@ -18,6 +18,7 @@ from snapcache.disk import index_schema
 from snapcache.disk.files import FILES_DIR, INDEX_NAME, is_pack_name
 from snapcache.disk.tier import PACK_MEMBERS, DiskTier, Miss
 from snapcache.errors import CorruptSnapshot
+from snapcache.formats.codec import ZSTD
 from snapcache.formats.pack_file import decode_member, encode_pack, read_member_tokens, read_pack_head
 from snapcache.formats.snapshot_file import MacMismatch, mac_key
 from snapcache.key import MAX_SCOPE_LENGTH, block_keys
@@ -27,7 +28,7 @@ from snapcache.store import SnapshotStore
 
 def pack_bytes(blocks: list[Snapshot], secret: bytes | None = None) -> bytes:
     encoded = encode_pack(
-        blocks, store_id="s1", level=1, shuffle=True, mac_secret=None if secret is None else mac_key(secret)
+        blocks, store_id="s1", state_codec=ZSTD, mac_secret=None if secret is None else mac_key(secret)
     )
     data = b"".join(bytes(memoryview(part).cast("B")) for part in encoded.parts)
     assert len(data) == encoded.size == sum(encoded.shares)

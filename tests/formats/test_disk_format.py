@@ -16,6 +16,7 @@ import xxhash
 from snapcache.disk.tier import FILES_DIR, INDEX_NAME, DiskTier
 from snapcache.errors import CorruptSnapshot
 from snapcache.formats import codec, snapshot_file
+from snapcache.formats.codec import ZSTD
 from snapcache.key import SnapshotKey
 from snapcache.snapshot import Snapshot
 
@@ -54,7 +55,7 @@ def make_snapshot(seed: int = 1, state_bytes: int = 300_000) -> Snapshot:
 
 
 def encoded(snapshot: Snapshot, mac_secret: bytes | None = None) -> bytes:
-    parts = snapshot_file.encode(snapshot, store_id="s", level=1, shuffle=True, mac_secret=mac_secret).parts
+    parts = snapshot_file.encode(snapshot, store_id="s", state_codec=ZSTD, mac_secret=mac_secret).parts
     return b"".join(bytes(part) for part in parts)
 
 
@@ -225,7 +226,7 @@ def test_a_chunk_that_lies_about_its_size_is_refused(declared: int) -> None:
 def test_a_chunk_that_lies_about_its_size_is_a_logged_miss_in_a_tier(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    tier = DiskTier(tmp_path / "cache", 64 * MB)
+    tier = DiskTier(tmp_path / "cache", 64 * MB, compression="zstd")
     snapshot = make_snapshot()
     assert tier.put(snapshot)
     (path,) = (tmp_path / "cache" / FILES_DIR).glob(f"{snapshot.key.id}-*.snap")

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from snapcache.formats import bundle_file, codec, pack_file, snapshot_file
+from snapcache.formats.codec import ZSTD
 from snapcache.key import BLOCK_TOKENS, SnapshotKey, block_keys
 from snapcache.snapshot import Snapshot
 
@@ -77,14 +78,14 @@ def joined(parts: tuple[object, ...]) -> bytes:
 
 
 def snapshot_file_bytes(snapshot: Snapshot, mac_secret: bytes | None) -> bytes:
-    encoded = snapshot_file.encode(snapshot, store_id=STORE_ID, level=1, shuffle=True, mac_secret=mac_secret)
+    encoded = snapshot_file.encode(snapshot, store_id=STORE_ID, state_codec=ZSTD, mac_secret=mac_secret)
     data = joined(encoded.parts)
     assert len(data) == encoded.size
     return data
 
 
 def pack_bytes(mac_secret: bytes | None) -> bytes:
-    encoded = pack_file.encode_pack(blocks(), store_id=STORE_ID, level=1, shuffle=True, mac_secret=mac_secret)
+    encoded = pack_file.encode_pack(blocks(), store_id=STORE_ID, state_codec=ZSTD, mac_secret=mac_secret)
     data = joined(encoded.parts)
     assert len(data) == encoded.size == sum(encoded.shares)
     return data
@@ -126,8 +127,7 @@ def snapshot_file_bytes_for_bundle(snapshot: Snapshot) -> bytes:
     encoded = snapshot_file.encode(
         snapshot,
         store_id=bundle_file.ENTRY_STORE_ID,
-        level=codec.DEFAULT_LEVEL,
-        shuffle=codec.DEFAULT_SHUFFLE,
+        state_codec=codec.ZSTD,
         mac_secret=None,
     )
     return joined(encoded.parts)

@@ -197,12 +197,17 @@ def test_prompt_that_does_not_extend_the_snapshot_is_a_miss(case: Case, make_lla
     assert llm.n_tokens == 0
 
 
-def test_restore_through_a_disk_store_in_a_new_process(case: Case, tmp_path: Path) -> None:
+@pytest.mark.parametrize("compression", ["auto", "zstd"])
+def test_restore_through_a_disk_store_in_a_new_process(case: Case, tmp_path: Path, compression: str) -> None:
+    """Written compressed or as "auto" chooses (raw: f16 K/V saves less than a quarter), read back
+    in a new process under the default setting, restored exactly."""
+    from snapcache.formats import codec
     from snapcache.store import SnapshotStore
 
     cache = tmp_path / "cache"
-    with SnapshotStore(cache, ram_bytes=64 << 20, disk_bytes=256 << 20) as store:
+    with SnapshotStore(cache, ram_bytes=64 << 20, disk_bytes=256 << 20, compression=compression) as store:  # type: ignore[arg-type]
         store.put(case.snapshot.key, case.snapshot.tokens, case.snapshot.state)
+    assert set(stored_codecs(cache)) == {codec.RAW if compression == "auto" else codec.NAME}
     script = """
 import json, sys
 from llama_cpp import Llama
@@ -225,6 +230,19 @@ print(json.dumps({"restored": restored, "first_eval": evaluated[0], "tokens": to
     assert report["restored"] is True
     assert report["first_eval"] == len(case.full) - len(case.prefix)
     assert report["tokens"] == case.cold_full
+
+
+def stored_codecs(cache: Path) -> list[str]:
+    """The codec each file of a disk tier names in its header."""
+    from snapcache.disk.files import FILES_DIR
+    from snapcache.formats.snapshot_file import PRELUDE
+
+    names = []
+    for path in (cache / FILES_DIR).iterdir():
+        data = path.read_bytes()
+        _magic, _version, _flags, length = PRELUDE.unpack_from(data)
+        names.append(json.loads(data[PRELUDE.size : PRELUDE.size + length])["codec"]["name"])
+    return names
 
 
 def test_random_bytes_are_refused_and_the_llama_stays_usable(case: Case, make_llama: Any) -> None:

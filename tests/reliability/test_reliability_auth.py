@@ -14,6 +14,7 @@ from reliability_workers.disk_files import files_of_key, snapshot_files
 from reliability_workers.payload import FINGERPRINT, SCOPE, problem_with, query_for, state_for, tokens_for
 
 from snapcache import Snapshot, SnapshotKey, SnapshotStore
+from snapcache.formats.codec import ZSTD
 from snapcache.formats.snapshot_file import FLAG_MAC, encode, mac_key
 
 INDICES = [0, 4, 8, 1]
@@ -133,8 +134,7 @@ def test_a_forged_file_with_valid_checksums_but_no_valid_mac_is_a_miss(tmp_path:
         encoded = encode(
             forged,
             store_id=header["store_id"],
-            level=1,
-            shuffle=True,
+            state_codec=ZSTD,
             mac_secret=None if attacker_secret is None else mac_key(attacker_secret),
         )
         target.write_bytes(b"".join(bytes(memoryview(part)) for part in encoded.parts))
@@ -155,7 +155,7 @@ def test_without_a_secret_the_same_forgery_would_be_read(tmp_path: Path) -> None
     target = files_of_key(directory, key_of(victim).id)[0]
     _flags, header = header_of(target)
     forged = Snapshot(key_of(victim), np_tokens(tokens_for(victim)), b"\x66" * 2048)
-    encoded = encode(forged, store_id=header["store_id"], level=1, shuffle=True, mac_secret=None)
+    encoded = encode(forged, store_id=header["store_id"], state_codec=ZSTD, mac_secret=None)
     data = b"".join(bytes(memoryview(part)) for part in encoded.parts)
     target.write_bytes(data)
     record_sizes(directory, target, len(data), 2048)  # the forger can write the index too
@@ -198,7 +198,7 @@ def _forge_longest(directory: Path, reader_secret: bytes | None) -> None:
     rng = __import__("numpy").random.default_rng(7)
     state[keep:] = rng.bytes(len(state) - keep)
     forged = Snapshot(key, original.tokens, bytes(state), original.logits, original.priority)
-    encoded = encode(forged, store_id=header["store_id"], level=1, shuffle=True, mac_secret=None)
+    encoded = encode(forged, store_id=header["store_id"], state_codec=ZSTD, mac_secret=None)
     data = b"".join(bytes(memoryview(part)) for part in encoded.parts)
     target.write_bytes(data)
     record_sizes(directory, target, len(data))

@@ -38,6 +38,7 @@ from tiny_model import write_tiny_model
 
 from snapcache import CachedLlama, Snapshot, SnapshotKey, SnapshotStore, model_fingerprint
 from snapcache.disk.files import FILES_DIR
+from snapcache.formats.codec import ZSTD
 from snapcache.formats.pack_file import decode_member, encode_pack, read_pack_head
 from snapcache.formats.snapshot_file import FLAG_MAC, decode, encode, mac_key
 from snapcache.key import BLOCK_TOKENS, as_token_array, block_keys
@@ -425,8 +426,7 @@ def forge_block(
     encoded = encode(
         forged,
         store_id=header["store_id"],
-        level=1,
-        shuffle=True,
+        state_codec=ZSTD,
         mac_secret=None if forger is None else mac_key(forger),
     )
     data = b"".join(bytes(memoryview(part)) for part in encoded.parts)
@@ -451,8 +451,7 @@ def forge_packed_block(
     encoded = encode_pack(
         members,
         store_id=head.store_id,
-        level=1,
-        shuffle=True,
+        state_codec=ZSTD,
         mac_secret=None if forger is None else mac_key(forger),
     )
     target.write_bytes(b"".join(bytes(memoryview(part).cast("B")) for part in encoded.parts))
@@ -576,7 +575,7 @@ def _another_record(path: Path, other: Path) -> None:
     other_key = SnapshotKey(o["model_fingerprint"], o["scope"], o["token_count"], o["prefix_hash"])
     state = decode(other.read_bytes(), key=other_key, store_id=header["store_id"], mac_secret=None).state
     forged = Snapshot(key, original.tokens, state, original.logits, original.priority)
-    encoded = encode(forged, store_id=header["store_id"], level=1, shuffle=True, mac_secret=None)
+    encoded = encode(forged, store_id=header["store_id"], state_codec=ZSTD, mac_secret=None)
     data = b"".join(bytes(memoryview(part)) for part in encoded.parts)
     path.write_bytes(data)
     with sqlite3.connect(path.parent.parent / "index.sqlite3") as conn:

@@ -60,15 +60,15 @@ def test_a_put_is_compressed_once_for_disk_and_redis(
     tmp_path: Path, url: str, compressions: list[int]
 ) -> None:
     key = SnapshotKey.for_tokens("fp-once", "s", TOKENS)
-    with SnapshotStore(tmp_path / "d", secret=SECRET, remote=url) as store:
+    with SnapshotStore(tmp_path / "d", secret=SECRET, remote=url, compression="zstd") as store:
         snapshot = store.put(key, TOKENS, state(200_000, 1), priority=3)
         assert snapshot is not None
         store.flush()
         assert compressions == [200_000]
         value = redis.Redis.from_url(url).get(f"snapcache:fp-once:s:{key.id}")
     # The value is byte for byte what the remote tier encodes on its own.
-    alone = encode(snapshot, store_id="remote:snapcache", level=codec.DEFAULT_LEVEL,
-                   shuffle=codec.DEFAULT_SHUFFLE, mac_secret=mac_key(SECRET))  # fmt: skip
+    alone = encode(snapshot, store_id="remote:snapcache", state_codec=codec.ZSTD,
+                   mac_secret=mac_key(SECRET))  # fmt: skip
     assert value == b"".join(bytes(part) for part in alone.parts)
     # Both tiers read it back: the disk in a store without Redis, Redis in a store without a disk.
     with SnapshotStore(tmp_path / "d", secret=SECRET) as disk_only:
@@ -84,7 +84,7 @@ def test_a_put_is_compressed_once_for_disk_and_redis(
 
 def test_blocks_packed_on_disk_are_compressed_once(tmp_path: Path, url: str, compressions: list[int]) -> None:
     blocks = block_snapshots(6)
-    with SnapshotStore(tmp_path / "d", secret=SECRET, remote=url) as store:
+    with SnapshotStore(tmp_path / "d", secret=SECRET, remote=url, compression="zstd") as store:
         store.put_many([(b.key, b.tokens, b.state, 0) for b in blocks])
         store.flush()
         assert len(compressions) == len(blocks)
@@ -103,7 +103,7 @@ def test_blocks_packed_on_disk_are_compressed_once(tmp_path: Path, url: str, com
 
 def test_without_a_remote_tier_nothing_is_shared(tmp_path: Path, compressions: list[int]) -> None:
     key = SnapshotKey.for_tokens("fp-once", "s", TOKENS)
-    with SnapshotStore(tmp_path / "d", secret=SECRET) as store:
+    with SnapshotStore(tmp_path / "d", secret=SECRET, compression="zstd") as store:
         assert store._payloads is None
         store.put(key, TOKENS, state(10_000, 2))
         store.flush()
@@ -116,10 +116,10 @@ def test_shared_payloads_are_bounded_and_dropped_once_taken(compressions: list[i
     for block in blocks:
         shared.expect(block, 2)
     assert len(shared) == 2  # the two oldest were dropped: their writers compress on their own
-    first = shared(blocks[0], 1, True)
+    first = shared(blocks[0], codec.ZSTD)
     assert len(compressions) == 1
     assert len(shared) == 2
-    last = [shared(blocks[3], 1, True) for _ in range(2)]
+    last = [shared(blocks[3], codec.ZSTD) for _ in range(2)]
     assert len(compressions) == 2  # the second writer reused the first's payload
     assert last[0] is last[1]
     assert len(shared) == 1

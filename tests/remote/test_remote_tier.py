@@ -15,6 +15,7 @@ redis = pytest.importorskip("redis", reason="the remote tier needs the redis cli
 
 from redis_server import RedisServer, emptied, running_redis  # noqa: E402
 
+from snapcache.formats.codec import ZSTD  # noqa: E402
 from snapcache.formats.snapshot_file import encode  # noqa: E402
 from snapcache.key import SnapshotKey, as_token_array, block_keys, rolling_hash  # noqa: E402
 from snapcache.remote.tier import RemoteTier  # noqa: E402
@@ -183,7 +184,7 @@ def test_local_file_copied_into_redis_is_a_miss(server, raw, tiers):
     """A disk store's file is valid under the same secret, but names its store, not the namespace."""
     tier = open_tier(tiers, server.url)
     snapshot = make_snapshot(5)
-    local = encode(snapshot, store_id="0123456789abcdef", level=1, shuffle=True, mac_secret=None)
+    local = encode(snapshot, store_id="0123456789abcdef", state_codec=ZSTD, mac_secret=None)
     raw.set(tier.value_key(snapshot.key), b"".join(local.parts))
     assert tier.get(snapshot.key) is None
 

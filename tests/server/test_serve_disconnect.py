@@ -1,4 +1,5 @@
-"""A client that goes while its prompt is still being read: the server stops reading it.
+"""A client that goes while its prompt is still being read: the server stops reading it, whether
+the answer was to be streamed or sent whole.
 
 Claude Code gives up on a request after 5 minutes without a token and sends it again; until then
 the server read on, and then answered, a request nobody would read. Real server (`--parallel 2`, the
@@ -32,8 +33,10 @@ def in_flight(server: ServerProcess) -> int:
     [
         ("/v1/messages", {"model": "m", "max_tokens": 256, "stream": True}),
         ("/v1/responses", {"model": "m", "max_output_tokens": 256, "stream": True}),
+        ("/v1/messages", {"model": "m", "max_tokens": 256}),
+        ("/v1/responses", {"model": "m", "max_output_tokens": 256}),
     ],
-    ids=["messages", "responses"],
+    ids=["messages", "responses", "messages-whole", "responses-whole"],
 )
 def test_a_client_gone_before_its_first_token_stops_its_prompt_read(
     tiny_model_path: Path, tmp_path: Path, path: str, body: dict[str, object]

@@ -15,6 +15,7 @@ import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import anyio
 from fastapi import APIRouter, Depends, FastAPI, Request, Security
 from fastapi.exception_handlers import http_exception_handler, request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
@@ -35,7 +36,7 @@ from snapcache.server.chat.chat_completions_protocol import parsed
 from snapcache.server.chat.engine import ChatEngine, ChatEvent
 from snapcache.server.chat.prompt_size import PromptCounter
 from snapcache.server.chat.responses_protocol import ResponsesRequest
-from snapcache.server.chat.streaming import EventStream, as_failure
+from snapcache.server.chat.streaming import EventStream, as_failure, until_disconnect
 from snapcache.server.checks import CHAT_PATH, parse_body
 from snapcache.server.errors import BadRequest
 
@@ -74,16 +75,26 @@ def _openai_error(status: int, message: str) -> JSONResponse:
 
 
 async def _answered(
+    request: Request,
     events: AsyncIterator[ChatEvent],
     answer: Callable[[list[ChatEvent]], dict[str, Any]],
     failed: Callable[[BaseException], JSONResponse],
 ) -> Response:
-    """A whole (not streamed) answer: `answer` of the events, or `failed` of what went wrong."""
-    try:
-        collected = [event async for event in events]
-    except Exception as exc:
-        return failed(exc)
-    return JSONResponse(answer(collected))
+    """A whole (not streamed) answer: `answer` of the events, or `failed` of what went wrong; the
+    model's work stops if the client goes first (nobody reads what would be answered then)."""
+    collected: list[ChatEvent] = []
+    failure: Exception | None = None
+    async with until_disconnect(request.receive) as watch:
+        try:
+            collected = [event async for event in events]
+        except Exception as exc:  # caught here: out of the watch it would come as an ExceptionGroup
+            failure = exc
+        finally:
+            with anyio.CancelScope(shield=True):
+                await events.aclose()  # type: ignore[attr-defined]
+    if watch.gone:
+        return Response(status_code=499)  # nobody reads it
+    return failed(failure) if failure is not None else JSONResponse(answer(collected))
 
 
 _ANTHROPIC_ERROR_SCHEMA: dict[str, Any] = {
@@ -189,7 +200,10 @@ def _messages_router(engine: ChatEngine, counter: PromptCounter) -> APIRouter:
             events = anthropic.message_events(engine.events(chat), body.model)
             return EventStream(events, anthropic.error_body, anthropic.error_event)
         return await _answered(
-            engine.events(chat), lambda events: anthropic.message_of(events, body.model), _anthropic_failure
+            request,
+            engine.events(chat),
+            lambda events: anthropic.message_of(events, body.model),
+            _anthropic_failure,
         )
 
     @router.post(COUNT_TOKENS_PATH, summary="Anthropic Messages: count tokens", responses=_ANTHROPIC_ERRORS)
@@ -219,7 +233,7 @@ def _responses_router(engine: ChatEngine) -> APIRouter:
             events = responses.ResponseEvents(body).events(engine.events(chat))
             return EventStream(events, BadRequest.document, responses.error_event)
         return await _answered(
-            engine.events(chat), lambda events: responses.response_of(events, body), _openai_failure
+            request, engine.events(chat), lambda events: responses.response_of(events, body), _openai_failure
         )
 
     return router
@@ -251,7 +265,10 @@ def _install_chat_completions(app: FastAPI, engine: ChatEngine, guard: list[Depe
             events = chat_completions.CompletionChunks(body).events(engine.events(chat))
             return EventStream(events, BadRequest.document, chat_completions.error_event)
         return await _answered(
-            engine.events(chat), lambda events: chat_completions.completion_of(events, body), _openai_failure
+            request,
+            engine.events(chat),
+            lambda events: chat_completions.completion_of(events, body),
+            _openai_failure,
         )
 
     app.router.add_api_route(

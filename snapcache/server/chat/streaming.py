@@ -5,11 +5,13 @@ long for the context) gets its error with a 4xx status in its dialect's shape; a
 go out as server-sent events, and an error ends the stream with the dialect's error event. The whole
 answer runs in the task that serves the request (the model's turn is taken and given back there),
 and a client gone cancels it: the model's work for it too, even before its first event (see
-`snapcache.llama.request_streams`).
+`snapcache.llama.request_streams`). A whole (not streamed) answer is watched the same way
+(`until_disconnect`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -22,7 +24,7 @@ from starlette.types import Receive, Scope, Send
 from snapcache.llama.request_streams import RequestStreams
 from snapcache.server.errors import BadRequest
 
-__all__ = ["EventStream", "as_failure"]
+__all__ = ["EventStream", "as_failure", "until_disconnect"]
 
 _log = logging.getLogger("snapcache")
 
@@ -36,6 +38,34 @@ def as_failure(exc: BaseException) -> BadRequest:
         return exc
     _log.error("request failed: %s", exc, exc_info=exc)
     return BadRequest(f"the request failed: {type(exc).__name__}", status=500)
+
+
+class Watch:
+    """Whether the client of a request `until_disconnect` watched went away."""
+
+    gone = False
+
+
+@contextlib.asynccontextmanager
+async def until_disconnect(receive: Receive) -> AsyncIterator[Watch]:
+    """The body runs with the request's streams opened (in its context: the model's work it starts
+    registers there) and is cancelled if the client goes, the model's work with it at its next step."""
+    watched = Watch()
+    with RequestStreams.opened() as streams:
+        async with anyio.create_task_group() as group:
+
+            async def watch() -> None:
+                while (await receive())["type"] != "http.disconnect":
+                    pass
+                watched.gone = True
+                streams.cancel_all()
+                group.cancel_scope.cancel()
+
+            group.start_soon(watch)
+            try:
+                yield watched
+            finally:
+                group.cancel_scope.cancel()
 
 
 class EventStream(Response):
@@ -57,24 +87,14 @@ class EventStream(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         events = self._events
-        # The model's streams for this answer (opened in its context when the events start): a
+        # The model's streams for this answer are opened in its context when the events start: a
         # client gone cancels them at their next step, also while the prompt is still being read.
-        with RequestStreams.opened() as streams:
-            try:
-                async with anyio.create_task_group() as group:
-
-                    async def watch() -> None:
-                        while (await receive())["type"] != "http.disconnect":
-                            pass
-                        streams.cancel_all()
-                        group.cancel_scope.cancel()
-
-                    group.start_soon(watch)
-                    await self._answer(events, send)
-                    group.cancel_scope.cancel()
-            finally:
-                with anyio.CancelScope(shield=True):
-                    await events.aclose()  # type: ignore[attr-defined]
+        try:
+            async with until_disconnect(receive):
+                await self._answer(events, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await events.aclose()  # type: ignore[attr-defined]
 
     async def _answer(self, events: AsyncIterator[bytes], send: Send) -> None:
         try:

@@ -271,6 +271,14 @@ def choose_model(quick: bool, workdir: Path) -> ModelChoice:
     return ModelChoice(path, "tiny llama (2 layers, 64 wide, random weights)", is_tiny=True)
 
 
+def cold_read_seconds(llm: Any, tokens: list[int]) -> float:
+    """Seconds `llm` takes to read `tokens` from an empty context (its `eval`, nothing sampled)."""
+    llm.reset()
+    started = time.perf_counter()
+    llm.eval(tokens)
+    return time.perf_counter() - started
+
+
 def new_llama(model_path: Path, n_ctx: int, **kwargs: Any) -> Any:
     """A quiet Llama on the benchmark's thread count, via load_llama (Gemma 3 template if needed)."""
     from snapcache import load_llama

@@ -25,6 +25,7 @@ from _common import (
     BENCH_DIR,
     Table,
     choose_model,
+    cold_read_seconds,
     fmt_bytes,
     fmt_seconds,
     geometry_model,
@@ -43,13 +44,6 @@ def _load(model: Path, kv_cache: str) -> Any:
     from snapcache import load_llama
 
     return load_llama(model, n_ctx=4096, n_threads=_common.LLAMA_THREADS, kv_cache=kv_cache)
-
-
-def _prompt_read(llm: Any, tokens: list[int]) -> float:
-    llm.reset()
-    started = time.perf_counter()
-    llm.eval(tokens)
-    return time.perf_counter() - started
 
 
 def _one_sequence(llm: Any, tokens: list[int]) -> float:
@@ -132,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
                 llm = _load(model.path, kv_cache)
                 tokens = list(llm.tokenize(system.encode()))
                 figures = measured[kv_cache]
-                figures.setdefault("read", []).append(_prompt_read(llm, tokens))
+                figures.setdefault("read", []).append(cold_read_seconds(llm, tokens))
                 figures.setdefault("one", []).append(_one_sequence(llm, tokens))
                 figures.setdefault("four", []).append(_four_sequences(llm, tokens))
                 figures.setdefault("tokens", []).append(len(tokens))

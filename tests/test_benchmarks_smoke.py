@@ -411,3 +411,15 @@ def test_agents_vs_llama_server_quick(tmp_path: Path, gemma_model_path: Path) ->
             assert s["answers_usage"] == s["server_counters"], s
         # Session 2 (a new process) and session 3 (after the restart) restore their prompts.
         assert all(s["fresh_share"] <= 0.10 for s in mine[1:]), [s["server_counters"] for s in mine]
+
+
+def test_prompt_read_quick(tmp_path: Path) -> None:
+    out = tmp_path / "prompt_read.json"
+    proc = _run("prompt_read.py", "--quick", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    _assert_header(proc.stdout, "tiny llama", "configuration")
+    payload = _load_json(out, "prompt_read")
+    labels = [row["label"].strip() for row in payload["rows"]]
+    assert labels[0] == "llama-cpp-python as snapcache loads it"
+    assert labels[1] == "CachedLlama, fresh store (captures included)"
+    assert all(rate > 0 for row in payload["rows"] for rate in row["rates"].values())

@@ -3,11 +3,11 @@
 A read of a raw state of S bytes costs S/B, B the disk's speed; a compressed one r*S/B + S/D, r the
 ratio and D the decode speed (about 2 GB/s on two cores). Compression gains time only on a disk
 slower than (1 - r) * D. An 8B model's f16 K/V compresses to r = 0.84 (Gemma-3-270M's to 0.86): a
-disk slower than 0.32 GB/s, slower than any SSD, and slower than the page cache a restart reads from
-by a factor of ten. So "auto" measures, once per model fingerprint (what decides a state's kind:
-its layout and K/V type), what zstd makes of a sample of the first state it sees, and stores that
-model's states raw unless zstd saves at least a quarter of their bytes (a quarter more states fit
-the budget then). "zstd" always compresses (what a remote tier does: a network is slower than any
+disk slower than 0.32 GB/s, slower than any SSD (and the page cache a restart often reads from is
+faster still). So "auto" measures, once per model fingerprint (what decides a state's kind: its
+layout and K/V type), what zstd makes of a sample of the first state it sees, and stores that
+model's states raw unless zstd saves at least a quarter of their bytes (a third more states fit the
+budget then). "zstd" always compresses (what a remote tier does: a network is slower than any
 decode), "none" never does. Whatever a tier writes, it reads every codec any version wrote.
 """
 
@@ -33,6 +33,8 @@ WORTH_SAVING = 0.25
 # What "auto" compresses to judge a kind of state: this much from the middle of its first state (the
 # K/V rows, past the header), about 10 ms of one core.
 SAMPLE_BYTES = 4 << 20
+# A smaller state is judged for itself, and the model judged again on its next state.
+JUDGES_A_MODEL_BYTES = 64 << 10
 
 # A snapshot's payload under a codec: compressed now, or by the tier that asked first (store.shared_payloads).
 PayloadSource = Callable[[Snapshot, StateCodec], Buffer]
@@ -73,8 +75,12 @@ class CodecChoice:
             return known
         saved = _share_saved(state, self._zstd)
         chosen = self._zstd if saved >= WORTH_SAVING else RAW_CODEC
+        if memoryview(state).nbytes < JUDGES_A_MODEL_BYTES:
+            return chosen
         with self._lock:
-            self._by_fingerprint.setdefault(fingerprint, chosen)
+            known = self._by_fingerprint.setdefault(fingerprint, chosen)
+        if known is not chosen:  # another thread judged this model meanwhile
+            return known
         logger.info(
             "states of model %s: zstd saves %.0f%% of a sample, so they are stored %s",
             fingerprint[:12],

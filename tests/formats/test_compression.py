@@ -67,6 +67,14 @@ def test_auto_judges_a_model_once() -> None:
     assert choice.for_state("fp", bytes(1 << 16)) == RAW_CODEC
 
 
+def test_a_state_too_small_to_judge_a_model_by_is_judged_alone() -> None:
+    choice = CodecChoice("auto")
+    assert choice.for_state("fp", bytes(1000)) == ZSTD  # zeros: zstd saves nearly all
+    assert choice.chosen() == {}
+    assert choice.for_state("fp", noise(1 << 16)) == RAW_CODEC
+    assert choice.chosen() == {"fp": codec.RAW}
+
+
 def test_zstd_and_none_do_not_measure() -> None:
     assert CodecChoice("zstd").for_state("fp", noise(4096)) == ZSTD
     assert CodecChoice("none").for_state("fp", bytes(4096)) == RAW_CODEC

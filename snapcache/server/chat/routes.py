@@ -15,7 +15,6 @@ import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import anyio
 from fastapi import APIRouter, Depends, FastAPI, Request, Security
 from fastapi.exception_handlers import http_exception_handler, request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
@@ -84,14 +83,11 @@ async def _answered(
     model's work stops if the client goes first (nobody reads what would be answered then)."""
     collected: list[ChatEvent] = []
     failure: Exception | None = None
-    async with until_disconnect(request.receive) as watch:
+    async with until_disconnect(request.receive, events) as watch:
         try:
             collected = [event async for event in events]
         except Exception as exc:  # caught here: out of the watch it would come as an ExceptionGroup
             failure = exc
-        finally:
-            with anyio.CancelScope(shield=True):
-                await events.aclose()  # type: ignore[attr-defined]
     if watch.gone:
         return Response(status_code=499)  # nobody reads it
     return failed(failure) if failure is not None else JSONResponse(answer(collected))

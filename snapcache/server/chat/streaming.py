@@ -47,25 +47,30 @@ class Watch:
 
 
 @contextlib.asynccontextmanager
-async def until_disconnect(receive: Receive) -> AsyncIterator[Watch]:
+async def until_disconnect(receive: Receive, events: AsyncIterator[Any]) -> AsyncIterator[Watch]:
     """The body runs with the request's streams opened (in its context: the model's work it starts
-    registers there) and is cancelled if the client goes, the model's work with it at its next step."""
+    registers there) and is cancelled if the client goes, the model's work with it at its next step.
+    `events`, the answer's async generator, is closed at the end whatever happened."""
     watched = Watch()
-    with RequestStreams.opened() as streams:
-        async with anyio.create_task_group() as group:
+    try:
+        with RequestStreams.opened() as streams:
+            async with anyio.create_task_group() as group:
 
-            async def watch() -> None:
-                while (await receive())["type"] != "http.disconnect":
-                    pass
-                watched.gone = True
-                streams.cancel_all()
-                group.cancel_scope.cancel()
+                async def watch() -> None:
+                    while (await receive())["type"] != "http.disconnect":
+                        pass
+                    watched.gone = True
+                    streams.cancel_all()
+                    group.cancel_scope.cancel()
 
-            group.start_soon(watch)
-            try:
-                yield watched
-            finally:
-                group.cancel_scope.cancel()
+                group.start_soon(watch)
+                try:
+                    yield watched
+                finally:
+                    group.cancel_scope.cancel()
+    finally:
+        with anyio.CancelScope(shield=True):
+            await events.aclose()  # type: ignore[attr-defined]
 
 
 class EventStream(Response):
@@ -89,12 +94,8 @@ class EventStream(Response):
         events = self._events
         # The model's streams for this answer are opened in its context when the events start: a
         # client gone cancels them at their next step, also while the prompt is still being read.
-        try:
-            async with until_disconnect(receive):
-                await self._answer(events, send)
-        finally:
-            with anyio.CancelScope(shield=True):
-                await events.aclose()  # type: ignore[attr-defined]
+        async with until_disconnect(receive, events):
+            await self._answer(events, send)
 
     async def _answer(self, events: AsyncIterator[bytes], send: Send) -> None:
         try:

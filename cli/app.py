@@ -16,7 +16,7 @@ import snapcache
 from .commands import bench, bundle, check, doctor, entries, serve, warm, why
 from .errors import CliError, describe
 from .formatting import parse_size
-from .settings import KV_CACHE_ENV, REMOTE_BUDGET_ENV, Settings
+from .settings import KV_CACHE_ENV, REMOTE_BUDGET_ENV, SWA_CACHE_ENV, Settings
 
 DEBUG_ENV = "SNAPCACHE_DEBUG"
 
@@ -92,7 +92,8 @@ app = typer.Typer(
     cls=_CleanErrors,
     name="snapcache",
     help="Save and restore the llama.cpp state of prompts a local model has already read. "
-    "The global options (--cache-dir, --remote, --remote-budget, --kv-cache, -v) may come before or after "
+    "The global options (--cache-dir, --remote, --remote-budget, --kv-cache, --swa-cache, -v) may come "
+    "before or after "
     "the command.",
     no_args_is_help=True,
     add_completion=False,
@@ -150,6 +151,19 @@ def _global_options(
             show_default=False,
         ),
     ] = None,
+    swa_cache: Annotated[
+        str | None,
+        typer.Option(
+            "--swa-cache",
+            envvar=SWA_CACHE_ENV,
+            help="A sliding-window model's window cache (Gemma 2 and 3): full (default: a cell per "
+            "position; a stored state restores any prefix its blocks cover) or window (the window's "
+            "cells only: long prompts read faster, 1.7x at 8K tokens on Gemma 3; restores where a "
+            "read stopped). States are found only under the one they were saved with: give warm and "
+            "serve the same. Default: $SNAPCACHE_SWA_CACHE, else full.",
+            show_default=False,
+        ),
+    ] = None,
     compression: Annotated[
         str | None,
         typer.Option(
@@ -179,6 +193,11 @@ def _global_options(
 
         if kv_cache not in KV_CACHE_TYPES:
             raise CliError(f"--kv-cache must be one of {', '.join(KV_CACHE_TYPES)}, got {kv_cache!r}")
+    if swa_cache is not None:
+        from snapcache.llama.loader import SWA_CACHES
+
+        if swa_cache not in SWA_CACHES:
+            raise CliError(f"--swa-cache must be one of {', '.join(SWA_CACHES)}, got {swa_cache!r}")
     if compression is not None:
         choices = snapcache.SnapshotStore.COMPRESSIONS
         if compression not in choices:
@@ -189,6 +208,7 @@ def _global_options(
         remote=remote,
         remote_budget=budget,
         kv_cache=kv_cache,
+        swa_cache=swa_cache,
         compression=compression,
     )
 

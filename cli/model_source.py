@@ -67,10 +67,11 @@ def load_llama(
     threads: int | None = None,
     verbose: bool = False,
     kv_cache: str | None = None,
+    swa_cache: str | None = None,
 ) -> Llama:
-    """`snapcache.load_llama` of `choice`, with the --kv-cache every command shares (states are found
-    only under the settings they were saved with); llama.cpp's log reaches the terminal only when
-    `verbose`."""
+    """`snapcache.load_llama` of `choice`, with the --kv-cache and --swa-cache every command shares
+    (states are found only under the settings they were saved with); llama.cpp's log reaches the
+    terminal only when `verbose`."""
     if n_ctx is not None and n_ctx < 1:
         raise CliError(f"--n-ctx must be at least 1, got {n_ctx}")
     if threads is not None and threads < 1:
@@ -80,7 +81,12 @@ def load_llama(
 
     try:
         return load_llama(
-            choice.path, n_ctx=n_ctx or DEFAULT_N_CTX, n_threads=threads, verbose=verbose, kv_cache=kv_cache
+            choice.path,
+            n_ctx=n_ctx or DEFAULT_N_CTX,
+            n_threads=threads,
+            verbose=verbose,
+            kv_cache=kv_cache,
+            swa_cache=swa_cache,
         )
     except ModelError as exc:
         raise CliError(f"{exc} (run with -v to see llama.cpp's log)") from None

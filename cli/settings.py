@@ -1,5 +1,5 @@
 """What the global options decide for every command: the cache directory, the remote tier, how
-the disk tier stores states, the models' K/V cache type and how chatty to be."""
+the disk tier stores states, the models' K/V and sliding-window caches and how chatty to be."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 
 REMOTE_BUDGET_ENV = "SNAPCACHE_REMOTE_BUDGET"
 KV_CACHE_ENV = "SNAPCACHE_KV_CACHE"
+SWA_CACHE_ENV = "SNAPCACHE_SWA_CACHE"
 COMPRESSION_ENV = "SNAPCACHE_COMPRESSION"
 
 
@@ -26,6 +27,7 @@ class Settings:
     remote: str | None = None  # a redis:// URL; None: $SNAPCACHE_REMOTE, else no remote tier
     remote_budget: int | None = None  # bytes the remote tier may hold; None: the library's default
     kv_cache: str | None = None  # the models' K/V cache type (`snapcache.llama.loader.KV_CACHE_TYPES`)
+    swa_cache: str | None = None  # full or window (`snapcache.llama.loader.SWA_CACHES`); None: full
     compression: str | None = None  # auto, zstd or none; None: $SNAPCACHE_COMPRESSION, else auto
 
     def open_store(self) -> SnapshotStore:
@@ -39,6 +41,10 @@ class Settings:
         if self.cache_dir is None:
             return SnapshotStore(disk_bytes=None, **self.store_options())
         return SnapshotStore(self.cache_dir, disk_bytes=None, **self.store_options())
+
+    def llama_options(self) -> dict[str, str | None]:
+        """The `load_llama` arguments the global options decide: the settings a state is saved under."""
+        return {"kv_cache": self.kv_cache, "swa_cache": self.swa_cache}
 
     def store_options(self) -> dict[str, Any]:
         """The SnapshotStore arguments the global options decide: the remote tier's URL and budget,

@@ -70,7 +70,7 @@ def bench(
     choice = choose_model(model)
     settings = settings_of(ctx)
     llm = load_llama(
-        choice, n_ctx=n_ctx, threads=threads, verbose=settings.verbose, kv_cache=settings.kv_cache
+        choice, n_ctx=n_ctx, threads=threads, verbose=settings.verbose, **settings.llama_options()
     )
     try:
         check_fits(llm, text)

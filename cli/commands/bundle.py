@@ -79,7 +79,7 @@ def import_(
     settings = settings_of(ctx)
     from snapcache import model_fingerprint
 
-    llm = load_llama(choice, verbose=settings.verbose, kv_cache=settings.kv_cache)
+    llm = load_llama(choice, verbose=settings.verbose, **settings.llama_options())
     try:
         fingerprint = model_fingerprint(llm, exact=not inexact)
     finally:

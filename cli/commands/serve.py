@@ -174,7 +174,7 @@ def serve(
             quiet_llama_cpp()
             n_ctx = serve_context_size(choice.path)
         llm = load_llama(
-            choice, n_ctx=n_ctx, threads=threads, verbose=settings.verbose, kv_cache=settings.kv_cache
+            choice, n_ctx=n_ctx, threads=threads, verbose=settings.verbose, **settings.llama_options()
         )
         try:
             options = ServeOptions(

@@ -39,7 +39,7 @@ def why(
 
     with settings.open_store() as store:
         llm = load_llama(
-            choice, n_ctx=n_ctx, threads=threads, verbose=settings.verbose, kv_cache=settings.kv_cache
+            choice, n_ctx=n_ctx, threads=threads, verbose=settings.verbose, **settings.llama_options()
         )
         try:
             check_fits(llm, text)

@@ -30,6 +30,7 @@ __all__ = [
     "DEFAULT_N_CTX",
     "KV_CACHE_TYPES",
     "LLAMA_CPP_LOGGER",
+    "SWA_CACHES",
     "check_gguf_file",
     "load_llama",
     "route_llama_cpp_log",
@@ -48,6 +49,11 @@ KV_CACHE_TYPES: dict[str, tuple[int, bool]] = {
     "q4_0": (llama_cpp.GGML_TYPE_Q4_0, True),
 }
 _KV_CACHE_KEYWORDS = ("type_k", "type_v", "flash_attn")
+# `swa_cache` names: the size of a sliding-window model's window cache (llama.cpp's `swa_full`).
+# "full" (llama-cpp-python's default) keeps a cell for every position, so a stored state restores any
+# prefix its blocks cover (its window assembled padded); "window" keeps the window's cells only,
+# reading long prompts faster (1.7x at 8K tokens on Gemma 3), and restores where a read stopped.
+SWA_CACHES: dict[str, bool] = {"full": True, "window": False}
 _log = logging.getLogger("snapcache")
 
 # ggml's `enum ggml_log_level`; CONT continues the previous line at its level.
@@ -89,6 +95,7 @@ def load_llama(
     verbose: bool = False,
     use_extra_bufts: bool | None = None,
     kv_cache: str | None = None,
+    swa_cache: str | None = None,
     **kwargs: Any,
 ) -> llama_cpp.Llama:
     """A `llama_cpp.Llama` of `model_path`, ready for chat; `ModelError` if it cannot be opened.
@@ -102,13 +109,17 @@ def load_llama(
     `KV_CACHE_TYPES`; None: llama-cpp-python's F16 cache without flash attention) sets the K/V cache
     type and flash attention together, to a pair whose restored states stay exact: "q8_0" and
     "q4_0" halve and quarter the cache's memory and use flash attention, which reads prompts slower
-    on the CPU; "q8_0" generates faster there (docs: choosing settings).
+    on the CPU; "q8_0" generates faster there (docs: choosing settings). `swa_cache` (one of
+    `SWA_CACHES`; None: llama-cpp-python's "full") sizes a sliding-window model's window cache; it
+    is part of the fingerprint, as `kv_cache` is: states are found only under the one they were saved
+    with.
     """
     if not _is_int(n_ctx) or n_ctx < 0:
         raise InvalidArgument(f"n_ctx must be a non-negative int (0: the model's own), got {n_ctx!r}")
     if n_threads is not None and (not _is_int(n_threads) or n_threads < 1):
         raise InvalidArgument(f"n_threads must be a positive int, got {n_threads!r}")
     kwargs.update(_kv_cache_settings(kv_cache, kwargs))
+    kwargs.update(_swa_cache_settings(swa_cache, kwargs))
     path = check_gguf_file(model_path)
     threads = n_threads or usable_cores()
     kwargs.setdefault("n_threads_batch", threads)
@@ -147,6 +158,18 @@ def _kv_cache_settings(kv_cache: str | None, kwargs: dict[str, Any]) -> dict[str
         raise InvalidArgument(f"kv_cache sets {', '.join(given)}: pass one or the other")
     cache_type, flash_attn = KV_CACHE_TYPES[kv_cache]
     return {"type_k": cache_type, "type_v": cache_type, "flash_attn": flash_attn}
+
+
+def _swa_cache_settings(swa_cache: str | None, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The `Llama` keyword `swa_cache` stands for; InvalidArgument for an unknown name, or one given
+    beside `swa_full`."""
+    if swa_cache is None:
+        return {}
+    if swa_cache not in SWA_CACHES:
+        raise InvalidArgument(f"swa_cache must be one of {', '.join(SWA_CACHES)}, got {swa_cache!r}")
+    if "swa_full" in kwargs:
+        raise InvalidArgument("swa_cache sets swa_full: pass one or the other")
+    return {"swa_full": SWA_CACHES[swa_cache]}
 
 
 def _is_int(value: object) -> bool:

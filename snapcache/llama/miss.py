@@ -34,7 +34,7 @@ _PART_NAMES = {
     "context.kv_unified": "the unified KV setting",
     "context.embeddings": "embeddings mode",
     "context.n_swa": "the sliding window",
-    "context.swa_full": "swa_full",
+    "context.swa_full": "the sliding-window cache's size (swa_full, --swa-cache)",
     "context.rope": "the RoPE settings",
     "kv_overrides": "kv_overrides",
     "adapters": "the LoRA adapters or control vector",

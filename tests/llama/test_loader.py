@@ -264,3 +264,30 @@ def test_kv_cache_refuses_an_unknown_name_and_the_keywords_it_sets(wide_heads_mo
         load_llama(wide_heads_model_path, n_ctx=256, kv_cache="f32")
     with pytest.raises(InvalidArgument, match="kv_cache sets flash_attn"):
         load_llama(wide_heads_model_path, n_ctx=256, kv_cache="q8_0", flash_attn=False)
+
+
+# -- the sliding-window cache --------------------------------------------------------------------------
+
+
+def test_swa_cache_sizes_the_window_cache_and_the_fingerprint_tells_them_apart(tmp_path):
+    from tiny_model import write_tiny_model
+
+    from snapcache.llama.fingerprint import model_fingerprint
+    from snapcache.llama.state import pads_windows
+
+    model = write_tiny_model(tmp_path / "tiny-gemma2.gguf", "gemma2")
+    fingerprints = {}
+    for name, full in [("full", True), ("window", False), (None, True)]:
+        llm = load_llama(model, n_ctx=256, swa_cache=name)
+        assert bool(llm.context_params.swa_full) is full
+        assert pads_windows(llm) is full
+        fingerprints[name] = model_fingerprint(llm)
+        llm.close()
+    assert fingerprints["full"] == fingerprints[None] != fingerprints["window"]
+
+
+def test_swa_cache_refuses_an_unknown_name_and_the_keyword_it_sets(wide_heads_model_path):
+    with pytest.raises(InvalidArgument, match="one of full, window, got 'half'"):
+        load_llama(wide_heads_model_path, n_ctx=256, swa_cache="half")
+    with pytest.raises(InvalidArgument, match="swa_cache sets swa_full"):
+        load_llama(wide_heads_model_path, n_ctx=256, swa_cache="window", swa_full=True)

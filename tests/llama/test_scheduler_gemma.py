@@ -27,11 +27,13 @@ SYSTEM = (Path(__file__).resolve().parents[2] / "examples" / "system_prompt.txt"
 QUESTIONS = ("What should I do first today?", "Summarize the rules in one line.", "Who are you?")
 
 
-@pytest.fixture(scope="module")
-def gemma(gemma_model_path: Path) -> Iterator[llama_cpp.Llama]:
+@pytest.fixture(scope="module", params=[True, False], ids=["full-size window cache", "window-sized cache"])
+def gemma(request: pytest.FixtureRequest, gemma_model_path: Path) -> Iterator[llama_cpp.Llama]:
+    """Gemma with llama-cpp-python's full-size sliding-window cache, or a window-sized one
+    (`--swa-cache window`)."""
     from conftest import new_llama
 
-    llm = new_llama(gemma_model_path, n_ctx=N_CTX)
+    llm = new_llama(gemma_model_path, n_ctx=N_CTX, swa_full=request.param)
     yield llm
     llm.close()
 

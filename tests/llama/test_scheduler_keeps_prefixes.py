@@ -93,10 +93,13 @@ def swa_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_model(tmp_path_factory.mktemp("gemma2") / "tiny-gemma2.gguf", "gemma2")
 
 
-@pytest.fixture(scope="module")
-def llamas(llama_factory: Any, swa_model: Path) -> Iterator[tuple[llama_cpp.Llama, llama_cpp.Llama]]:
-    """A Llama for the scheduler and one for the single-sequence run."""
-    pair = (llama_factory(swa_model, n_ctx=N_CTX), llama_factory(swa_model, n_ctx=N_CTX))
+@pytest.fixture(scope="module", params=[True, False], ids=["full-size window cache", "window-sized cache"])
+def llamas(
+    request: pytest.FixtureRequest, llama_factory: Any, swa_model: Path
+) -> Iterator[tuple[llama_cpp.Llama, llama_cpp.Llama]]:
+    """A Llama for the scheduler and one for the single-sequence run, with llama-cpp-python's
+    full-size sliding-window cache or a window-sized one (`--swa-cache window`)."""
+    pair = tuple(llama_factory(swa_model, n_ctx=N_CTX, swa_full=request.param) for _ in range(2))
     yield pair
     for llm in pair:
         llm.close()

@@ -423,3 +423,21 @@ def test_prompt_read_quick(tmp_path: Path) -> None:
     assert labels[0] == "llama-cpp-python as snapcache loads it"
     assert labels[1] == "CachedLlama, fresh store (captures included)"
     assert all(rate > 0 for row in payload["rows"] for rate in row["rates"].values())
+
+
+def test_agent_day_quick(tmp_path: Path) -> None:
+    out = tmp_path / "agent_day.json"
+    proc = _run("agent_day.py", "--quick", "--servers", "snapcache", "snapcache-window", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    _assert_header(proc.stdout, "tiny llama", "server")
+    payload = _load_json(out, "agent_day")
+    assert set(payload["runs"]) == {"snapcache-2", "snapcache-window-2"}
+    for run in payload["runs"].values():
+        assert all(seconds > 0 for seconds in run["seconds"])
+        assert run["restart_s"] > 0
+        # every return restores its session's last main turn, the restart before it too
+        for returns in run["returns"]:
+            assert len(returns) == 2
+            assert all(cached >= 0.9 * before for cached, _, before in returns), returns
+        prompt_tokens, seconds = run["probe"]
+        assert prompt_tokens > 0 and seconds > 0

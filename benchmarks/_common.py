@@ -10,12 +10,15 @@ import platform
 import shlex
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH_DIR = ROOT / "benchmarks"
@@ -404,3 +407,25 @@ def first_token_seconds(stream: Any) -> tuple[float, str]:
         choice = chunk["choices"][0]
         parts.append((choice["delta"].get("content") if "delta" in choice else choice.get("text")) or "")
     return (time.perf_counter() - started if first is None else first), "".join(parts)
+
+
+def all_at_once(calls: Sequence[Callable[[], T]]) -> list[T]:
+    """Each call on its own thread, all started together; their results in order. The first failure
+    is raised as a RuntimeError once every call has ended."""
+    results: list[T | BaseException | None] = [None] * len(calls)
+
+    def one(index: int) -> None:
+        try:
+            results[index] = calls[index]()
+        except BaseException as exc:  # reported below, after every call has ended
+            results[index] = exc
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(calls))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for result in results:
+        if isinstance(result, BaseException):
+            raise RuntimeError(f"a request failed: {result!r}")
+    return results  # type: ignore[return-value]  # every entry is a T once no call failed

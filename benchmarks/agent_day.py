@@ -27,11 +27,11 @@ llama-cpp-python vendors (see serve_concurrency.py). Greedy answers of 32 tokens
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -219,23 +219,7 @@ def ask(base: str, messages: list[dict[str, str]], max_tokens: int) -> Answered:
 
 def at_once(base: str, chats: list[list[dict[str, str]]], max_tokens: int) -> list[Answered]:
     """Every chat sent at the same moment, each on its own connection."""
-    results: list[Answered | BaseException | None] = [None] * len(chats)
-
-    def one(index: int) -> None:
-        try:
-            results[index] = ask(base, chats[index], max_tokens)
-        except BaseException as exc:  # reported below, after every request has ended
-            results[index] = exc
-
-    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(chats))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    failed = [r for r in results if not isinstance(r, Answered)]
-    if failed:
-        raise RuntimeError(f"a request failed: {failed[0]!r}")
-    return [r for r in results if isinstance(r, Answered)]
+    return _common.all_at_once([functools.partial(ask, base, chat, max_tokens) for chat in chats])
 
 
 @dataclass

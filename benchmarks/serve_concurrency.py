@@ -33,6 +33,7 @@ Every server reads the same model file: Gemma with Gemma 3's chat template in it
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -271,23 +272,7 @@ def _ask(base: str, system: str, question: str, max_tokens: int, start: threadin
 def burst(base: str, asks: list[tuple[str, str]], max_tokens: int) -> list[Answer]:
     """All `asks` (system, question) sent at the same moment, each on its own connection."""
     start = threading.Barrier(len(asks))
-    results: list[Answer | BaseException | None] = [None] * len(asks)
-
-    def one(index: int) -> None:
-        try:
-            results[index] = _ask(base, *asks[index], max_tokens, start)
-        except BaseException as exc:  # reported below, after every request has ended
-            results[index] = exc
-
-    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(asks))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    for result in results:
-        if isinstance(result, BaseException):
-            raise RuntimeError(f"a request failed: {result!r}")
-    return [r for r in results if isinstance(r, Answer)]
+    return _common.all_at_once([functools.partial(_ask, base, *ask, max_tokens, start) for ask in asks])
 
 
 # -- one run of one server --------------------------------------------------------------------------------

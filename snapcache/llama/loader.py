@@ -52,7 +52,7 @@ _KV_CACHE_KEYWORDS = ("type_k", "type_v", "flash_attn")
 # `swa_cache` names: the size of a sliding-window model's window cache (llama.cpp's `swa_full`).
 # "full" (llama-cpp-python's default) keeps a cell for every position, so a stored state restores any
 # prefix its blocks cover (its window assembled padded); "window" keeps the window's cells only,
-# reading long prompts faster (1.7x at 8K tokens on Gemma 3), and restores where a read stopped.
+# reading long prompts faster (1.5-1.7x at 8K tokens on Gemma 3), and restores where a read stopped.
 SWA_CACHES: dict[str, bool] = {"full": True, "window": False}
 _log = logging.getLogger("snapcache")
 

@@ -92,9 +92,8 @@ app = typer.Typer(
     cls=_CleanErrors,
     name="snapcache",
     help="Save and restore the llama.cpp state of prompts a local model has already read. "
-    "The global options (--cache-dir, --remote, --remote-budget, --kv-cache, --swa-cache, -v) may come "
-    "before or after "
-    "the command.",
+    "The global options (--cache-dir, --remote, --remote-budget, --kv-cache, --swa-cache, --compression, "
+    "-v) may come before or after the command.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,

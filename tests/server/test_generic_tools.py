@@ -13,7 +13,7 @@ from snapcache.server.chat.chat_completions import chat_request
 from snapcache.server.chat.chat_completions_protocol import ChatCompletionRequest
 from snapcache.server.chat.generic_tools import GenericTools
 from snapcache.server.chat.request import ChatMessage, ChatRequest, NamedTool, ToolCallRequest, ToolSpec
-from snapcache.server.tools import ToolCall, ToolCallDelta
+from snapcache.server.tools import ToolCall, ToolCallDelta, ToolCallDropped
 
 WEATHER = ToolSpec(
     "get_weather",
@@ -155,12 +155,15 @@ def test_calls_stream_their_arguments_and_come_whole_with_the_same_ids(size: int
 
 
 def test_a_call_cut_short_comes_back_as_text() -> None:
+    """A call announced and then cut is dropped under the id it was announced with, its text given
+    back in its place (a whole reply shows it as content; a stream ends the call there)."""
     chat = request(ChatMessage("user", "Hi"))
     reply = '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Os'
     items = streamed(reply, chat, 4)
-    assert next(item.arguments for item in items if isinstance(item, ToolCallDelta)) == ""
-    assert not [item for item in items if isinstance(item, ToolCall)]
-    assert "".join(item for item in items if isinstance(item, str)) == reply
+    opened = next(item for item in items if isinstance(item, ToolCallDelta))
+    assert opened.arguments == ""
+    assert not [item for item in items if isinstance(item, ToolCall | str)]
+    assert items[-1] == ToolCallDropped(0, opened.id, reply)
 
 
 def test_an_answer_cut_inside_its_calls_keeps_the_calls_it_finished() -> None:
@@ -193,6 +196,32 @@ def test_a_call_made_again_finishes_the_answer_there() -> None:
         ("get_time", {}),
     ]
     assert not [item for item in items if isinstance(item, str)]
+    # Written as the first call was, the repeat was held back piece by piece: never announced.
+    assert {item.index for item in items if isinstance(item, ToolCallDelta)} == {0, 1}
+    assert not [item for item in items if isinstance(item, ToolCallDropped)]
+
+
+def test_a_call_that_starts_as_an_earlier_one_streams_once_it_differs() -> None:
+    chat = request(ChatMessage("user", "Hi"))
+    first = '{"name": "get_weather", "arguments": {"city": "Oslo"}}'
+    reply = f'{{"tool_calls": [{first}, {{"name": "get_weather", "arguments": {{"city": "Osaka"}}}}]}}'
+    reader = TOOLS.reader(chat)
+    items: list[object] = []
+    announced_at = 0
+    for at, char in enumerate(reply):
+        given = reader.feed(char)
+        if not announced_at and any(isinstance(item, ToolCallDelta) and item.index == 1 for item in given):
+            announced_at = at + 1
+        items.extend(given)
+    items.extend(reader.finish())
+    # Held while it read `{"city": "Os`, as the first call was written; passed on once it differed.
+    assert reply[:announced_at].endswith('{"city": "Osa')
+    second = [item for item in items if isinstance(item, ToolCallDelta) and item.index == 1]
+    assert second[0].arguments == ""
+    assert "".join(item.arguments for item in second) == '{"city": "Osaka"}'
+    calls = [item for item in items if isinstance(item, ToolCall)]
+    assert [call.arguments for call in calls] == ['{"city":"Oslo"}', '{"city":"Osaka"}']
+    assert calls[1].id == second[0].id
 
 
 def test_without_parallel_calls_only_the_first_call_streams() -> None:

@@ -169,3 +169,167 @@ def test_a_text_answer_with_tools_offered_streams_as_it_comes(server: ServerProc
     assert len(deltas) > 2
     assert "".join(deltas) == message.content[0].text
     assert not message.content[0].text.lstrip().startswith("{")
+
+
+# A call written as it streams, and one cut by max_tokens: each API sends the call from the moment
+# its name is known, its arguments in pieces as written; a call cut short stays a call (as the APIs
+# themselves end one at max_tokens) and its text is not sent again as text, while a whole answer shows
+# that text in its place.
+WEATHER_TOOL = {"name": "get_weather", "description": "The weather in a city.", "input_schema": WEATHER}
+# One call a turn (offered a list, Gemma writes its call again), whole after this many tokens less
+# the closing `"}` and `}`: cut there, the answer ends inside the call's arguments (checked on the
+# whole answer).
+ONE_CALL = {"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True}
+CUT = 3
+
+
+def anthropic_stream(api: Any, max_tokens: int) -> tuple[list[Any], Any]:
+    with api.messages.stream(
+        model="gemma",
+        max_tokens=max_tokens,
+        system=SYSTEM,
+        tools=[WEATHER_TOOL],
+        tool_choice=ONE_CALL,
+        messages=[{"role": "user", "content": QUESTION}],
+        extra_body={"temperature": 0},
+    ) as stream:
+        return list(stream), stream.get_final_message()
+
+
+def anthropic_whole(api: Any, max_tokens: int) -> Any:
+    return api.messages.create(
+        model="gemma",
+        max_tokens=max_tokens,
+        system=SYSTEM,
+        tools=[WEATHER_TOOL],
+        tool_choice=ONE_CALL,
+        messages=[{"role": "user", "content": QUESTION}],
+        extra_body={"temperature": 0},
+    )
+
+
+def test_a_messages_call_streams_as_written_and_a_cut_one_stays_a_call(server: ServerProcess) -> None:
+    with messages_client(server) as api:
+        whole = anthropic_whole(api, MAX_TOKENS)
+        events, message = anthropic_stream(api, MAX_TOKENS)
+        [call] = [block for block in whole.content if block.type == "tool_use"]
+        pieces = [
+            event.delta.partial_json
+            for event in events
+            if event.type == "content_block_delta" and event.delta.type == "input_json_delta"
+        ]
+        assert len(pieces) >= 2, pieces  # the input arrives as written, not in one piece at the end
+        assert json.loads("".join(pieces)) == call.input
+        started = next(event for event in events if event.type == "content_block_start")
+        assert started.content_block.type == "tool_use"
+        assert started.content_block.id == message.content[0].id
+        assert [block.type for block in message.content] == ["tool_use"]
+        assert message.content[0].input == call.input
+        assert message.stop_reason == "tool_use"
+
+        cut = whole.usage.output_tokens - CUT
+        shown = anthropic_whole(api, cut)
+        # The premise: cut there, the answer ends inside the call's arguments.
+        assert shown.stop_reason == "max_tokens"
+        assert [block.type for block in shown.content] == ["text"], shown
+        assert '"arguments"' in shown.content[0].text
+        events, message = anthropic_stream(api, cut)
+    kinds = [event.type for event in events if event.type.startswith("content_block")]
+    assert kinds[0] == "content_block_start"
+    assert kinds[-1] == "content_block_stop"
+    assert kinds.count("content_block_start") == kinds.count("content_block_stop") == 1
+    assert [block.type for block in message.content] == ["tool_use"]  # no text block after it
+    assert message.stop_reason == "max_tokens"
+    written = "".join(
+        event.delta.partial_json
+        for event in events
+        if event.type == "content_block_delta" and event.delta.type == "input_json_delta"
+    )
+    assert written
+    assert shown.content[0].text.endswith(written)
+
+
+def test_a_responses_call_streams_as_written_and_a_cut_one_ends_incomplete(server: ServerProcess) -> None:
+    request: dict[str, Any] = {
+        "model": "gemma",
+        "instructions": SYSTEM,
+        "input": QUESTION,
+        "tools": [{"type": "function", **{k: v for k, v in WEATHER_TOOL.items() if k != "input_schema"}}],
+        "tool_choice": "required",
+        "parallel_tool_calls": False,
+        "extra_body": {"temperature": 0},
+        "store": False,
+    }
+    request["tools"][0]["parameters"] = WEATHER
+    with openai.OpenAI(base_url=server.api_url, api_key="unused", max_retries=0) as api:
+        whole = api.responses.create(**request, max_output_tokens=MAX_TOKENS)
+        events = list(api.responses.create(**request, max_output_tokens=MAX_TOKENS, stream=True))
+        [call] = [item for item in whole.output if item.type == "function_call"]
+        pieces = [event.delta for event in events if event.type == "response.function_call_arguments.delta"]
+        assert len(pieces) >= 2, pieces
+        assert json.loads("".join(pieces)) == json.loads(call.arguments)
+        added = next(event for event in events if event.type == "response.output_item.added")
+        done = next(event for event in events if event.type == "response.function_call_arguments.done")
+        assert added.item.type == "function_call"
+        assert added.item.name == "get_weather"
+        assert done.item_id == added.item.id
+        assert json.loads(done.arguments) == json.loads(call.arguments)
+        final = events[-1].response
+        assert [item.type for item in final.output] == ["function_call"]
+        assert final.output[0].call_id == added.item.call_id
+
+        cut = whole.usage.output_tokens - CUT
+        shown = api.responses.create(**request, max_output_tokens=cut)
+        assert shown.status == "incomplete"
+        assert [item.type for item in shown.output] == ["message"], shown.output  # the premise
+        events = list(api.responses.create(**request, max_output_tokens=cut, stream=True))
+    final = events[-1].response
+    assert final.status == "incomplete"
+    assert [(item.type, item.status) for item in final.output] == [("function_call", "incomplete")]
+    written = "".join(
+        event.delta for event in events if event.type == "response.function_call_arguments.delta"
+    )
+    assert written == final.output[0].arguments
+    assert shown.output_text.endswith(written)
+    assert not [event for event in events if event.type == "response.output_text.delta"]
+
+
+def test_a_chat_completions_call_streams_as_written_and_a_cut_one_stays_a_call(server: ServerProcess) -> None:
+    request: dict[str, Any] = {
+        "model": "gemma",
+        "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTION}],
+        "tools": [{"type": "function", "function": {**WEATHER_TOOL}}],
+        "tool_choice": "required",
+        "parallel_tool_calls": False,
+        "temperature": 0,
+    }
+    function = request["tools"][0]["function"]
+    function["parameters"] = function.pop("input_schema")
+    with openai.OpenAI(base_url=server.api_url, api_key="unused", max_retries=0) as api:
+        whole = api.chat.completions.create(**request, max_tokens=MAX_TOKENS)
+        chunks = list(api.chat.completions.create(**request, max_tokens=MAX_TOKENS, stream=True))
+        [call] = whole.choices[0].message.tool_calls
+        pieces = [
+            delta.function.arguments
+            for chunk in chunks
+            for delta in chunk.choices[0].delta.tool_calls or ()
+            if delta.function.arguments
+        ]
+        assert len(pieces) >= 2, pieces
+        assert json.loads("".join(pieces)) == json.loads(call.function.arguments)
+
+        cut = whole.usage.completion_tokens - CUT
+        shown = api.chat.completions.create(**request, max_tokens=cut)
+        assert shown.choices[0].finish_reason == "length"
+        assert not shown.choices[0].message.tool_calls  # the premise: the answer ends inside the call
+        chunks = list(api.chat.completions.create(**request, max_tokens=cut, stream=True))
+    deltas = [chunk.choices[0].delta for chunk in chunks if chunk.choices]
+    named = [call for delta in deltas for call in delta.tool_calls or () if call.id]
+    assert [call.function.name for call in named] == ["get_weather"]
+    assert not "".join(delta.content or "" for delta in deltas)  # the call's text is not sent as content
+    assert chunks[-1].choices[0].finish_reason == "length"
+    written = "".join(
+        call.function.arguments or "" for delta in deltas for call in delta.tool_calls or () if call.function
+    )
+    assert written
+    assert shown.choices[0].message.content.endswith(written)

@@ -6,7 +6,16 @@ import json
 
 import pytest
 
-from snapcache.server.tools import ParsedReply, ToolCall, ToolCallDelta, ToolFormat, ToolSpec, tool_format_for
+from snapcache.server.tools import (
+    ParsedReply,
+    ToolCall,
+    ToolCallDelta,
+    ToolCallDropped,
+    ToolFormat,
+    ToolSpec,
+    content_of,
+    tool_format_for,
+)
 
 # The smallest template text each format is detected from; the real templates are in
 # test_tool_templates.py.
@@ -37,7 +46,7 @@ def streamed(form: ToolFormat, deltas: list[str]) -> tuple[str, list[ToolCall], 
     for delta in deltas:
         items.extend(stream.feed(delta))
     items.extend(stream.finish())
-    content = "".join(item for item in items if isinstance(item, str))
+    content = "".join(content_of(item) for item in items)  # as a whole reply shows it
     return content, [item for item in items if isinstance(item, ToolCall)], items
 
 
@@ -136,9 +145,13 @@ def test_reply_parses_into_content_and_calls(name, reply, content, calls) -> Non
 @pytest.mark.parametrize("size", [1, 2, 5])
 def test_streamed_reply_gives_the_same_calls_at_any_split(name, reply, content, calls, size) -> None:
     deltas = [reply[i : i + size] for i in range(0, len(reply), size)]
-    text, made, _ = streamed(fmt(name), deltas)
+    text, made, items = streamed(fmt(name), deltas)
     assert text.strip() == content
     assert [(call.name, json.loads(call.arguments)) for call in made] == calls
+    # Every call announced is made, under the id it was announced with.
+    announced = {item.id for item in items if isinstance(item, ToolCallDelta)}
+    assert announced <= {call.id for call in made}
+    assert not [item for item in items if isinstance(item, ToolCallDropped)]
 
 
 def test_ids_are_the_models_where_its_format_has_them_else_fresh() -> None:
@@ -173,8 +186,11 @@ def test_a_malformed_call_stays_content(name, reply) -> None:
     parsed = fmt(name).parse(reply)
     assert parsed.calls == ()
     assert parsed.content == reply
-    text, made, _ = streamed(fmt(name), list(reply))
+    text, made, items = streamed(fmt(name), list(reply))
     assert (text, made) == (reply, [])
+    # A call the stream announced is dropped under its id, never left open.
+    announced = {item.id for item in items if isinstance(item, ToolCallDelta)}
+    assert announced == {item.id for item in items if isinstance(item, ToolCallDropped)}
 
 
 def test_a_malformed_call_between_good_ones_is_kept_as_text() -> None:

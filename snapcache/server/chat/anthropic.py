@@ -21,7 +21,16 @@ from snapcache.server.chat.anthropic_protocol import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from snapcache.server.chat.engine import ChatEvent, Finished, Started, TextDelta, ToolCalled, Usage
+from snapcache.server.chat.engine import (
+    ChatEvent,
+    Finished,
+    Started,
+    TextDelta,
+    ToolCallDelta,
+    ToolCallDropped,
+    ToolCalled,
+    Usage,
+)
 from snapcache.server.chat.request import (
     ChatMessage,
     ChatRequest,
@@ -154,7 +163,7 @@ def _messages_of(message: MessageParam, where: str) -> list[ChatMessage]:
 
 def message_of(events: list[ChatEvent], model: str) -> dict[str, Any]:
     """The Messages response of a whole completion's events."""
-    text = "".join(e.text for e in events if isinstance(e, TextDelta))
+    text = "".join(e.text for e in events if isinstance(e, TextDelta | ToolCallDropped))
     calls = [e.call for e in events if isinstance(e, ToolCalled)]
     finished = next(e for e in events if isinstance(e, Finished))
     content: list[dict[str, Any]] = [{"type": "text", "text": text}] if text or not calls else []
@@ -173,61 +182,111 @@ def message_of(events: list[ChatEvent], model: str) -> dict[str, Any]:
 
 async def message_events(events: AsyncIterator[ChatEvent], model: str) -> AsyncIterator[bytes]:
     """The server-sent events of a streamed Messages response, in Anthropic's order."""
-    index, open_text, pinged = -1, False, False
+    stream = _MessageStream(model)
     async for event in events:
+        for chunk in stream.add(event):
+            yield chunk
+
+
+class _MessageStream:
+    """The events of one streamed message: content blocks one after another, each started, filled
+    and stopped.
+
+    A call streams as the model writes it: its `tool_use` block starts when its name is known and
+    its input arrives in `input_json_delta`s. A call the answer then does not make ends where it was
+    cut (the stop reason says why); its text is not sent again as text.
+    """
+
+    def __init__(self, model: str) -> None:
+        self._model = model
+        self._index = -1  # the block being written, or the last one
+        self._open: str | None = None  # "text", a call's id, or None: no block open
+        self._announced: set[str] = set()
+        self._pinged = False
+
+    def add(self, event: ChatEvent) -> list[bytes]:
         if isinstance(event, Started):
-            message: dict[str, Any] = {
-                "id": _message_id(),
-                "type": "message",
-                "role": "assistant",
-                "model": model,
-                "content": [],
-                "stop_reason": None,
-                "stop_sequence": None,
-                "usage": {**_usage(event.usage), "output_tokens": 0},
-            }
-            yield _sse("message_start", {"type": "message_start", "message": message})
-        elif isinstance(event, TextDelta):
-            if not open_text:
-                index, open_text = index + 1, True
-                empty = {"type": "text", "text": ""}
-                yield _sse(
-                    "content_block_start",
-                    {"type": "content_block_start", "index": index, "content_block": empty},
-                )
-            if not pinged:
-                pinged = True
-                yield _sse("ping", {"type": "ping"})
-            delta = {"type": "text_delta", "text": event.text}
-            yield _sse("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
-        elif isinstance(event, ToolCalled):
-            if open_text:
-                open_text = False
-                yield _sse("content_block_stop", {"type": "content_block_stop", "index": index})
-            index += 1
-            call = {**_tool_use(event.call), "input": {}}
-            yield _sse(
-                "content_block_start", {"type": "content_block_start", "index": index, "content_block": call}
-            )
-            if not pinged:
-                pinged = True
-                yield _sse("ping", {"type": "ping"})
-            delta = {"type": "input_json_delta", "partial_json": json.dumps(_tool_input(event.call))}
-            yield _sse("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
-            yield _sse("content_block_stop", {"type": "content_block_stop", "index": index})
-        elif isinstance(event, Finished):
-            if open_text:
-                yield _sse("content_block_stop", {"type": "content_block_stop", "index": index})
-            if not pinged:
-                yield _sse("ping", {"type": "ping"})
-            ending: dict[str, Any] = {
-                "stop_reason": _STOP_REASONS[event.reason],
-                "stop_sequence": event.stop_sequence,
-            }
-            yield _sse(
-                "message_delta", {"type": "message_delta", "delta": ending, "usage": _usage(event.usage)}
-            )
-            yield _sse("message_stop", {"type": "message_stop"})
+            return [self._started(event.usage)]
+        if isinstance(event, TextDelta):
+            return self._text(event.text)
+        if isinstance(event, ToolCallDelta):
+            return self._call_piece(event)
+        if isinstance(event, ToolCalled):
+            if event.call.id in self._announced:
+                return self._closed(event.call.id)
+            call = event.call
+            opened = self._call_piece(ToolCallDelta(-1, call.id, call.name, ""))
+            piece = self._call_piece(ToolCallDelta(-1, call.id, call.name, json.dumps(_tool_input(call))))
+            return [*opened, *piece, *self._closed(call.id)]
+        if isinstance(event, ToolCallDropped):
+            return self._closed(event.id) if event.id in self._announced else self._text(event.text)
+        return self._finished(event)
+
+    def _started(self, usage: Usage) -> bytes:
+        message: dict[str, Any] = {
+            "id": _message_id(),
+            "type": "message",
+            "role": "assistant",
+            "model": self._model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {**_usage(usage), "output_tokens": 0},
+        }
+        return _sse("message_start", {"type": "message_start", "message": message})
+
+    def _text(self, text: str) -> list[bytes]:
+        if not text:
+            return []
+        chunks = [] if self._open == "text" else self._opened("text", {"type": "text", "text": ""})
+        return [*chunks, self._delta({"type": "text_delta", "text": text})]
+
+    def _call_piece(self, piece: ToolCallDelta) -> list[bytes]:
+        chunks: list[bytes] = []
+        if piece.id not in self._announced:
+            self._announced.add(piece.id)
+            block = {"type": "tool_use", "id": _tool_use_id(piece.id), "name": piece.name, "input": {}}
+            chunks = self._opened(piece.id, block)
+        elif self._open != piece.id:
+            return []  # a block already stopped takes no more
+        if piece.arguments:
+            chunks.append(self._delta({"type": "input_json_delta", "partial_json": piece.arguments}))
+        return chunks
+
+    def _opened(self, block_id: str, block: dict[str, Any]) -> list[bytes]:
+        chunks = self._closed(self._open)
+        self._index, self._open = self._index + 1, block_id
+        start = {"type": "content_block_start", "index": self._index, "content_block": block}
+        chunks.append(_sse("content_block_start", start))
+        if not self._pinged:
+            self._pinged = True
+            chunks.append(_sse("ping", {"type": "ping"}))
+        return chunks
+
+    def _delta(self, delta: dict[str, Any]) -> bytes:
+        return _sse(
+            "content_block_delta", {"type": "content_block_delta", "index": self._index, "delta": delta}
+        )
+
+    def _closed(self, block_id: str | None) -> list[bytes]:
+        if block_id is None or self._open != block_id:
+            return []
+        self._open = None
+        return [_sse("content_block_stop", {"type": "content_block_stop", "index": self._index})]
+
+    def _finished(self, event: Finished) -> list[bytes]:
+        chunks = self._closed(self._open)
+        if not self._pinged:
+            chunks.append(_sse("ping", {"type": "ping"}))
+        ending: dict[str, Any] = {
+            "stop_reason": _STOP_REASONS[event.reason],
+            "stop_sequence": event.stop_sequence,
+        }
+        chunks.append(
+            _sse("message_delta", {"type": "message_delta", "delta": ending, "usage": _usage(event.usage)})
+        )
+        chunks.append(_sse("message_stop", {"type": "message_stop"}))
+        return chunks
 
 
 def error_event(failure: BadRequest) -> bytes:

@@ -22,7 +22,16 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from snapcache.server.chat.chat_completions_protocol import ChatCompletionRequest, ContentPart, Message
-from snapcache.server.chat.engine import ChatEvent, Finished, Started, TextDelta, ToolCalled, Usage
+from snapcache.server.chat.engine import (
+    ChatEvent,
+    Finished,
+    Started,
+    TextDelta,
+    ToolCallDelta,
+    ToolCallDropped,
+    ToolCalled,
+    Usage,
+)
 from snapcache.server.chat.request import (
     ChatMessage,
     ChatRequest,
@@ -186,8 +195,8 @@ class _Answer:
         self.usage = Usage()
 
     def add(self, event: ChatEvent) -> None:
-        if isinstance(event, TextDelta):
-            self.text += event.text
+        if isinstance(event, TextDelta | ToolCallDropped):
+            self.text += event.text  # a dropped call's text in its place
         elif isinstance(event, ToolCalled):
             self.calls.append(event.call)
         elif isinstance(event, Finished):
@@ -229,14 +238,17 @@ def completion_of(events: list[ChatEvent], body: ChatCompletionRequest) -> dict[
 class CompletionChunks:
     """The server-sent `chat.completion.chunk` events of a streamed completion, then `[DONE]`.
 
-    The first chunk (the assistant's role) goes out once the prompt is read; a call goes out whole
-    when the answer ends: its id, type and name first, then its arguments.
+    The first chunk (the assistant's role) goes out once the prompt is read. A call goes out as the
+    model writes it: its index, id, type and name once the name is known, then its arguments' text
+    in pieces (a format that writes a call whole sends it at once). A call the answer then does not
+    make stays as far as it went (the finish reason says why); its text is not sent as content.
     """
 
     def __init__(self, body: ChatCompletionRequest) -> None:
         self._answer = _Answer(body)
         options = body.stream_options
         self._usage = options is not None and bool(options.include_usage)
+        self._indices: dict[str, int] = {}  # the index of each call sent, by id
 
     async def events(self, events: AsyncIterator[ChatEvent]) -> AsyncIterator[bytes]:
         answer = self._answer
@@ -246,18 +258,38 @@ class CompletionChunks:
                 yield self._chunk({"role": "assistant", "content": ""})
             elif isinstance(event, TextDelta):
                 yield self._chunk({"content": event.text})
+            elif isinstance(event, ToolCallDelta):
+                for chunk in self._call_piece(event.id, event.name, event.arguments):
+                    yield chunk
             elif isinstance(event, ToolCalled):
-                index, call = len(answer.calls) - 1, event.call
-                opened = {"index": index, **_call(call), "function": {"name": call.name, "arguments": ""}}
-                yield self._chunk({"tool_calls": [opened]})
-                arguments = {"index": index, "function": {"arguments": call.arguments}}
-                yield self._chunk({"tool_calls": [arguments]})
+                call = event.call
+                if call.id not in self._indices:
+                    for chunk in self._call_piece(call.id, call.name, call.arguments):
+                        yield chunk
+            elif isinstance(event, ToolCallDropped):
+                if event.id not in self._indices and event.text:
+                    yield self._chunk({"content": event.text})
             elif isinstance(event, Finished):
                 yield self._chunk({}, answer.finish_reason)
                 if self._usage:
                     usage = answer.usage_document()
                     yield _sse({**answer.head("chat.completion.chunk"), "choices": [], "usage": usage})
                 yield b"data: [DONE]\n\n"
+
+    def _call_piece(self, call_id: str, name: str, arguments: str) -> list[bytes]:
+        """The chunks of a call's next piece: it named first, if not yet sent, then `arguments`."""
+        chunks = []
+        index = self._indices.get(call_id)
+        if index is None:
+            index = self._indices[call_id] = len(self._indices)
+            function = {"name": name, "arguments": ""}
+            opened = {"index": index, "id": call_id, "type": "function", "function": function}
+            chunks.append(self._chunk({"tool_calls": [opened]}))
+        if arguments:
+            chunks.append(
+                self._chunk({"tool_calls": [{"index": index, "function": {"arguments": arguments}}]})
+            )
+        return chunks
 
     def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}

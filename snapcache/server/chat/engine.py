@@ -9,7 +9,8 @@ what it restored). Stop sequences are matched here, on the text, so the reply sa
 it; tools are rendered and their calls read by the request's `ToolFormat`: the model's own format
 where its template has one (the answer then read with its special tokens as text, where call markers
 such as `[TOOL_CALLS]` live), else the generic one. Calls stream: `ToolCallDelta`s announce a call
-and carry its arguments as written, `ToolCalled` gives it whole.
+and carry its arguments as written, `ToolCalled` gives it whole, `ToolCallDropped` says an announced
+call was not made.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from snapcache.server.errors import BadRequest, client_error
 from snapcache.server.request import RequestRecord, serving
 from snapcache.server.tools import StreamItem, ToolCall
 from snapcache.server.tools import ToolCallDelta as CallPiece
+from snapcache.server.tools import ToolCallDropped as DroppedCall
 
 __all__ = [
     "ChatEngine",
@@ -40,6 +42,7 @@ __all__ = [
     "Started",
     "TextDelta",
     "ToolCallDelta",
+    "ToolCallDropped",
     "ToolCalled",
     "Usage",
 ]
@@ -83,15 +86,29 @@ class ToolCallDelta:
 
     The first delta of a call (`index`: its place among the answer's calls) names it with empty
     `arguments`; the next ones add the text of its JSON arguments. `ToolCalled` with the same `id`
-    follows once the call is whole (its arguments normalized: the same object). A call the answer
-    never finishes (cut by max_tokens) gets no `ToolCalled`, and its text comes back as `TextDelta`;
-    nor does a call the format drops (the same call made again, where small models start to loop).
+    follows once the call is whole (its arguments normalized: the same object); a `ToolCallDropped`
+    with the same `id` where it is not made.
     """
 
     index: int
     id: str
     name: str
     arguments: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallDropped:
+    """A call announced by `ToolCallDelta`s that the answer did not make: the answer ended inside it
+    (max_tokens), it turned out malformed, or it repeated a call made before, written differently
+    (a repeat written the same way is held back and never announced).
+
+    A whole answer shows `text` in its place, as content ("" for a repeat, left out); a stream, which
+    cannot take back what it sent, ends the call where it was cut.
+    """
+
+    index: int
+    id: str
+    text: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +123,7 @@ class Finished:
     stop_sequence: str | None = None
 
 
-ChatEvent = Started | TextDelta | ToolCallDelta | ToolCalled | Finished
+ChatEvent = Started | TextDelta | ToolCallDelta | ToolCalled | ToolCallDropped | Finished
 
 
 class ChatEngine:
@@ -241,6 +258,8 @@ def _event(item: StreamItem) -> ChatEvent:
         return TextDelta(item)
     if isinstance(item, CallPiece):
         return ToolCallDelta(item.index, item.id, item.name, item.arguments)
+    if isinstance(item, DroppedCall):
+        return ToolCallDropped(item.index, item.id, item.text)
     return ToolCalled(ToolCallRequest(item.id, item.name, item.arguments))
 
 

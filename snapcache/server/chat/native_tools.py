@@ -21,7 +21,14 @@ from typing import Any
 
 from snapcache.server.chat.request import ChatRequest, NamedTool, ToolSpec
 from snapcache.server.chat.tool_format import PlainReader, ReplyReader, chat_template, checked_grammar
-from snapcache.server.tools import StreamItem, ToolCall, ToolCallDelta, ToolCallStream, render_messages
+from snapcache.server.tools import (
+    StreamItem,
+    ToolCall,
+    ToolCallDelta,
+    ToolCallDropped,
+    ToolCallStream,
+    render_messages,
+)
 from snapcache.server.tools import ToolFormat as CallFormat
 from snapcache.server.tools import tool_format_for as call_format_for
 
@@ -118,8 +125,10 @@ class _NativeReader:
                     continue
             elif isinstance(item, ToolCallDelta) and item.index > 0:
                 continue
+            elif isinstance(item, ToolCallDropped) and item.index > 0:
+                item = item.text  # never announced: its deltas were dropped
             kept.append(item)
-        return kept
+        return [item for item in kept if item != ""]
 
 
 def _plain(*messages: dict[str, Any]) -> bool:

@@ -12,9 +12,19 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import Any
 
-from snapcache.server.chat.engine import ChatEvent, Finished, Started, TextDelta, ToolCalled, Usage
+from snapcache.server.chat.engine import (
+    ChatEvent,
+    Finished,
+    Started,
+    TextDelta,
+    ToolCallDelta,
+    ToolCallDropped,
+    ToolCalled,
+    Usage,
+)
 from snapcache.server.chat.request import (
     ChatMessage,
     ChatRequest,
@@ -137,48 +147,116 @@ def _merged_calls(messages: list[ChatMessage]) -> list[ChatMessage]:
 
 def response_of(events: list[ChatEvent], body: ResponsesRequest) -> dict[str, Any]:
     """The Responses object of a whole completion's events."""
-    answer = _Answer(body)
+    answer = _Answer(body, streamed=False)
     for event in events:
         answer.add(event)
     return answer.document("completed")
 
 
-class _Answer:
-    """A response as its events build it."""
+@dataclass(slots=True)
+class _Message:
+    id: str = field(default_factory=lambda: f"msg_{uuid.uuid4().hex}")
+    text: str = ""
 
-    def __init__(self, body: ResponsesRequest) -> None:
+    def item(self, status: str) -> dict[str, Any]:
+        part = {"type": "output_text", "text": self.text, "annotations": []}
+        content = [part] if status == "completed" else []
+        return {"type": "message", "id": self.id, "status": status, "role": "assistant", "content": content}
+
+
+@dataclass(slots=True)
+class _FunctionCall:
+    call_id: str
+    name: str
+    arguments: str = ""
+    status: str = "in_progress"
+
+    @property
+    def id(self) -> str:
+        return "fc_" + self.call_id.removeprefix("call_")
+
+    def item(self) -> dict[str, Any]:
+        return {
+            "type": "function_call",
+            "id": self.id,
+            "call_id": self.call_id,
+            "name": self.name,
+            "arguments": self.arguments,
+            "status": self.status,
+        }
+
+
+_Item = _Message | _FunctionCall
+
+
+class _Answer:
+    """A response as its events build it: its output items in order.
+
+    Calls are items from their first delta. A call dropped after it was announced is, in a stream
+    (`streamed`), an item left `incomplete`, its arguments as far as they were written; in a whole
+    response its text takes its place, as text.
+    """
+
+    def __init__(self, body: ResponsesRequest, *, streamed: bool) -> None:
         self.body = body
+        self.streamed = streamed
         self.id = f"resp_{uuid.uuid4().hex}"
         self.created_at = int(time.time())
-        self.text = ""
-        self.message_id = f"msg_{uuid.uuid4().hex}"
-        self.calls: list[ToolCallRequest] = []
+        self.items: list[_Item] = []
         self.finished: Finished | None = None
         self.usage = Usage()
 
-    def add(self, event: ChatEvent) -> None:
+    def add(self, event: ChatEvent) -> _Item | None:
+        """Take the next event; return the output item it added to, if any."""
         if isinstance(event, TextDelta):
-            self.text += event.text
-        elif isinstance(event, ToolCalled):
-            self.calls.append(event.call)
-        elif isinstance(event, Finished):
+            return self._text(event.text)
+        if isinstance(event, ToolCallDelta):
+            call = self._call(event.id, event.name)
+            call.arguments += event.arguments
+            return call
+        if isinstance(event, ToolCalled):
+            call = self._call(event.call.id, event.call.name)
+            call.arguments, call.status = event.call.arguments, "completed"
+            return call
+        if isinstance(event, ToolCallDropped):
+            return self._dropped(event)
+        if isinstance(event, Finished):
             self.finished, self.usage = event, event.usage
-        elif isinstance(event, Started):
+        else:
             self.usage = event.usage
+        return None
 
-    def message(self, status: str) -> dict[str, Any]:
-        part = {"type": "output_text", "text": self.text, "annotations": []}
-        return {
-            "type": "message",
-            "id": self.message_id,
-            "status": status,
-            "role": "assistant",
-            "content": [part] if status == "completed" else [],
-        }
+    def _text(self, text: str) -> _Message | None:
+        if not text:
+            return None
+        last = self.items[-1] if self.items else None
+        if not isinstance(last, _Message):
+            last = _Message()
+            self.items.append(last)
+        last.text += text
+        return last
+
+    def _call(self, call_id: str, name: str) -> _FunctionCall:
+        for item in self.items:
+            if isinstance(item, _FunctionCall) and item.call_id == call_id:
+                return item
+        call = _FunctionCall(call_id, name)
+        self.items.append(call)
+        return call
+
+    def _dropped(self, event: ToolCallDropped) -> _Item | None:
+        call = next((i for i in self.items if isinstance(i, _FunctionCall) and i.call_id == event.id), None)
+        if call is None:
+            return self._text(event.text)
+        if self.streamed:
+            call.status = "incomplete"
+            return call
+        self.items.remove(call)
+        return self._text(event.text)
 
     def output(self) -> list[dict[str, Any]]:
-        items = [self.message("completed")] if self.text or not self.calls else []
-        return items + [_call_item(call, "completed") for call in self.calls]
+        items = self.items or [_Message()]
+        return [item.item("completed") if isinstance(item, _Message) else item.item() for item in items]
 
     def document(self, status: str) -> dict[str, Any]:
         body, usage, done = self.body, self.usage, self.finished
@@ -219,94 +297,116 @@ class _Answer:
 
 
 class ResponseEvents:
-    """The server-sent events of a streamed response, each with its `sequence_number`."""
+    """The server-sent events of a streamed response, each with its `sequence_number`.
+
+    Output items come in the order the answer writes them: text as a message item, a call as a
+    `function_call` item from the moment its name is known, its arguments streamed as written. A
+    call the answer then does not make is done as `incomplete`, its arguments as far as they went.
+    """
 
     def __init__(self, body: ResponsesRequest) -> None:
-        self._answer = _Answer(body)
+        self._answer = _Answer(body, streamed=True)
         self._sequence = 0
+        self._open: _Message | None = None  # the message item text goes to
 
     async def events(self, events: AsyncIterator[ChatEvent]) -> AsyncIterator[bytes]:
-        answer = self._answer
-        text_open = False
         async for event in events:
-            answer.add(event)
-            if isinstance(event, Started):
-                yield self._event("response.created", response=answer.document("in_progress"))
-                yield self._event("response.in_progress", response=answer.document("in_progress"))
-            elif isinstance(event, TextDelta):
-                if not text_open:
-                    text_open = True
-                    for chunk in self._text_opened():
-                        yield chunk
-                yield self._event(
-                    "response.output_text.delta", **self._text_at(), delta=event.text, logprobs=[]
+            for chunk in self._chunks(event):
+                yield chunk
+
+    def _chunks(self, event: ChatEvent) -> list[bytes]:
+        answer = self._answer
+        known = {id(item) for item in answer.items}
+        item = answer.add(event)
+        new = item is not None and id(item) not in known
+        if isinstance(event, Started):
+            return [
+                self._event("response.created", response=answer.document("in_progress")),
+                self._event("response.in_progress", response=answer.document("in_progress")),
+            ]
+        if isinstance(event, Finished):
+            # Always `response.completed`, its status saying whether max_output_tokens cut it: agents
+            # such as Codex fail a turn on `response.incomplete`, and a capped answer is an answer.
+            done = self._message_done()
+            return [*done, self._event("response.completed", response=answer.document("completed"))]
+        if isinstance(item, _Message):
+            chunks = self._message_opened(item) if self._open is not item else []
+            text = event.text if isinstance(event, TextDelta | ToolCallDropped) else ""
+            return [
+                *chunks,
+                self._event("response.output_text.delta", **self._at(item), delta=text, logprobs=[]),
+            ]
+        if not isinstance(item, _FunctionCall):
+            return []
+        chunks = self._message_done()
+        if new:
+            added = {**item.item(), "arguments": "", "status": "in_progress"}
+            chunks.append(
+                self._event("response.output_item.added", output_index=self._index(item), item=added)
+            )
+        if isinstance(event, ToolCallDelta) and event.arguments:
+            delta = event.arguments
+        elif isinstance(event, ToolCalled) and new:
+            delta = item.arguments
+        else:
+            delta = ""
+        if delta:
+            chunks.append(
+                self._event("response.function_call_arguments.delta", **self._at(item), delta=delta)
+            )
+        if isinstance(event, ToolCalled | ToolCallDropped):
+            at = self._at(item)
+            chunks.append(
+                self._event(
+                    "response.function_call_arguments.done", **at, name=item.name, arguments=item.arguments
                 )
-            elif isinstance(event, ToolCalled):
-                if text_open:
-                    text_open = False
-                    for chunk in self._text_closed():
-                        yield chunk
-                for chunk in self._call(event.call):
-                    yield chunk
-            elif isinstance(event, Finished):
-                if text_open:
-                    for chunk in self._text_closed():
-                        yield chunk
-                # Always `response.completed`, its status saying whether max_output_tokens cut it:
-                # agents such as Codex fail a turn on `response.incomplete`, and a capped answer
-                # is still an answer.
-                yield self._event("response.completed", response=answer.document("completed"))
+            )
+            chunks.append(
+                self._event("response.output_item.done", output_index=at["output_index"], item=item.item())
+            )
+        return chunks
 
-    def _text_at(self) -> dict[str, Any]:
-        return {"item_id": self._answer.message_id, "output_index": 0, "content_index": 0}
+    def _index(self, item: _Item) -> int:
+        return next(i for i, known in enumerate(self._answer.items) if known is item)
 
-    def _text_opened(self) -> list[bytes]:
+    def _at(self, item: _Item) -> dict[str, Any]:
+        at: dict[str, Any] = {"item_id": item.id, "output_index": self._index(item)}
+        if isinstance(item, _Message):
+            at["content_index"] = 0
+        return at
+
+    def _message_opened(self, message: _Message) -> list[bytes]:
+        chunks = self._message_done()
+        self._open = message
         part = {"type": "output_text", "text": "", "annotations": []}
         return [
+            *chunks,
             self._event(
-                "response.output_item.added", output_index=0, item=self._answer.message("in_progress")
+                "response.output_item.added",
+                output_index=self._index(message),
+                item=message.item("in_progress"),
             ),
-            self._event("response.content_part.added", **self._text_at(), part=part),
+            self._event("response.content_part.added", **self._at(message), part=part),
         ]
 
-    def _text_closed(self) -> list[bytes]:
-        text = self._answer.text
-        part = {"type": "output_text", "text": text, "annotations": []}
+    def _message_done(self) -> list[bytes]:
+        message, self._open = self._open, None
+        if message is None:
+            return []
+        part = {"type": "output_text", "text": message.text, "annotations": []}
+        at = self._at(message)
         return [
-            self._event("response.output_text.done", **self._text_at(), text=text, logprobs=[]),
-            self._event("response.content_part.done", **self._text_at(), part=part),
-            self._event("response.output_item.done", output_index=0, item=self._answer.message("completed")),
-        ]
-
-    def _call(self, call: ToolCallRequest) -> list[bytes]:
-        answer = self._answer
-        index = len(answer.calls) - 1 + (1 if answer.text else 0)
-        item = _call_item(call, "in_progress")
-        at = {"item_id": item["id"], "output_index": index}
-        return [
-            self._event("response.output_item.added", output_index=index, item={**item, "arguments": ""}),
-            self._event("response.function_call_arguments.delta", **at, delta=call.arguments),
+            self._event("response.output_text.done", **at, text=message.text, logprobs=[]),
+            self._event("response.content_part.done", **at, part=part),
             self._event(
-                "response.function_call_arguments.done", **at, name=call.name, arguments=call.arguments
+                "response.output_item.done", output_index=at["output_index"], item=message.item("completed")
             ),
-            self._event("response.output_item.done", output_index=index, item=_call_item(call, "completed")),
         ]
 
     def _event(self, kind: str, **fields: Any) -> bytes:
         data = {"type": kind, "sequence_number": self._sequence, **fields}
         self._sequence += 1
         return _sse(kind, data)
-
-
-def _call_item(call: ToolCallRequest, status: str) -> dict[str, Any]:
-    return {
-        "type": "function_call",
-        "id": "fc_" + call.id.removeprefix("call_"),
-        "call_id": call.id,
-        "name": call.name,
-        "arguments": call.arguments,
-        "status": status,
-    }
 
 
 def _dumped(value: Any) -> Any:

@@ -20,8 +20,15 @@ from snapcache.server.tools._messages import (
     render_messages,
 )
 from snapcache.server.tools._prompt import ChatTemplateError, render_prompt
-from snapcache.server.tools._stream import StreamItem, ToolCallStream
-from snapcache.server.tools._values import ParsedReply, ToolCall, ToolCallDelta, ToolSpec, new_call_id
+from snapcache.server.tools._stream import StreamItem, ToolCallStream, content_of
+from snapcache.server.tools._values import (
+    ParsedReply,
+    ToolCall,
+    ToolCallDelta,
+    ToolCallDropped,
+    ToolSpec,
+    new_call_id,
+)
 
 __all__ = [
     "NO_TOOL_FORMAT",
@@ -31,10 +38,12 @@ __all__ = [
     "StreamItem",
     "ToolCall",
     "ToolCallDelta",
+    "ToolCallDropped",
     "ToolCallStream",
     "ToolFormat",
     "ToolSpec",
     "UnsupportedContent",
+    "content_of",
     "content_text",
     "default_calls_as_text",
     "new_call_id",

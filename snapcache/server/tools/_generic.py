@@ -14,7 +14,14 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from snapcache.server.tools._stream import StreamItem, _Preview
-from snapcache.server.tools._values import ParsedReply, ToolCall, ToolCallDelta, arguments_text, new_call_id
+from snapcache.server.tools._values import (
+    ParsedReply,
+    ToolCall,
+    ToolCallDelta,
+    ToolCallDropped,
+    arguments_text,
+    new_call_id,
+)
 
 _TEXT_ANSWER = re.compile(r'\s*\{\s*"response"\s*:\s*"')
 _CALLS_OPEN = re.compile(r'\s*\{\s*"tool_calls"\s*:\s*\[')
@@ -54,7 +61,9 @@ class GenericCallStream:
     held until then and parsed whole (`parse_generic`). A reply cut short inside its calls (a token
     limit) keeps the calls it finished, the rest given back as content. A call the reply already made
     made again, the same tool with the same arguments, is where small models start to loop: the
-    reply is `finished` there, that call and anything after it dropped.
+    reply is `finished` there, that call and anything after it dropped; its pieces are held back
+    while it is written as the earlier one was, so a repeat is never announced. A call announced and
+    not made comes back as a `ToolCallDropped` (with the text given back in its place, if any).
     """
 
     def __init__(self, names: Collection[str], *, parallel: bool = True) -> None:
@@ -71,6 +80,9 @@ class GenericCallStream:
         self._made: list[ToolCall] = []  # the calls whose objects closed
         self._complete = False  # the list (or the one call) closed
         self._repeated = False
+        self._written: list[tuple[str, str]] = []  # (name, arguments as written) of each call made
+        self._held: list[ToolCallDelta] = []  # pieces of the call being written, not yet passed on
+        self._sent: set[str] = set()  # the ids of the calls announced
 
     @property
     def finished(self) -> bool:
@@ -84,19 +96,48 @@ class GenericCallStream:
 
     def finish(self) -> list[StreamItem]:
         items = self._advance()
+        made = range(len(self._made))
         if self._repeated:
-            return [*items, *self._made]
+            return [*items, *self._made, *self._dropped(made, "")]
         reply = parse_generic(self._text, self._names, parallel=self._parallel)
         if not reply.calls and self._made:
             rest = self._text[self._at :].strip()
-            return [*items, *self._made, *([rest] if rest else [])]
+            return [*items, *self._made, *self._dropped(made, rest)]
+        content = ""
         if reply.content.startswith(self._shown) and len(reply.content) > len(self._shown):
-            items.append(reply.content[len(self._shown) :])
+            content = reply.content[len(self._shown) :]
+        calls: list[StreamItem] = []
+        kept: set[int] = set()
         for index, call in enumerate(reply.calls):
             if index < len(self._ids) and self._ids[index][1] == call.name:
-                call = ToolCall(self._ids[index][0], call.name, call.arguments)
-            items.append(call)
-        return items
+                kept.add(index)
+                call = ToolCall(self._ids[index][0], call.name, call.arguments)  # the id announced
+            calls.append(call)
+        if reply.calls:
+            return [*items, *([content] if content else []), *calls, *self._dropped(kept, "")]
+        return [*items, *self._dropped(kept, content)]
+
+    def _send(self, items: list[StreamItem], delta: ToolCallDelta) -> None:
+        """Pass on a piece of the call being written; held back while the call so far is the start of
+        one the reply made already, as written (a repeat is dropped unseen)."""
+        self._held.append(delta)
+        written = self._text[self._arguments_at : self._open.sent] if self._open is not None else ""
+        if any(name == delta.name and made.startswith(written) for name, made in self._written):
+            return
+        items.extend(self._held)
+        self._sent.add(delta.id)
+        self._held.clear()
+
+    def _dropped(self, kept: Collection[int], text: str) -> list[StreamItem]:
+        """The calls begun but not among `kept` (their indices): those announced as dropped, `text`
+        given back in the first one's place, or as content where that one was never announced."""
+        unmade = [(i, id_) for i, (id_, _) in enumerate(self._ids) if i not in kept]
+        dropped: list[StreamItem] = [ToolCallDropped(i, id_, "") for i, id_ in unmade if id_ in self._sent]
+        if not text:
+            return dropped
+        if unmade and unmade[0][1] in self._sent:
+            return [ToolCallDropped(unmade[0][0], unmade[0][1], text), *dropped[1:]]
+        return [text, *dropped]
 
     def _advance(self) -> list[StreamItem]:
         if self._mode is None:
@@ -143,14 +184,14 @@ class GenericCallStream:
                 return False
             self._open, self._arguments_at = _Preview(index, new_call_id(), name, head.end()), head.end()
             self._ids.append((self._open.id, name))
-            items.append(ToolCallDelta(index, self._open.id, name, ""))
+            self._send(items, ToolCallDelta(index, self._open.id, name, ""))
         preview = self._open
         if not preview.end.closed:
             piece = text[preview.sent :]
             size = preview.end.scan(piece)
             if size:
-                items.append(ToolCallDelta(preview.index, preview.id, preview.name, piece[:size]))
                 preview.sent += size
+                self._send(items, ToolCallDelta(preview.index, preview.id, preview.name, piece[:size]))
             if not preview.end.closed:
                 return False
         ending = (_NEXT_IN_LIST if self._mode == "calls" else _CALL_END).match(text, preview.sent)
@@ -160,9 +201,14 @@ class GenericCallStream:
         made = ToolCall(preview.id, preview.name, arguments_text(arguments) or arguments)
         self._open = None
         if any((call.name, call.arguments) == (made.name, made.arguments) for call in self._made):
+            self._held.clear()
             self._repeated = self._done = True
             return False
+        items.extend(self._held)
+        self._sent.update(held.id for held in self._held)
+        self._held.clear()
         self._made.append(made)
+        self._written.append((made.name, arguments))
         self._at = ending.end()
         if self._mode == "call" or ending.group(1) == "]":
             self._complete = self._done = True

@@ -5,10 +5,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from snapcache.server.tools._syntax import CallSyntax
-from snapcache.server.tools._values import ParsedReply, ToolCall, ToolCallDelta, new_call_id
+from snapcache.server.tools._values import ParsedReply, ToolCall, ToolCallDelta, ToolCallDropped, new_call_id
 
-# What a stream hands back: a piece of content, a piece of a call being written, or a whole call.
-StreamItem = str | ToolCallDelta | ToolCall
+# What a stream hands back: a piece of content, a piece of a call being written, a whole call, or a
+# call announced and not made.
+StreamItem = str | ToolCallDelta | ToolCall | ToolCallDropped
+
+
+def content_of(item: StreamItem) -> str:
+    """The content a whole reply shows for `item`: its text, or a dropped call's."""
+    if isinstance(item, str):
+        return item
+    return item.text if isinstance(item, ToolCallDropped) else ""
 
 
 def _held_length(text: str, markers: tuple[str, ...]) -> int:
@@ -71,7 +79,8 @@ class ToolCallStream:
     before a call and between calls is dropped. Where the format writes a call's name before its
     JSON arguments (Hermes/Qwen, Llama 3.x, Mistral's `[ARGS]`), `ToolCallDelta`s stream the
     arguments before the `ToolCall`; otherwise the call comes whole. A call that turns out malformed
-    is given back as content, marker included. Call `finish()` once the reply is over.
+    is given back as content, marker included (as a `ToolCallDropped` where its deltas announced
+    it). Call `finish()` once the reply is over.
     """
 
     def __init__(self, syntax: CallSyntax | None) -> None:
@@ -151,12 +160,16 @@ class ToolCallStream:
         step = syntax.take(marker, self._buffer, final)
         if step is None:
             return False
+        preview = self._preview
         if step.malformed:
-            out.append(self._space + marker + self._buffer[: step.consumed])
+            text = self._space + marker + self._buffer[: step.consumed]
+            out.append(text if preview is None else ToolCallDropped(preview.index, preview.id, text))
         else:
             calls = list(step.calls)
-            if self._preview is not None and calls:
-                calls[0] = replace(calls[0], id=self._preview.id)  # the id its deltas announced
+            if preview is not None and calls:
+                calls[0] = replace(calls[0], id=preview.id)  # the id its deltas announced
+            elif preview is not None:
+                out.append(ToolCallDropped(preview.index, preview.id, ""))
             out.extend(calls)
             self.calls.extend(calls)
             self._after_call = bool(calls) or self._after_call
@@ -189,5 +202,5 @@ def parse_reply(syntax: CallSyntax | None, text: str) -> ParsedReply:
     """The whole reply at once: its content and its calls."""
     stream = ToolCallStream(syntax)
     items = stream.feed(text) + stream.finish()
-    content = "".join(item for item in items if isinstance(item, str))
+    content = "".join(content_of(item) for item in items)
     return ParsedReply(content.strip() if stream.calls else content, tuple(stream.calls))

@@ -48,13 +48,27 @@ class ToolCallDelta:
     The first delta of an `index` (the call's place among the reply's calls) names the call with
     empty `arguments`; the next ones add the arguments' JSON text as the model writes it. The
     `ToolCall` with the same id follows when the call closes, its arguments normalized (the same
-    object). A reply that ends inside the call (a token limit) gives its text back as content instead.
+    object). A call announced and then not made comes back as a `ToolCallDropped`.
     """
 
     index: int
     id: str
     name: str
     arguments: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallDropped:
+    """A call a stream announced (by `ToolCallDelta`s) and then did not make.
+
+    The reply ended inside it (a token limit), it turned out malformed, or it was a call the reply
+    already made. `text` is what a whole reply shows in its place as content: the call's text as
+    written, or "" where it is left out (a repeat).
+    """
+
+    index: int
+    id: str
+    text: str
 
 
 @dataclass(frozen=True, slots=True)

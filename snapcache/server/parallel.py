@@ -43,6 +43,9 @@ _LOCKED_PROXY = llama_server.get_llama_proxy  # llama-cpp-python's: one request 
 class ParallelModel:
     """The Llama to llama-cpp-python's routes, but for completions, which a `BatchedLlama` runs."""
 
+    # Its sampler takes a `LazyGrammar` (llama-cpp-python's own takes none).
+    takes_lazy_grammars = True
+
     def __init__(self, batched: BatchedLlama, store: SnapshotStore) -> None:
         self.batched = batched
         self.scheduler = batched.scheduler

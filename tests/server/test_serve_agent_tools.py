@@ -183,29 +183,26 @@ ONE_CALL = {"type": "tool", "name": "get_weather", "disable_parallel_tool_use": 
 CUT = 3
 
 
+def one_call(max_tokens: int) -> dict[str, Any]:
+    """A Messages request that asks for one get_weather call, greedy."""
+    return {
+        "model": "gemma",
+        "max_tokens": max_tokens,
+        "system": SYSTEM,
+        "tools": [WEATHER_TOOL],
+        "tool_choice": ONE_CALL,
+        "messages": [{"role": "user", "content": QUESTION}],
+        "extra_body": {"temperature": 0},
+    }
+
+
 def anthropic_stream(api: Any, max_tokens: int) -> tuple[list[Any], Any]:
-    with api.messages.stream(
-        model="gemma",
-        max_tokens=max_tokens,
-        system=SYSTEM,
-        tools=[WEATHER_TOOL],
-        tool_choice=ONE_CALL,
-        messages=[{"role": "user", "content": QUESTION}],
-        extra_body={"temperature": 0},
-    ) as stream:
+    with api.messages.stream(**one_call(max_tokens)) as stream:
         return list(stream), stream.get_final_message()
 
 
 def anthropic_whole(api: Any, max_tokens: int) -> Any:
-    return api.messages.create(
-        model="gemma",
-        max_tokens=max_tokens,
-        system=SYSTEM,
-        tools=[WEATHER_TOOL],
-        tool_choice=ONE_CALL,
-        messages=[{"role": "user", "content": QUESTION}],
-        extra_body={"temperature": 0},
-    )
+    return api.messages.create(**one_call(max_tokens))
 
 
 def test_a_messages_call_streams_as_written_and_a_cut_one_stays_a_call(server: ServerProcess) -> None:

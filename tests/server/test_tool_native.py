@@ -200,3 +200,51 @@ def test_the_engine_reads_calls_from_the_special_tokens_of_its_answer(
         (marker,) = llm.tokenize(b"[TOOL_CALLS]", add_bos=False, special=True)
         assert llm.detokenize([marker]) == b""
         assert len(called[0].id) == 9
+
+
+@pytest.mark.model
+def test_auto_holds_a_call_from_its_marker_token_where_requests_are_batched(
+    make_llama, store, tmp_path: Path
+) -> None:
+    """Under `auto` a batched server's model writes freely until it samples the format's marker token,
+    and from it on follows the calls' grammar (llama.cpp's lazy grammar); the one-at-a-time Llama,
+    whose sampler takes no lazy grammar, is left free."""
+    from snapcache.llama.batch import BatchedLlama, LazyGrammar, Scheduler
+    from snapcache.server.parallel import ParallelModel
+
+    template = (TEMPLATES / "qwen2.5-7b-instruct.jinja").read_text()
+    path = write_template_model(tmp_path / "qwen.gguf", template, QWEN_SPECIALS, "<|im_end|>")
+    llm = make_llama(path, n_ctx=2048)
+    city = {"type": "object", "properties": {"city": {"enum": ["Oslo", "Rome"]}}, "required": ["city"]}
+    auto = ChatRequest(
+        (ChatMessage("user", "Weather in Oslo?"),),
+        tools=(ToolSpec("get_weather", "Weather.", city),),
+        parallel_tool_calls=False,
+    )
+    assert NativeTools.for_model(llm).grammar(auto) is None  # type: ignore[union-attr]
+    (marker,) = llm.tokenize(b"<tool_call>", add_bos=False, special=True)
+    with Scheduler(llm, store, n_seq=2) as scheduler:
+        model = ParallelModel(BatchedLlama(scheduler), store)
+        tools = NativeTools.for_model(model)
+        assert tools is not None
+        lazy = tools.grammar(auto)
+        assert isinstance(lazy, LazyGrammar)
+        assert lazy.trigger_tokens == (marker,)
+        assert lazy.gbnf.count(f"<[{marker}]>") == 1
+        options = {"temperature": 0.0, "max_tokens": 200}
+        free = model.create_completion("Hi", **options)["choices"][0]["text"]
+        held = model.create_completion("Hi", grammar=lazy, **options)["choices"][0]["text"]
+        # Ended before its marker, the answer is the free one, token for token.
+        short = {"temperature": 0.0, "max_tokens": 8}
+        unheld = model.create_completion("Hi", **short)
+        cut = model.create_completion("Hi", grammar=lazy, **short)
+        assert cut["choices"] == unheld["choices"]
+        assert cut["usage"]["completion_tokens"] == unheld["usage"]["completion_tokens"] == 8
+    # The premise: this random model writes the marker, and after it no call the format reads.
+    before = free[: free.index("<tool_call>")]
+    assert not tools.format.parse(free, auto.tools).calls
+    # Free up to the marker; from it on, a well-formed call of the tool.
+    assert held.startswith(before + "<tool_call>")
+    [call] = tools.format.parse(held, auto.tools).calls
+    assert call.name == "get_weather"
+    assert json.loads(call.arguments)["city"] in ("Oslo", "Rome")

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from snapcache.llama.batch._completion import BatchedLlama
 from snapcache.llama.batch._request import FinishReason, Request, SchedulerError
-from snapcache.llama.batch._sampling import SamplingParams, batched_unsupported
+from snapcache.llama.batch._sampling import LazyGrammar, SamplingParams, batched_unsupported
 from snapcache.llama.batch._scheduler import Mode, Scheduler, unbatched_reason
 
 __all__ = [
     "BatchedLlama",
     "FinishReason",
+    "LazyGrammar",
     "Mode",
     "Request",
     "SamplingParams",

@@ -33,7 +33,7 @@ import numpy.typing as npt
 from snapcache.key import DEFAULT_SCOPE, TokenArray
 from snapcache.llama.batch._detached import DetachedStream
 from snapcache.llama.batch._request import Request, SchedulerError
-from snapcache.llama.batch._sampling import SamplingParams, batched_unsupported
+from snapcache.llama.batch._sampling import LazyGrammar, SamplingParams, batched_unsupported
 from snapcache.llama.batch._scheduler import Scheduler
 from snapcache.llama.chat_prefix import ChatPrefixFinder, render_options, system_head, text_prompt_tokens
 from snapcache.llama.reports import CompletionListener, CompletionReport
@@ -160,6 +160,8 @@ class BatchedLlama:
 
     def _single_path(self, prompt: str | Sequence[int], kwargs: dict[str, Any], reason: str) -> Any:
         prompt = prompt if isinstance(prompt, str) else list(prompt)
+        if isinstance(kwargs.get("grammar"), LazyGrammar):
+            kwargs = {**kwargs, "grammar": None}  # the Llama's own sampler has no lazy grammar: free
         if reason not in self._told:
             self._told.add(reason)
             _log.warning("%s; such calls run one at a time on the Llama's own context", reason)

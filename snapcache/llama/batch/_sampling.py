@@ -9,8 +9,10 @@ is checked as llama.cpp's own sampler checks it: the chain picks a token from th
 the grammar judges that one token, and only when it refuses it are all 262K (Gemma) candidates
 constrained and the pick made again, so a grammar request costs a batch step little more than any
 other (greedy picks what a fully constrained chain picks; a draw is rejection-sampled, as in
-llama.cpp). What the chain cannot do (mirostat, logits processors, log-probabilities) is named by
-`batched_unsupported` so that the caller can take the single-sequence path for that request.
+llama.cpp). A `LazyGrammar` (llama.cpp's lazy grammar) holds the answer only from a trigger token
+on: until the model samples one, every token is allowed. What the chain cannot do (mirostat, logits
+processors, log-probabilities) is named by `batched_unsupported` so that the caller can take the
+single-sequence path for that request (which answers a lazy grammar's request free).
 Stopping criteria are checked on the tokens, as the Llama does (see `BatchedLlama`).
 """
 
@@ -27,12 +29,23 @@ import numpy as np
 
 from snapcache.errors import InvalidArgument
 
-__all__ = ["SamplerChain", "SamplingParams", "batched_unsupported"]
+__all__ = ["LazyGrammar", "SamplerChain", "SamplingParams", "batched_unsupported"]
 
 # create_completion's keywords that the batched path cannot honour.
 _UNSUPPORTED = ("logits_processor", "logprobs", "suffix")
 # llama_token_data as numpy sees it: the candidates of a constrained pick are filled in one copy.
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
+
+
+@dataclass(frozen=True, slots=True)
+class LazyGrammar:
+    """A grammar that applies from a trigger token on: the model writes freely until it samples one
+    of `trigger_tokens`, then follows `gbnf`, which starts with that token (a tool call's marker,
+    under `tool_choice: auto`). Pass it as `grammar`; only the batched path takes one."""
+
+    gbnf: str
+    trigger_tokens: tuple[int, ...]
+    root: str = "root"
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +69,7 @@ class SamplingParams:
     logit_bias: Mapping[int, float] = field(default_factory=dict)
     grammar: str | None = None  # GBNF text (llama-cpp-python's `LlamaGrammar` gives it)
     grammar_root: str = "root"
+    grammar_triggers: tuple[int, ...] = ()  # a lazy grammar's: it applies from one of these on
 
     @classmethod
     def from_completion_kwargs(cls, kwargs: Mapping[str, Any]) -> SamplingParams:
@@ -72,10 +86,26 @@ class SamplingParams:
             except (TypeError, ValueError) as exc:
                 raise InvalidArgument(f"logit_bias maps token ids to numbers: {exc}") from None
         grammar = kwargs.get("grammar")
-        if grammar is not None and not isinstance(grammar, str):
+        if isinstance(grammar, LazyGrammar):
+            values["grammar"], values["grammar_root"] = grammar.gbnf, grammar.root
+            values["grammar_triggers"] = tuple(grammar.trigger_tokens)
+        elif grammar is not None and not isinstance(grammar, str):
             values["grammar"] = str(grammar._grammar)  # a LlamaGrammar
             values["grammar_root"] = str(getattr(grammar, "_root", "root"))
         return cls(**values)
+
+
+def _grammar_sampler(llm: llama_cpp.Llama, params: SamplingParams) -> Any:
+    """llama.cpp's grammar sampler of `params` (lazy where it has triggers); NULL where it refuses it."""
+    assert params.grammar is not None
+    vocab, gbnf, root = llm._model.vocab, params.grammar.encode("utf-8"), params.grammar_root.encode("utf-8")
+    if not params.grammar_triggers:
+        return llama_cpp.llama_sampler_init_grammar(vocab, gbnf, root)
+    triggers = (llama_cpp.llama_token * len(params.grammar_triggers))(*params.grammar_triggers)
+    no_patterns = (ctypes.c_char_p * 1)()
+    return llama_cpp.llama_sampler_init_grammar_lazy_patterns(
+        vocab, gbnf, root, no_patterns, 0, triggers, len(params.grammar_triggers)
+    )
 
 
 def batched_unsupported(kwargs: Mapping[str, Any]) -> str | None:
@@ -97,9 +127,7 @@ class SamplerChain:
         n_vocab = int(llm.n_vocab())
         self._grammar = None
         if params.grammar is not None:
-            self._grammar = llama_cpp.llama_sampler_init_grammar(
-                llm._model.vocab, params.grammar.encode("utf-8"), params.grammar_root.encode("utf-8")
-            )
+            self._grammar = _grammar_sampler(llm, params)
             if not self._grammar:
                 raise InvalidArgument("llama.cpp cannot use this grammar")
             self._candidates = (llama_cpp.llama_token_data * n_vocab)()

@@ -8,17 +8,20 @@ role (`render_messages` maps what it does not know). The answer is read with its
 as text, since call markers such as `[TOOL_CALLS]` are special tokens, and parsed as it streams;
 visible text never shows a marker, whole or in part.
 
-`tool_choice`: "auto" leaves the model free to call or answer; "required" or a tool's name holds the
-answer to calls under a grammar that starts with the format's marker token (one call where
-`parallel_tool_calls` is off, and always on Llama 3.x, whose templates take one call a turn); "none"
-leaves the tools out of the prompt and reads the answer as text. Without `parallel_tool_calls`, an
-unconstrained answer's calls after its first are dropped.
+`tool_choice`: "required" or a tool's name holds the answer to calls under a grammar that starts with
+the format's marker token (one call where `parallel_tool_calls` is off, and always on Llama 3.x,
+whose templates take one call a turn); "auto" leaves the model free to answer or call, and where the
+requests are batched (`--parallel` above 1) the same grammar holds a call from its marker token on
+(llama.cpp's lazy grammar: its calls are well formed and fit the tools' schemas; Llama 3.x, whose
+calls have no marker, stays free); "none" leaves the tools out of the prompt and reads the answer as
+text. Without `parallel_tool_calls`, an unconstrained answer's calls after its first are dropped.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from snapcache.llama.batch import LazyGrammar
 from snapcache.server.chat.request import ChatRequest, NamedTool, ToolSpec
 from snapcache.server.chat.tool_format import PlainReader, ReplyReader, chat_template, checked_grammar
 from snapcache.server.tools import (
@@ -74,8 +77,10 @@ class NativeTools:
         return request.uses_tools
 
     def grammar(self, request: ChatRequest) -> Any | None:
-        if not request.uses_tools or request.tool_choice == "auto":
+        if not request.uses_tools:
             return None
+        if request.tool_choice == "auto":
+            return self._lazy_grammar(request)
         tools = request.tools
         if isinstance(request.tool_choice, NamedTool):
             tools = tuple(tool for tool in tools if tool.name == request.tool_choice.name) or tools
@@ -83,6 +88,22 @@ class NativeTools:
         if gbnf is None:
             return None
         return checked_grammar(gbnf, self._llm._model.vocab)
+
+    def _lazy_grammar(self, request: ChatRequest) -> LazyGrammar | None:
+        """The calls' grammar from the format's marker token on, where the model's sampler takes one
+        and the marker is one token; else None (the answer is free)."""
+        syntax, marker = self.format.syntax, self.format.call_marker
+        if not getattr(self._llm, "takes_lazy_grammars", False) or syntax is None or syntax.opens_with_json:
+            return None
+        trigger = self._token_of(marker) if marker else None
+        if trigger is None:
+            return None
+        gbnf = self.format.grammar(
+            request.tools, parallel=request.parallel_tool_calls, token_of=self._token_of
+        )
+        if gbnf is None or checked_grammar(gbnf, self._llm._model.vocab) is None:
+            return None
+        return LazyGrammar(gbnf, (trigger,))
 
     def reader(self, request: ChatRequest) -> ReplyReader:
         if not request.uses_tools:

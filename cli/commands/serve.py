@@ -132,6 +132,15 @@ def serve(
             "/snapcache/why says which rules changed a scope's last request.",
         ),
     ] = None,
+    live_tool_calls: Annotated[
+        bool,
+        typer.Option(
+            "--live-tool-calls",
+            help="Stream a tool call as the model writes it: its name first, then its arguments in "
+            "pieces, as the hosted APIs do; a call then cut by max_tokens stays a partial call. By "
+            "default a call is sent once it is whole, and a call cut short comes back as text.",
+        ),
+    ] = False,
     max_tokens_default: Annotated[
         int,
         typer.Option(
@@ -189,6 +198,7 @@ def serve(
                 seq_ctx=seq_ctx,
                 keep_billing_header=keep_billing_header,
                 normalize=tuple(normalize or ()),
+                live_tool_calls=live_tool_calls,
             )
             app = create_app(llm, store, options)
             where = store.directory if store.directory is not None else "RAM only"

@@ -61,8 +61,9 @@ class ServeOptions:
     completions run at once (`parallel`, each with the Llama's `n_ctx`, or `seq_ctx` tokens where
     set: longer requests run one at a time on the Llama's own context) and how their steps are
     batched (`batch_mode`: see `snapcache.llama.batch.Scheduler`); whether Claude Code's per-session
-    billing line stays in prompts (`keep_billing_header`), and patterns of other text to delete from
-    them (`normalize`: see `snapcache.server.chat.PromptRules`)."""
+    billing line stays in prompts (`keep_billing_header`), patterns of other text to delete from
+    them (`normalize`: see `snapcache.server.chat.PromptRules`), and whether a streamed tool call
+    goes out as it is written (`live_tool_calls`: see `snapcache.server.chat.ChatEngine`)."""
 
     api_key: str | None = None
     model_alias: str | None = None
@@ -75,6 +76,7 @@ class ServeOptions:
     seq_ctx: int | None = None
     keep_billing_header: bool = False
     normalize: Sequence[str] = field(default_factory=tuple)
+    live_tool_calls: bool = False
 
 
 class _OneModel:
@@ -138,7 +140,11 @@ def create_app(llm: llama_cpp.Llama, store: SnapshotStore, options: ServeOptions
     app.include_router(extras_router())  # first: its routes answer before llama-cpp-python's
     app.include_router(llama_server.router)
     app.include_router(snapcache_router(hook, monitor, turns, parallel, rules))
-    install_dialects(app, ChatEngine(llm, rules, options.max_tokens_default), options.api_key)
+    install_dialects(
+        app,
+        ChatEngine(llm, rules, options.max_tokens_default, live_tool_calls=options.live_tool_calls),
+        options.api_key,
+    )
     unlock_routes(app, parallel is not None)
     app.add_middleware(SnapcacheMiddleware, checks=checks, rules=rules)
     describe_api(app, limits, api_key=options.api_key is not None)

@@ -28,8 +28,10 @@ MAX_TOKENS = 48
 @pytest.fixture(scope="module")
 def server(gemma_model_path: Path, tmp_path_factory: pytest.TempPathFactory):
     home = tmp_path_factory.mktemp("agent-tools")
-    # The default --parallel: requests with a grammar are batched like the rest.
-    with running_server(gemma_model_path, home / "cache", home / "server.log", n_ctx=4096) as running:
+    # The default --parallel: requests with a grammar are batched like the rest. Calls stream as the
+    # model writes them (--live-tool-calls; the default sends them whole: test_serve_chat_tools).
+    log = home / "server.log"
+    with running_server(gemma_model_path, home / "cache", log, "--live-tool-calls", n_ctx=4096) as running:
         yield running
 
 
@@ -171,10 +173,10 @@ def test_a_text_answer_with_tools_offered_streams_as_it_comes(server: ServerProc
     assert not message.content[0].text.lstrip().startswith("{")
 
 
-# A call written as it streams, and one cut by max_tokens: each API sends the call from the moment
-# its name is known, its arguments in pieces as written; a call cut short stays a call (as the APIs
-# themselves end one at max_tokens) and its text is not sent again as text, while a whole answer shows
-# that text in its place.
+# With --live-tool-calls, a call written as it streams, and one cut by max_tokens: each API sends the
+# call from the moment its name is known, its arguments in pieces as written; a call cut short stays a
+# call (as the hosted APIs end one at max_tokens) and its text is not sent again as text, while a whole
+# answer shows that text in its place.
 WEATHER_TOOL = {"name": "get_weather", "description": "The weather in a city.", "input_schema": WEATHER}
 # One call a turn (offered a list, Gemma writes its call again), whole after this many tokens less
 # the closing `"}` and `}`: cut there, the answer ends inside the call's arguments (checked on the

@@ -159,6 +159,39 @@ def test_streamed_deltas_reassemble_into_the_unstreamed_call(server: ServerProce
     assert first["choices"][0]["delta"]["role"] == "assistant"
 
 
+def test_by_default_a_streamed_call_is_sent_whole_and_a_cut_one_is_text(server: ServerProcess) -> None:
+    """Without --live-tool-calls a call goes out once it is whole (its arguments in one piece), and
+    a call max_tokens cuts comes back as text, streamed as a whole answer gives it: agents run with a
+    small output cap then end their turn, where a partial call would have them run it."""
+    request: dict[str, Any] = {
+        "model": "m",
+        "messages": messages("And in Oslo?"),
+        "tools": TOOLS,
+        "tool_choice": "required",
+        "parallel_tool_calls": False,
+        "temperature": 0,
+    }
+    with client(server) as api:
+        chunks = list(api.chat.completions.create(**request, max_tokens=CALL_TOKENS, stream=True))
+        pieces = [
+            delta.function.arguments
+            for chunk in chunks
+            for delta in chunk.choices[0].delta.tool_calls or ()
+            if delta.function.arguments
+        ]
+        assert len(pieces) == 1
+        # The tiny model writes a byte a token: 60 tokens end inside the call's arguments.
+        whole = api.chat.completions.create(**request, max_tokens=60)
+        cut = list(api.chat.completions.create(**request, max_tokens=60, stream=True))
+    assert whole.choices[0].finish_reason == "length"
+    assert not whole.choices[0].message.tool_calls
+    assert '"arguments"' in whole.choices[0].message.content  # the premise: cut inside the call
+    deltas = [chunk.choices[0].delta for chunk in cut]
+    assert not [call for delta in deltas for call in delta.tool_calls or ()]
+    assert "".join(delta.content or "" for delta in deltas) == whole.choices[0].message.content
+    assert cut[-1].choices[0].finish_reason == "length"
+
+
 def test_a_tool_result_turn_is_answered_and_restores_its_prefix(server: ServerProcess) -> None:
     with client(server) as api:
         first = api.chat.completions.create(

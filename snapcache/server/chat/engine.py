@@ -8,9 +8,11 @@ stream read on worker threads under the request's `RequestRecord` (where the hoo
 what it restored). Stop sequences are matched here, on the text, so the reply says which one ended
 it; tools are rendered and their calls read by the request's `ToolFormat`: the model's own format
 where its template has one (the answer then read with its special tokens as text, where call markers
-such as `[TOOL_CALLS]` live), else the generic one. Calls stream: `ToolCallDelta`s announce a call
-and carry its arguments as written, `ToolCalled` gives it whole, `ToolCallDropped` says an announced
-call was not made.
+such as `[TOOL_CALLS]` live), else the generic one. A call comes as `ToolCalled` once it is whole;
+with `live_tool_calls`, `ToolCallDelta`s announce it first and carry its arguments as written, and
+`ToolCallDropped` says an announced call was not made (a stream cannot take back what it sent: a call
+cut by max_tokens stays a partial call, as the hosted APIs leave one). Without, a call cut short is
+text, in a stream as in a whole answer, which is what agents run with a small output cap expect.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import re
-from collections.abc import AsyncIterator, Callable, Generator
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from dataclasses import dataclass, replace
 from typing import Any, Literal, TypeVar
 
@@ -129,10 +131,13 @@ ChatEvent = Started | TextDelta | ToolCallDelta | ToolCalled | ToolCallDropped |
 class ChatEngine:
     """Runs chat requests on the served model (see the module docstring)."""
 
-    def __init__(self, llm: Any, rules: PromptRules, max_tokens_default: int | None) -> None:
+    def __init__(
+        self, llm: Any, rules: PromptRules, max_tokens_default: int | None, *, live_tool_calls: bool = False
+    ) -> None:
         self.llm = llm
         self._rules = rules
         self._max_tokens_default = max_tokens_default
+        self._live_tool_calls = live_tool_calls
         self.n_ctx = int(llm.n_ctx())
         if NativeTools.for_model(llm) is not None:
             _keep_special_text_when_asked(llm)
@@ -209,9 +214,9 @@ class ChatEngine:
                 if piece:
                     generated += 1
                     ready, matched = stops.feed(piece)
-                    for item in reader.feed(ready) if ready else ():
-                        called = called or isinstance(item, ToolCall)
-                        yield _event(item)
+                    items = reader.feed(ready) if ready else []
+                    called = called or any(isinstance(item, ToolCall) for item in items)
+                    yield from _events(items, live=self._live_tool_calls)
                     if matched is not None:
                         reason = "stop_sequence"
                         break
@@ -226,9 +231,9 @@ class ChatEngine:
         if not started:
             yield Started(_usage(generated))
         rest = stops.flush() if reason != "stop_sequence" else ""
-        for item in [*(reader.feed(rest) if rest else ()), *reader.finish()]:
-            called = called or isinstance(item, ToolCall)
-            yield _event(item)
+        items = [*(reader.feed(rest) if rest else ()), *reader.finish()]
+        called = called or any(isinstance(item, ToolCall) for item in items)
+        yield from _events(items, live=self._live_tool_calls)
         if called:
             reason = "tool_calls"
         yield Finished(reason, _usage(generated), stops.matched)  # type: ignore[arg-type]
@@ -250,6 +255,17 @@ class ChatEngine:
             )
             return BadRequest(message, param=error.get("param"), code="context_length_exceeded")
         return BadRequest(error["message"], param=error.get("param"), code=error.get("code"))
+
+
+def _events(items: list[StreamItem], *, live: bool) -> Iterator[ChatEvent]:
+    """The events of what a reply's reader found. Unless calls are `live`, a call is given only once
+    it is whole: its deltas are left out, and a call dropped unfinished is its text, as text."""
+    for item in items:
+        event = _event(item)
+        if live or not isinstance(event, ToolCallDelta | ToolCallDropped):
+            yield event
+        elif isinstance(event, ToolCallDropped) and event.text:
+            yield TextDelta(event.text)
 
 
 def _event(item: StreamItem) -> ChatEvent:

@@ -29,7 +29,7 @@ from starlette.types import Scope
 
 from snapcache.errors import InvalidArgument
 from snapcache.key import DEFAULT_SCOPE, validate_scope
-from snapcache.server.chat import anthropic, chat_completions, responses
+from snapcache.server.chat import anthropic, chat_completions, responses, responses_output
 from snapcache.server.chat.anthropic_protocol import CountTokensRequest, MessagesRequest
 from snapcache.server.chat.chat_completions_protocol import parsed
 from snapcache.server.chat.engine import ChatEngine, ChatEvent
@@ -226,10 +226,13 @@ def _responses_router(engine: ChatEngine) -> APIRouter:
         except BadRequest as exc:
             return _openai_failure(exc)
         if chat.stream:
-            events = responses.ResponseEvents(body).events(engine.events(chat))
+            events = responses_output.ResponseEvents(body).events(engine.events(chat))
             return EventStream(events, BadRequest.document, responses.error_event)
         return await _answered(
-            request, engine.events(chat), lambda events: responses.response_of(events, body), _openai_failure
+            request,
+            engine.events(chat),
+            lambda events: responses_output.response_of(events, body),
+            _openai_failure,
         )
 
     return router

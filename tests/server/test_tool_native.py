@@ -148,11 +148,11 @@ def test_functiongemma_stops_where_it_would_write_a_result_itself(functiongemma)
 
 
 def engine_events(
-    monkeypatch: pytest.MonkeyPatch, llm: llama_cpp.Llama, request: ChatRequest
+    monkeypatch: pytest.MonkeyPatch, llm: llama_cpp.Llama, request: ChatRequest, *, live: bool = False
 ) -> list[object]:
     """The events of `request` from a ChatEngine serving `llm` (one request at a time, no cache)."""
     monkeypatch.setattr(llama_server, "_llama_proxy", lambda model: llm)
-    engine = ChatEngine(llm, PromptRules(), max_tokens_default=None)
+    engine = ChatEngine(llm, PromptRules(), max_tokens_default=None, live_tool_calls=live)
 
     async def collect() -> list[object]:
         return [event async for event in engine.events(request)]
@@ -181,7 +181,13 @@ def test_the_engine_reads_calls_from_the_special_tokens_of_its_answer(
         parallel_tool_calls=False,
         temperature=0.0,
     )
-    events = engine_events(monkeypatch, llm, request)
+    whole = engine_events(monkeypatch, llm, request)
+    events = engine_events(monkeypatch, llm, request, live=True)
+    # By default a call comes whole: the same calls, none of their deltas.
+    assert not [event for event in whole if isinstance(event, EngineDelta)]
+    assert [(e.call.name, e.call.arguments) for e in whole if isinstance(e, ToolCalled)] == [
+        (e.call.name, e.call.arguments) for e in events if isinstance(e, ToolCalled)
+    ]
     assert isinstance(events[0], Started)
     called = [event.call for event in events if isinstance(event, ToolCalled)]
     assert [(call.name, json.loads(call.arguments)["city"] in ("Oslo", "Rome")) for call in called] == [

@@ -192,9 +192,10 @@ class _MessageStream:
     """The events of one streamed message: content blocks one after another, each started, filled
     and stopped.
 
-    A call streams as the model writes it: its `tool_use` block starts when its name is known and
-    its input arrives in `input_json_delta`s. A call the answer then does not make ends where it was
-    cut (the stop reason says why); its text is not sent again as text.
+    A call goes out as the engine gives it: whole (its `tool_use` block, its input in one
+    `input_json_delta`), or with live calls as the model writes it, the block started when the
+    tool's name is known and the input in pieces. A call announced and then not made ends where it
+    was cut (the stop reason says why); its text is not sent again as text.
     """
 
     def __init__(self, model: str) -> None:

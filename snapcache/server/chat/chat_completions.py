@@ -239,9 +239,9 @@ class CompletionChunks:
     """The server-sent `chat.completion.chunk` events of a streamed completion, then `[DONE]`.
 
     The first chunk (the assistant's role) goes out once the prompt is read. A call goes out as the
-    model writes it: its index, id, type and name once the name is known, then its arguments' text
-    in pieces (a format that writes a call whole sends it at once). A call the answer then does not
-    make stays as far as it went (the finish reason says why); its text is not sent as content.
+    engine gives it: its index, id, type and name, then its arguments, whole or (with live calls)
+    in pieces as the model writes them. A call announced and then not made stays as far as it went
+    (the finish reason says why); its text is not sent as content.
     """
 
     def __init__(self, body: ChatCompletionRequest) -> None:

@@ -184,8 +184,9 @@ class ResponseEvents:
     """The server-sent events of a streamed response, each with its `sequence_number`.
 
     Output items come in the order the answer writes them: text as a message item, a call as a
-    `function_call` item from the moment its name is known, its arguments streamed as written. A
-    call the answer then does not make is done as `incomplete`, its arguments as far as they went.
+    `function_call` item, its arguments whole or (with live calls, the item added once the tool's
+    name is known) in pieces as written. A call announced and then not made is done as
+    `incomplete`, its arguments as far as they went.
     """
 
     def __init__(self, body: ResponsesRequest) -> None:

@@ -122,10 +122,13 @@ class GenericCallStream:
         one the reply made already, as written (a repeat is dropped unseen)."""
         self._held.append(delta)
         written = self._text[self._arguments_at : self._open.sent] if self._open is not None else ""
-        if any(name == delta.name and made.startswith(written) for name, made in self._written):
-            return
+        if not any(name == delta.name and made.startswith(written) for name, made in self._written):
+            self._flush(items)
+
+    def _flush(self, items: list[StreamItem]) -> None:
+        """Pass on the pieces held back: their call is announced."""
         items.extend(self._held)
-        self._sent.add(delta.id)
+        self._sent.update(held.id for held in self._held)
         self._held.clear()
 
     def _dropped(self, kept: Collection[int], text: str) -> list[StreamItem]:
@@ -204,9 +207,7 @@ class GenericCallStream:
             self._held.clear()
             self._repeated = self._done = True
             return False
-        items.extend(self._held)
-        self._sent.update(held.id for held in self._held)
-        self._held.clear()
+        self._flush(items)
         self._made.append(made)
         self._written.append((made.name, arguments))
         self._at = ending.end()

@@ -79,31 +79,27 @@ class NativeTools:
     def grammar(self, request: ChatRequest) -> Any | None:
         if not request.uses_tools:
             return None
-        if request.tool_choice == "auto":
-            return self._lazy_grammar(request)
+        trigger = self._lazy_trigger() if request.tool_choice == "auto" else None
+        if request.tool_choice == "auto" and trigger is None:
+            return None  # the answer is free
         tools = request.tools
         if isinstance(request.tool_choice, NamedTool):
             tools = tuple(tool for tool in tools if tool.name == request.tool_choice.name) or tools
         gbnf = self.format.grammar(tools, parallel=request.parallel_tool_calls, token_of=self._token_of)
         if gbnf is None:
             return None
-        return checked_grammar(gbnf, self._llm._model.vocab)
+        checked = checked_grammar(gbnf, self._llm._model.vocab)
+        if checked is None or trigger is None:
+            return checked
+        return LazyGrammar(gbnf, (trigger,))
 
-    def _lazy_grammar(self, request: ChatRequest) -> LazyGrammar | None:
-        """The calls' grammar from the format's marker token on, where the model's sampler takes one
-        and the marker is one token; else None (the answer is free)."""
+    def _lazy_trigger(self) -> int | None:
+        """The token that starts the calls' grammar under `auto`: the format's marker, where it is
+        one token and the model's sampler takes a lazy grammar; else None."""
         syntax, marker = self.format.syntax, self.format.call_marker
         if not getattr(self._llm, "takes_lazy_grammars", False) or syntax is None or syntax.opens_with_json:
             return None
-        trigger = self._token_of(marker) if marker else None
-        if trigger is None:
-            return None
-        gbnf = self.format.grammar(
-            request.tools, parallel=request.parallel_tool_calls, token_of=self._token_of
-        )
-        if gbnf is None or checked_grammar(gbnf, self._llm._model.vocab) is None:
-            return None
-        return LazyGrammar(gbnf, (trigger,))
+        return self._token_of(marker) if marker else None
 
     def reader(self, request: ChatRequest) -> ReplyReader:
         if not request.uses_tools:

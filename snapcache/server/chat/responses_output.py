@@ -201,9 +201,9 @@ class ResponseEvents:
 
     def _chunks(self, event: ChatEvent) -> list[bytes]:
         answer = self._answer
-        known = {id(item) for item in answer.items}
+        count = len(answer.items)
         item = answer.add(event)
-        new = item is not None and id(item) not in known
+        new = len(answer.items) > count  # a stream's items are only ever added
         if isinstance(event, Started):
             return [
                 self._event("response.created", response=answer.document("in_progress")),

@@ -42,6 +42,7 @@ from snapcache.server.chat.request import (
     normalized_messages,
     text_of,
 )
+from snapcache.server.chat.streaming import Final
 from snapcache.server.checks import schema_problem
 from snapcache.server.errors import BadRequest
 
@@ -286,7 +287,7 @@ class _MessageStream:
         chunks.append(
             _sse("message_delta", {"type": "message_delta", "delta": ending, "usage": _usage(event.usage)})
         )
-        chunks.append(_sse("message_stop", {"type": "message_stop"}))
+        chunks.append(Final(_sse("message_stop", {"type": "message_stop"})))
         return chunks
 
 

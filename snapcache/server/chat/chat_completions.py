@@ -42,6 +42,7 @@ from snapcache.server.chat.request import (
     arguments_text,
     normalized_messages,
 )
+from snapcache.server.chat.streaming import Final
 from snapcache.server.checks import schema_problem
 from snapcache.server.errors import BadRequest
 
@@ -274,7 +275,7 @@ class CompletionChunks:
                 if self._usage:
                     usage = answer.usage_document()
                     yield _sse({**answer.head("chat.completion.chunk"), "choices": [], "usage": usage})
-                yield b"data: [DONE]\n\n"
+                yield Final(b"data: [DONE]\n\n")
 
     def _call_piece(self, call_id: str, name: str, arguments: str) -> list[bytes]:
         """The chunks of a call's next piece: it named first, if not yet sent, then `arguments`."""

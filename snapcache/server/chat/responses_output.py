@@ -25,6 +25,7 @@ from snapcache.server.chat.engine import (
     Usage,
 )
 from snapcache.server.chat.responses_protocol import ResponsesRequest
+from snapcache.server.chat.streaming import Final
 
 __all__ = ["ResponseEvents", "response_of", "sse"]
 
@@ -213,7 +214,7 @@ class ResponseEvents:
             # Always `response.completed`, its status saying whether max_output_tokens cut it: agents
             # such as Codex fail a turn on `response.incomplete`, and a capped answer is an answer.
             done = self._message_done()
-            return [*done, self._event("response.completed", response=answer.document("completed"))]
+            return [*done, Final(self._event("response.completed", response=answer.document("completed")))]
         if isinstance(item, _Message):
             chunks = self._message_opened(item) if self._open is not item else []
             text = event.text if isinstance(event, TextDelta | ToolCallDropped) else ""

@@ -2,10 +2,12 @@
 
 The first event is awaited before anything is sent, so a request the model refuses (a prompt too
 long for the context) gets its error with a 4xx status in its dialect's shape; after that the events
-go out as server-sent events, and an error ends the stream with the dialect's error event. The whole
-answer runs in the task that serves the request (the model's turn is taken and given back there),
-and a client gone cancels it: the model's work for it too, even before its first event (see
-`snapcache.llama.request_streams`). A whole (not streamed) answer is watched the same way
+go out as server-sent events, and an error ends the stream with the dialect's error event. The body
+ends with the answer's last event (`Final`): what the events do after it (the model given back)
+runs after the client has its whole answer, so a client that closes on that event closes a finished
+response. The whole answer runs in the task that serves the request (the model's turn is taken and
+given back there), and a client gone cancels it: the model's work for it too, even before its first
+event (see `snapcache.llama.request_streams`). A whole (not streamed) answer is watched the same way
 (`until_disconnect`).
 """
 
@@ -24,7 +26,7 @@ from starlette.types import Receive, Scope, Send
 from snapcache.llama.request_streams import RequestStreams
 from snapcache.server.errors import BadRequest
 
-__all__ = ["EventStream", "as_failure", "until_disconnect"]
+__all__ = ["EventStream", "Final", "as_failure", "until_disconnect"]
 
 _log = logging.getLogger("snapcache")
 
@@ -40,10 +42,16 @@ def as_failure(exc: BaseException) -> BadRequest:
     return BadRequest(f"the request failed: {type(exc).__name__}", status=500)
 
 
+class Final(bytes):
+    """The last event of a streamed answer: the response's body ends with it."""
+
+
 class Watch:
-    """Whether the client of a request `until_disconnect` watched went away."""
+    """Whether the client of a request `until_disconnect` watched went away, and whether the answer
+    was all sent (a disconnect after that is the response's own end, not the client going)."""
 
     gone = False
+    answered = False
 
 
 @contextlib.asynccontextmanager
@@ -59,6 +67,8 @@ async def until_disconnect(receive: Receive, events: AsyncIterator[Any]) -> Asyn
                 async def watch() -> None:
                     while (await receive())["type"] != "http.disconnect":
                         pass
+                    if watched.answered:
+                        return
                     watched.gone = True
                     streams.cancel_all()
                     group.cancel_scope.cancel()
@@ -94,10 +104,10 @@ class EventStream(Response):
         events = self._events
         # The model's streams for this answer are opened in its context when the events start: a
         # client gone cancels them at their next step, also while the prompt is still being read.
-        async with until_disconnect(receive, events):
-            await self._answer(events, send)
+        async with until_disconnect(receive, events) as watch:
+            await self._answer(events, send, watch)
 
-    async def _answer(self, events: AsyncIterator[bytes], send: Send) -> None:
+    async def _answer(self, events: AsyncIterator[bytes], send: Send, watch: Watch) -> None:
         try:
             first = await events.__anext__()
         except StopAsyncIteration:
@@ -118,11 +128,24 @@ class EventStream(Response):
             (b"x-accel-buffering", b"no"),
         ]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": first, "more_body": True})
+        await self._send(first, send, watch)
         try:
             async for chunk in events:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                if not watch.answered:
+                    await self._send(chunk, send, watch)
         except Exception as exc:
+            if watch.answered:  # the client has its answer: the failure is only logged
+                _log.error("request failed after its answer: %s", exc, exc_info=exc)
+                return
             chunk = self._error_event(as_failure(exc))
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        if not watch.answered:
+            watch.answered = True
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    @staticmethod
+    async def _send(chunk: bytes, send: Send, watch: Watch) -> None:
+        """Send `chunk`, ending the body with it if it is the answer's `Final` event."""
+        last = isinstance(chunk, Final)
+        watch.answered = last
+        await send({"type": "http.response.body", "body": chunk, "more_body": not last})

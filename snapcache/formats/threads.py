@@ -25,25 +25,34 @@ _pool_pid = 0  # a forked child has none of its parent's threads: it starts its 
 _pool_lock = threading.Lock()
 
 
-def map_in_parallel(function: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:
-    """`[function(item) for item in items]`, the items cut into one contiguous run per thread.
+def map_in_parallel(function: Callable[[_T], _R], items: Sequence[_T], *, dealt: bool = False) -> list[_R]:
+    """`[function(item) for item in items]`, the items cut into one contiguous run per thread, or
+    with `dealt` dealt out to the threads in turn (item k to thread k modulo their number).
 
     An exception in any call is raised here, after every run has ended.
     """
     workers = min(codec.DEFAULT_THREADS, len(items))
     if workers < 2:
         return [function(item) for item in items]
-    step = -(-len(items) // workers)
-    runs = [items[start : start + step] for start in range(0, len(items), step)]
+    if dealt:
+        runs = [items[first::workers] for first in range(workers)]
+    else:
+        step = -(-len(items) // workers)
+        runs = [items[start : start + step] for start in range(0, len(items), step)]
     futures = [_executor().submit(_run, function, run) for run in runs[1:]]
     try:
-        results = _run(function, runs[0])  # this thread takes the first run
+        first = _run(function, runs[0])  # this thread takes the first run
     finally:
         done = [future.exception() for future in futures]  # wait for every run, even after a failure
-    for future, exception in zip(futures, done, strict=True):
+    for exception in done:
         if exception is not None:
             raise exception
-        results.extend(future.result())
+    per_run = [first, *(future.result() for future in futures)]
+    if not dealt:
+        return [result for run in per_run for result in run]
+    results: list[_R] = [None] * len(items)  # type: ignore[list-item]  # every place is filled below
+    for first_item, run_results in enumerate(per_run):
+        results[first_item::workers] = run_results
     return results
 
 

@@ -364,7 +364,7 @@ class StoredStates:
         tiers then say how many were), or when the store fails or the pieces do not fit together."""
         try:
             assembly = Assembly(len(keys), record, pad_window=pad_window, into=into)
-            served = self._store.copy_blocks(keys, assembly.place)
+            served = self._store.copy_blocks(keys, assembly.place, keep=assembly.keep)
             if len(served) < len(keys):
                 return None, served
             return assembly.finish(), served

@@ -68,9 +68,13 @@ class ReadTier(Protocol):
         """The snapshot under `key` (kept by the faster tiers as this tier sees fit), or None."""
         ...
 
-    def read_blocks(self, keys: Sequence[SnapshotKey], epoch: int, copy: Copy | None) -> list[BlockRead]:
+    def read_blocks(
+        self, keys: Sequence[SnapshotKey], epoch: int, copy: Copy | None, keep: Copy | None = None
+    ) -> list[BlockRead]:
         """Each block of `keys`, read together; with `copy`, each state is handed to `copy(i, state)`
-        (i: the position in `keys`) before this returns, and the result may be True (no snapshot)."""
+        (i: the position in `keys`) before this returns, and the result may be True (no snapshot).
+        A state whose bytes stay as they are (held in RAM, or fetched for this read) goes to `keep`
+        instead where one is given."""
         ...
 
     def count(self, counters: Counters, *, hit: bool) -> None:
@@ -96,10 +100,16 @@ class MemoryReads:
         with self._lock:
             return self._memory.get(key)
 
-    def read_blocks(self, keys: Sequence[SnapshotKey], epoch: int, copy: Copy | None) -> list[BlockRead]:
+    def read_blocks(
+        self, keys: Sequence[SnapshotKey], epoch: int, copy: Copy | None, keep: Copy | None = None
+    ) -> list[BlockRead]:
         with self._lock:
             held = [self._memory.get(key) for key in keys]
-        if copy is not None:
+        if keep is not None:  # the snapshots' bytes are never written again
+            for i, snapshot in enumerate(held):
+                if snapshot is not None:
+                    keep(i, memoryview(snapshot.state))
+        elif copy is not None:
 
             def copy_held(i: int) -> None:
                 snapshot = held[i]
@@ -158,14 +168,17 @@ class DiskReads:
             self._catalogs.forget(key)
         return None
 
-    def read_blocks(self, keys: Sequence[SnapshotKey], epoch: int, copy: Copy | None) -> list[BlockRead]:
+    def read_blocks(
+        self, keys: Sequence[SnapshotKey], epoch: int, copy: Copy | None, keep: Copy | None = None
+    ) -> list[BlockRead]:
+        # Every block goes to `copy`: one lent from disk is decoded into a buffer that is reused.
         if copy is None:
-            keep = [True] * len(keys)
+            promoted = [True] * len(keys)
         else:
             with self._lock:
-                keep = [self._lent_before(key) for key in keys]
+                promoted = [self._lent_before(key) for key in keys]
         read: list[Snapshot | Miss | None] = disk_call(
-            "get", functools.partial(self._disk.lend_many, keep=keep), keys, copy, default=[]
+            "get", functools.partial(self._disk.lend_many, keep=promoted), keys, copy, default=[]
         )
         results: list[BlockRead] = [False] * len(keys)
         kept: list[Snapshot] = []
@@ -238,14 +251,17 @@ class RemoteReads:
     def read(self, key: SnapshotKey, epoch: int) -> Snapshot | None:
         return self._kept(self._remote.get(key))
 
-    def read_blocks(self, keys: Sequence[SnapshotKey], epoch: int, copy: Copy | None) -> list[BlockRead]:
+    def read_blocks(
+        self, keys: Sequence[SnapshotKey], epoch: int, copy: Copy | None, keep: Copy | None = None
+    ) -> list[BlockRead]:
         results: list[BlockRead] = []
+        hand_over = keep or copy  # a state fetched for this read is this read's own
         for i, snapshot in enumerate(self._remote.get_many(keys)):
             if snapshot is None:
                 results.append(False)
                 continue
-            if copy is not None:
-                copy(i, memoryview(snapshot.state))
+            if hand_over is not None:
+                hand_over(i, memoryview(snapshot.state))
             results.append(self._kept(snapshot) or False)
         return results
 

@@ -148,11 +148,13 @@ class TierReads:
             blocks.append((result, tier))
         return blocks
 
-    def copy_blocks(self, keys: Sequence[SnapshotKey], copy: Copy) -> list[TierName]:
-        """Hand the state of each block of `keys` to `copy(i, state)`, up to the first that no tier
-        holds; return the tiers that served them. See `SnapshotStore.copy_blocks`."""
+    def copy_blocks(
+        self, keys: Sequence[SnapshotKey], copy: Copy, keep: Copy | None = None
+    ) -> list[TierName]:
+        """Hand the state of each block of `keys` to `copy(i, state)` (or `keep`), up to the first
+        that no tier holds; return the tiers that served them. See `SnapshotStore.copy_blocks`."""
         served: list[TierName] = []
-        for result, tier in self._read_blocks(keys, copy):
+        for result, tier in self._read_blocks(keys, copy, keep):
             if result is False:
                 break
             served.append(tier)
@@ -160,7 +162,9 @@ class TierReads:
             self.touch_blocks(list(keys[: len(served)]))
         return served
 
-    def _read_blocks(self, keys: Sequence[SnapshotKey], copy: Copy | None) -> list[tuple[object, TierName]]:
+    def _read_blocks(
+        self, keys: Sequence[SnapshotKey], copy: Copy | None, keep: Copy | None = None
+    ) -> list[tuple[object, TierName]]:
         """What each tier in turn served of the blocks the faster ones lacked, in the order of `keys`
         (False, with the last tier's name, where none held the block)."""
         found: list[tuple[object, TierName]] = [(False, "ram")] * len(keys)
@@ -175,7 +179,16 @@ class TierReads:
                 assert copy is not None
                 copy(positions[j], state)
 
-            results = tier.read_blocks([keys[i] for i in positions], epoch, None if copy is None else copy_at)
+            def keep_at(j: int, state: memoryview, positions: list[int] = positions) -> None:
+                assert keep is not None
+                keep(positions[j], state)
+
+            results = tier.read_blocks(
+                [keys[i] for i in positions],
+                epoch,
+                None if copy is None else copy_at,
+                None if keep is None else keep_at,
+            )
             results += [False] * (len(positions) - len(results))
             for i, result in zip(positions, results, strict=True):
                 found[i] = (result, tier.name)

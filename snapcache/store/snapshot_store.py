@@ -285,7 +285,11 @@ class SnapshotStore:
         return self._reads.get_blocks(keys)
 
     def copy_blocks(
-        self, keys: Sequence[SnapshotKey], copy: Callable[[int, memoryview], None]
+        self,
+        keys: Sequence[SnapshotKey],
+        copy: Callable[[int, memoryview], None],
+        *,
+        keep: Callable[[int, memoryview], None] | None = None,
     ) -> list[TierName]:
         """Hand the state of each block under `keys` to `copy(i, state)` for a restore to copy from,
         up to the first block that is missing (or fails to read); return the tier that served each
@@ -296,9 +300,14 @@ class SnapshotStore:
         several at once for different blocks (blocks after a missing one may be handed over too);
         an exception from `copy` is raised here. A block read from disk is promoted into RAM only
         when a restore read it from disk before: the first restore after a restart, whose prefix
-        then stays in the model's context, neither waits for nor fills RAM."""
+        then stays in the model's context, neither waits for nor fills RAM.
+
+        `keep`, when given, takes instead of `copy` each state whose bytes stay as they are after it
+        returns (a block RAM holds, or one fetched from the remote tier for this call): it may hold
+        on to them and copy them later, all together, in the order that suits it. Those calls come
+        from this thread."""
         self._check_block_keys(keys)
-        return self._reads.copy_blocks(keys, copy)
+        return self._reads.copy_blocks(keys, copy, keep)
 
     def touch_blocks(self, keys: list[SnapshotKey]) -> None:
         """Record a use of the blocks `get_blocks` served, the first of `keys` as the most recent (so

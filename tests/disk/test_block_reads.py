@@ -108,6 +108,23 @@ def test_parallel_map_keeps_order_and_raises_what_a_call_raised() -> None:
         _threads.map_in_parallel(fail_on_seven, list(range(10)))
 
 
+def test_a_dealt_parallel_map_gives_item_k_to_thread_k_modulo_their_number(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(codec, "DEFAULT_THREADS", 2)
+    ran_on: dict[int, str] = {}
+
+    def square(x: int) -> int:
+        ran_on[x] = threading.current_thread().name
+        return x * x
+
+    assert _threads.map_in_parallel(square, range(11), dealt=True) == [x * x for x in range(11)]
+    assert len({ran_on[x] for x in range(0, 11, 2)}) == 1  # the even items on one thread
+    assert len({ran_on[x] for x in range(1, 11, 2)}) == 1  # the odd ones on the other
+    assert ran_on[0] != ran_on[1]
+    assert _threads.map_in_parallel(square, [3], dealt=True) == [9]
+
+
 def _map_in_child(queue: multiprocessing.Queue[list[int]]) -> None:
     queue.put(_threads.map_in_parallel(lambda x: x + 1, list(range(10))))
 
@@ -202,6 +219,35 @@ def test_an_exception_from_copy_is_raised_and_costs_no_stored_block(tmp_path: Pa
         copies = Copies()
         assert store.copy_blocks(keys, copies) == ["disk"] * 6  # every file is still there
         assert copies.states == {i: bytes(b.state) for i, b in enumerate(blocks)}
+
+
+class Kept:
+    """What copy_blocks handed to `keep`: the views themselves, read only later."""
+
+    def __init__(self) -> None:
+        self.states: dict[int, memoryview] = {}
+
+    def __call__(self, index: int, state: memoryview) -> None:
+        assert index not in self.states
+        self.states[index] = state
+
+
+def test_copy_blocks_hands_the_blocks_ram_holds_to_keep_and_those_read_from_disk_to_copy(
+    tmp_path: Path,
+) -> None:
+    blocks = block_snapshots(8)
+    keys = [b.key for b in blocks]
+    with SnapshotStore(stored(tmp_path, blocks), ram_bytes=1 << 24, disk_bytes=1 << 26) as store:
+        for _ in range(2):  # read from disk twice: the first five are promoted into RAM
+            assert store.copy_blocks(keys[:5], Copies()) == ["disk"] * 5
+        copies, kept = Copies(), Kept()
+        assert store.copy_blocks(keys, copies, keep=kept) == ["ram"] * 5 + ["disk"] * 3
+        assert sorted(kept.states) == [0, 1, 2, 3, 4]
+        assert sorted(copies.states) == [5, 6, 7]
+        # Held on to after the call (and after a block is removed), the kept bytes are the blocks'.
+        assert store.remove(keys[0])
+        assert {i: bytes(v) for i, v in kept.states.items()} == {i: bytes(blocks[i].state) for i in range(5)}
+        assert copies.states == {i: bytes(blocks[i].state) for i in range(5, 8)}
 
 
 def test_blocks_read_from_disk_are_decoded_on_the_codecs_threads(

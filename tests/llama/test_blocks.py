@@ -93,6 +93,32 @@ def test_blocks_placed_in_any_order_from_two_threads_assemble_the_same_blob(make
         assembly.place(len(blocks), blocks[0])
 
 
+def test_blocks_kept_and_placed_in_any_mix_assemble_the_same_blob(make_llama, tiny_model_path):
+    llm = make_llama(tiny_model_path, n_ctx=N_CTX)
+    llm.eval(llm.tokenize(RAW.encode())[:700])
+    split = split_state(capture_sequence(llm).state)
+    assert split is not None
+    blocks = [split.block(i) for i in range(700 // BLOCK_TOKENS)]
+    record = read_record(split.record(700, KIND_PROMPT_END))
+    expected = bytes(capture_sequence(llm).state)
+    for kept in (range(len(blocks)), range(0, len(blocks), 2), range(1, len(blocks), 3)):
+        assembly = Assembly(len(blocks), record)
+        for index in reversed(range(len(blocks))):
+            if index in kept:
+                assembly.keep(index, blocks[index])
+            else:
+                assembly.place(index, blocks[index])
+        assert bytes(assembly.finish()) == expected
+    assembly = Assembly(len(blocks), record)
+    with pytest.raises(ValueError, match="not one of"):
+        assembly.keep(len(blocks), blocks[0])
+    assembly.keep(0, blocks[0])
+    with pytest.raises(ValueError, match="not all"):
+        assembly.finish()
+    with pytest.raises(ValueError, match="do not share"):
+        assembly.keep(1, bytes(blocks[1])[:-1])
+
+
 def test_pieces_that_do_not_fit_together_are_refused(make_llama, tiny_model_path, gemma_model_path):
     tiny = make_llama(tiny_model_path, n_ctx=N_CTX)
     tiny.eval(tiny.tokenize(RAW.encode())[:200])

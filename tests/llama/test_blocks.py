@@ -10,7 +10,7 @@ import pytest
 from chat_support import GREEDY, N_CTX, SYSTEM, chat, chat_reply, context_of
 
 from snapcache.key import BLOCK_TOKENS, SnapshotKey, as_token_array, block_keys
-from snapcache.llama.blocks import KIND_PROMPT_END, Assembly, assemble, read_record, split_state
+from snapcache.llama.blocks import KIND_PROMPT_END, Assembly, _blob_start, assemble, read_record, split_state
 from snapcache.llama.cached import CachedLlama
 from snapcache.llama.capture_buffer import CaptureBuffer
 from snapcache.llama.state import capture_sequence
@@ -77,30 +77,29 @@ def _place_from_two_threads(assembly: Assembly, blocks: list[bytes]) -> None:
         thread.join()
 
 
-def test_blocks_placed_in_any_order_from_two_threads_assemble_the_same_blob(make_llama, tiny_model_path):
+def _blocks_of_700_tokens(make_llama, tiny_model_path):
+    """The blocks and the prompt-end record of a 700-token read of RAW, and the state they make."""
     llm = make_llama(tiny_model_path, n_ctx=N_CTX)
     llm.eval(llm.tokenize(RAW.encode())[:700])
     split = split_state(capture_sequence(llm).state)
     assert split is not None
     blocks = [split.block(i) for i in range(700 // BLOCK_TOKENS)]
-    record = read_record(split.record(700, KIND_PROMPT_END))
+    return blocks, read_record(split.record(700, KIND_PROMPT_END)), bytes(capture_sequence(llm).state)
+
+
+def test_blocks_placed_in_any_order_from_two_threads_assemble_the_same_blob(make_llama, tiny_model_path):
+    blocks, record, expected = _blocks_of_700_tokens(make_llama, tiny_model_path)
     assembly = Assembly(len(blocks), record)
     with pytest.raises(ValueError, match="not all"):
         assembly.finish()
     _place_from_two_threads(assembly, blocks)
-    assert bytes(assembly.finish()) == bytes(assemble(blocks, record)) == bytes(capture_sequence(llm).state)
+    assert bytes(assembly.finish()) == bytes(assemble(blocks, record)) == expected
     with pytest.raises(ValueError, match="not one of"):
         assembly.place(len(blocks), blocks[0])
 
 
 def test_blocks_kept_and_placed_in_any_mix_assemble_the_same_blob(make_llama, tiny_model_path):
-    llm = make_llama(tiny_model_path, n_ctx=N_CTX)
-    llm.eval(llm.tokenize(RAW.encode())[:700])
-    split = split_state(capture_sequence(llm).state)
-    assert split is not None
-    blocks = [split.block(i) for i in range(700 // BLOCK_TOKENS)]
-    record = read_record(split.record(700, KIND_PROMPT_END))
-    expected = bytes(capture_sequence(llm).state)
+    blocks, record, expected = _blocks_of_700_tokens(make_llama, tiny_model_path)
     for kept in (range(len(blocks)), range(0, len(blocks), 2), range(1, len(blocks), 3)):
         assembly = Assembly(len(blocks), record)
         for index in reversed(range(len(blocks))):
@@ -117,6 +116,18 @@ def test_blocks_kept_and_placed_in_any_mix_assemble_the_same_blob(make_llama, ti
         assembly.finish()
     with pytest.raises(ValueError, match="do not share"):
         assembly.keep(1, bytes(blocks[1])[:-1])
+
+
+def test_a_blob_starts_half_a_page_from_its_first_blocks_rows_in_page_offset() -> None:
+    """So that copying a block's rows in is never a copy a few bytes ahead of its source within a
+    page (see `_blob_start`), wherever the memory and the block lie."""
+    memory = np.zeros(3 * 4096, dtype=np.uint8)
+    block = np.zeros(2 * 4096, dtype=np.uint8)[16:]
+    for rows_at, block_rows_at in ((0, 0), (36, 20), (5000, 4095), (12, 4000)):
+        start = _blob_start(memory, rows_at, block, block_rows_at)
+        assert 0 <= start < 4096
+        target = memory.ctypes.data + start + rows_at
+        assert (target - (block.ctypes.data + block_rows_at)) % 4096 == 2048
 
 
 def test_pieces_that_do_not_fit_together_are_refused(make_llama, tiny_model_path, gemma_model_path):

@@ -41,7 +41,8 @@ def _run(events: AsyncIterator[bytes], body_ended: anyio.Event) -> list[tuple[by
             await stream({"type": "http"}, receive, send)
 
     anyio.run(main)
-    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 200
+    assert sent[0]["type"] == "http.response.start"
+    assert sent[0]["status"] == 200
     return [(bytes(m["body"]), bool(m["more_body"])) for m in sent[1:]]
 
 
@@ -83,5 +84,6 @@ def test_events_without_a_final_event_end_the_body_after_the_last() -> None:
     pieces = _run(events(), body_ended)
 
     assert pieces[0] == (b"data: one\n\n", True)
-    assert pieces[1][1] is True and b"the model failed" in pieces[1][0]
+    assert pieces[1][1] is True
+    assert b"the model failed" in pieces[1][0]
     assert pieces[2:] == [(b"", False)]

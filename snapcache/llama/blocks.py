@@ -466,10 +466,11 @@ def _blob_start(memory: Bytes, rows_at: int, block: Bytes, block_rows_at: int) -
     third of memory speed: each load waits on a store just made at the same page offset (4K
     aliasing). Blocks kept in RAM start 16 bytes into a page, and so did blobs built in the
     capture buffer: an 8B model's 1,024-token state took 73 ms to copy in 128 KiB pieces 16 bytes
-    ahead, and 22-26 ms at any offset from 32 to 4,088 bytes ahead or none (AMD EPYC,
-    2026-11-27). Half a page keeps blocks of other alignments in that range too. A layer's rows
-    move by the same amount in the blob and in a block on models with f16 or f32 caches, so one
-    start serves every layer there."""
+    ahead, and 22-32 ms at each other offset tried from 32 to 4,088 bytes ahead, or none (AMD
+    EPYC, 2026-11-27). Half a page keeps blocks of other alignments in that range too. The later
+    layers keep the first one's distance where a layer's rows for the blob's cells less 64 fill
+    whole pages (an 8B model's f16 cache and an even count of cells); elsewhere it drifts from
+    layer to layer, and only the first layer is placed."""
     target = memory.ctypes.data + rows_at
     source = block.ctypes.data + block_rows_at
     return (_PAGE // 2 - (target - source)) % _PAGE

@@ -404,6 +404,8 @@ class _Layout:
         lent = None if into is None else into(room)
         # Memory lent was touched before: nothing to map, and no page faults while blocks go in.
         memory, mapping = empty_in_pieces(room) if lent is None else (lent, [])
+        # The first layer's rows: after the header, the cell count and cells, the data header and
+        # the layer's own 12 bytes, as the writes below lay them out.
         first_rows_at = BLOB_HEADER_BYTES + 8 + n * _CELL.itemsize + 8 + 12
         start = _blob_start(memory, first_rows_at, first, layers[0].data)
         view = memory[start : start + total + later_bytes]

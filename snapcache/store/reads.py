@@ -175,19 +175,8 @@ class TierReads:
                 break
             positions = wanted
 
-            def copy_at(j: int, state: memoryview, positions: list[int] = positions) -> None:
-                assert copy is not None
-                copy(positions[j], state)
-
-            def keep_at(j: int, state: memoryview, positions: list[int] = positions) -> None:
-                assert keep is not None
-                keep(positions[j], state)
-
             results = tier.read_blocks(
-                [keys[i] for i in positions],
-                epoch,
-                None if copy is None else copy_at,
-                None if keep is None else keep_at,
+                [keys[i] for i in positions], epoch, _at(copy, positions), _at(keep, positions)
             )
             results += [False] * (len(positions) - len(results))
             for i, result in zip(positions, results, strict=True):
@@ -245,3 +234,11 @@ class TierReads:
             asked = self._tiers if served_by is None else self._tiers[: served_by + 1]
             for i, tier in enumerate(asked):
                 tier.count(self._counters, hit=i == served_by)
+
+
+def _at(hand_over: Copy | None, positions: list[int]) -> Copy | None:
+    """`hand_over` for a tier asked for the blocks at `positions` of the keys: its block j is
+    handed over as the keys' `positions[j]`."""
+    if hand_over is None:
+        return None
+    return lambda j, state: hand_over(positions[j], state)

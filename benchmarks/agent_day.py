@@ -20,9 +20,10 @@ llama-server's `timings.cache_n`). After the first run, one cold prompt of about
 answered with 1 token: its prompt tokens over the request's time, restore-point captures included.
 
 The servers, all reading the same GGUF (Gemma with Gemma 3's chat template in it), 2 threads:
-`snapcache serve --parallel N`, the same with `--swa-cache window` (a window-sized sliding-window
-cache, as llama.cpp sizes it), and `llama-server -np N --cache-ram 2048` built from the llama.cpp
-llama-cpp-python vendors (see serve_concurrency.py). Greedy answers of 32 tokens.
+`snapcache serve --parallel N` (its sliding-window cache the window's size, as llama.cpp sizes it),
+the same with `--swa-cache full` (a cell per position, as llama-cpp-python sizes it), and
+`llama-server -np N --cache-ram 2048` built from the llama.cpp llama-cpp-python vendors (see
+serve_concurrency.py). Greedy answers of 32 tokens.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ RESTORED_SHARE = 0.9
 REQUEST_TIMEOUT_S = 900.0
 
 
-KINDS = ["snapcache", "snapcache-window", "llama-server"]
+KINDS = ["snapcache", "snapcache-full", "llama-server"]
 
 
 @dataclass(frozen=True)
@@ -78,13 +79,13 @@ class Config:
         if self.kind == "llama-server":
             return f"llama-server -np {n} --cache-ram {LLAMA_SERVER_CACHE_MIB}"
         return f"snapcache serve --parallel {n}" + (
-            " --swa-cache window" if self.kind == "snapcache-window" else ""
+            " --swa-cache full" if self.kind == "snapcache-full" else ""
         )
 
     @property
     def options(self) -> tuple[str, ...]:
-        window = ("--swa-cache", "window") if self.kind == "snapcache-window" else ()
-        return ("--parallel", str(self.sessions), *window)
+        full = ("--swa-cache", "full") if self.kind == "snapcache-full" else ()
+        return ("--parallel", str(self.sessions), *full)
 
 
 def launch_for(config: Config, model: Path, home: Path, seq_ctx: int, binaries: dict[str, Path]) -> Launch:

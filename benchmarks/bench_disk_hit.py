@@ -569,7 +569,7 @@ def main() -> None:
     blocks.notes.append("Gemma's sliding-window cache is in the record; its full-attention cache in blocks")
     blocks.notes.append(
         "padded ms: the same find, in turn with the others, with the window padded as CachedLlama restores"
-        " it into a Llama with a full-size window cache (swa_full, llama-cpp-python's default)"
+        " it into a Llama with a full-size window cache (--swa-cache full, llama-cpp-python's default)"
     )
     cores = Table(
         f"the restore from blocks on one core and on two: new processes in turn, {args.runs} of each,"

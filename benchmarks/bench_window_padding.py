@@ -86,7 +86,7 @@ def measure(model_path: Path, sizes: list[int], n_tokens: int, repeat: int) -> l
 
     default = layout.WINDOW_PAD_CELLS
     n_ctx = max(sizes) + 512
-    cold_llm = new_llama(model_path, n_ctx)
+    cold_llm = new_llama(model_path, n_ctx, swa_cache="full")
     paragraphs = prompt_paragraphs()
     question = cold_llm.tokenize(QUESTION.encode(), add_bos=False)
     rows = []
@@ -102,7 +102,7 @@ def measure(model_path: Path, sizes: list[int], n_tokens: int, repeat: int) -> l
                 cold_llm.reset()
                 for label, modulus in PADDINGS:
                     layout.WINDOW_PAD_CELLS = modulus
-                    llm = new_llama(model_path, n_ctx)
+                    llm = new_llama(model_path, n_ctx, swa_cache="full")
                     cached = CachedLlama(llm, store, "bench", save=False)  # the warmed prefix, each time
                     restored = _greedy(cached, prompt, n_tokens)
                     info = cached.last_restore

@@ -7,10 +7,10 @@ Each configuration reads the same prompt of each size, from an empty context, on
 first token not counted, after an untimed read of 64 tokens (the first decode's setup). In process,
 on one fresh Llama each:
 
-- "llama-cpp-python as snapcache loads it": `load_llama` (n_batch 512, a full-size sliding-window
+- "llama-cpp-python as snapcache loads it": `load_llama` (n_batch 512, a window-sized sliding-window
   cache, no flash attention): what `snapcache serve` and `CachedLlama` read with;
-- one llama.cpp setting changed at a time: n_batch 2048, a window-sized sliding-window cache
-  (swa_full=False), flash attention on;
+- one llama.cpp setting changed at a time: n_batch 2048, a full-size sliding-window cache
+  (`swa_cache="full"`, llama-cpp-python's own default), flash attention on;
 - "CachedLlama, fresh store": the same read through `CachedLlama.create_completion` (max_tokens=1),
   its restore-point captures and puts included: what snapcache adds to a cold read.
 
@@ -53,7 +53,7 @@ LLAMA_SERVER = RESULTS_DIR / "llama-server-build" / "bin" / "llama-server"
 SETTINGS: list[tuple[str, dict[str, Any], str]] = [
     ("llama-cpp-python as snapcache loads it", {}, "-"),
     ("  n_batch 2048", {"n_batch": 2048}, "none"),
-    ("  window-sized sliding-window cache", {"swa_full": False}, "a new fingerprint; no padded windows"),
+    ("  full-size sliding-window cache", {"swa_cache": "full"}, "a new fingerprint; padded windows"),
     ("  flash attention on", {"flash_attn": True}, "no exact restore over an f16 cache"),
 ]
 

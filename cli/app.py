@@ -155,11 +155,11 @@ def _global_options(
         typer.Option(
             "--swa-cache",
             envvar=SWA_CACHE_ENV,
-            help="A sliding-window model's window cache (Gemma 2 and 3): full (default: a cell per "
-            "position; a stored state restores any prefix its blocks cover) or window (the window's "
-            "cells only: long prompts read faster, 1.5-1.7x at 8K tokens on Gemma 3; restores where a "
-            "read stopped). States are found only under the one they were saved with: give warm and "
-            "serve the same. Default: $SNAPCACHE_SWA_CACHE, else full.",
+            help="A sliding-window model's window cache (Gemma 2 and 3): window (the window's cells "
+            "only, as llama-server keeps it: long prompts read faster, 1.5-1.7x at 8K tokens on Gemma "
+            "3; restores where a read stopped and stored it) or full (a cell per position: a stored "
+            "state restores any prefix its blocks cover). States are found only under the one they "
+            "were saved with: give warm and serve the same. Default: $SNAPCACHE_SWA_CACHE, else window.",
             show_default=False,
         ),
     ] = None,

@@ -27,7 +27,7 @@ class Settings:
     remote: str | None = None  # a redis:// URL; None: $SNAPCACHE_REMOTE, else no remote tier
     remote_budget: int | None = None  # bytes the remote tier may hold; None: the library's default
     kv_cache: str | None = None  # the models' K/V cache type (`snapcache.llama.loader.KV_CACHE_TYPES`)
-    swa_cache: str | None = None  # full or window (`snapcache.llama.loader.SWA_CACHES`); None: full
+    swa_cache: str | None = None  # full or window (`snapcache.llama.loader.SWA_CACHES`); None: window
     compression: str | None = None  # auto, zstd or none; None: $SNAPCACHE_COMPRESSION, else auto
 
     def open_store(self) -> SnapshotStore:

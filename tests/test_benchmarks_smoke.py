@@ -427,11 +427,11 @@ def test_prompt_read_quick(tmp_path: Path) -> None:
 
 def test_agent_day_quick(tmp_path: Path) -> None:
     out = tmp_path / "agent_day.json"
-    proc = _run("agent_day.py", "--quick", "--servers", "snapcache", "snapcache-window", "--json", str(out))
+    proc = _run("agent_day.py", "--quick", "--servers", "snapcache", "snapcache-full", "--json", str(out))
     assert proc.returncode == 0, proc.stderr[-4000:]
     _assert_header(proc.stdout, "tiny llama", "server")
     payload = _load_json(out, "agent_day")
-    assert set(payload["runs"]) == {"snapcache-2", "snapcache-window-2"}
+    assert set(payload["runs"]) == {"snapcache-2", "snapcache-full-2"}
     for run in payload["runs"].values():
         assert all(seconds > 0 for seconds in run["seconds"])
         assert run["restart_s"] > 0

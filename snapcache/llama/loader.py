@@ -28,6 +28,7 @@ from snapcache.llama.chat_templates import fallback_chat_handler
 
 __all__ = [
     "DEFAULT_N_CTX",
+    "DEFAULT_SWA_CACHE",
     "KV_CACHE_TYPES",
     "LLAMA_CPP_LOGGER",
     "SWA_CACHES",
@@ -50,10 +51,13 @@ KV_CACHE_TYPES: dict[str, tuple[int, bool]] = {
 }
 _KV_CACHE_KEYWORDS = ("type_k", "type_v", "flash_attn")
 # `swa_cache` names: the size of a sliding-window model's window cache (llama.cpp's `swa_full`).
-# "full" (llama-cpp-python's default) keeps a cell for every position, so a stored state restores any
-# prefix its blocks cover (its window assembled padded); "window" keeps the window's cells only,
-# reading long prompts faster (1.5-1.7x at 8K tokens on Gemma 3), and restores where a read stopped.
+# "window" (the default, as llama.cpp's tools and llama-server size it) keeps the window's cells only:
+# long prompts read faster (1.5-1.7x at 8K tokens on Gemma 3), the cache takes a fraction of the
+# memory, and a state restores where a read stopped and stored it. "full" (llama-cpp-python's own
+# default) keeps a cell for every position, so a stored state restores any prefix its blocks cover
+# (its window assembled padded).
 SWA_CACHES: dict[str, bool] = {"full": True, "window": False}
+DEFAULT_SWA_CACHE = "window"
 _log = logging.getLogger("snapcache")
 
 # ggml's `enum ggml_log_level`; CONT continues the previous line at its level.
@@ -110,9 +114,9 @@ def load_llama(
     type and flash attention together, to a pair whose restored states stay exact: "q8_0" and
     "q4_0" halve and quarter the cache's memory and use flash attention, which reads prompts slower
     on the CPU; "q8_0" generates faster there (docs: choosing settings). `swa_cache` (one of
-    `SWA_CACHES`; None: llama-cpp-python's "full") sizes a sliding-window model's window cache; it
-    is part of the fingerprint, as `kv_cache` is: states are found only under the one they were saved
-    with.
+    `SWA_CACHES`; None: `DEFAULT_SWA_CACHE`, "window", unless `swa_full` is given) sizes a
+    sliding-window model's window cache; it is part of the fingerprint, as `kv_cache` is: states are
+    found only under the one they were saved with.
     """
     if not _is_int(n_ctx) or n_ctx < 0:
         raise InvalidArgument(f"n_ctx must be a non-negative int (0: the model's own), got {n_ctx!r}")
@@ -162,9 +166,9 @@ def _kv_cache_settings(kv_cache: str | None, kwargs: dict[str, Any]) -> dict[str
 
 def _swa_cache_settings(swa_cache: str | None, kwargs: dict[str, Any]) -> dict[str, Any]:
     """The `Llama` keyword `swa_cache` stands for; InvalidArgument for an unknown name, or one given
-    beside `swa_full`."""
+    beside `swa_full`. None: `DEFAULT_SWA_CACHE`, unless `swa_full` is given (then as given)."""
     if swa_cache is None:
-        return {}
+        return {} if "swa_full" in kwargs else {"swa_full": SWA_CACHES[DEFAULT_SWA_CACHE]}
     if swa_cache not in SWA_CACHES:
         raise InvalidArgument(f"swa_cache must be one of {', '.join(SWA_CACHES)}, got {swa_cache!r}")
     if "swa_full" in kwargs:

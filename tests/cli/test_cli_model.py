@@ -244,21 +244,21 @@ def test_swa_cache_keeps_its_snapshots_apart_and_why_names_it(tmp_path, short_pr
 
     model = write_tiny_model(tmp_path / "tiny-gemma2.gguf", "gemma2")
     base = ["warm", str(short_prompt), "--model", str(model), "--n-ctx", "2048", "--json"]
-    window = runner.invoke(app, [*base, "--swa-cache", "window"])
-    assert window.exit_code == 0, window.output
-    assert json.loads(window.stdout)["from_cache"] is False
-    again = runner.invoke(app, base, env={"SNAPCACHE_SWA_CACHE": "window"})
+    full = runner.invoke(app, [*base, "--swa-cache", "full"])
+    assert full.exit_code == 0, full.output
+    assert json.loads(full.stdout)["from_cache"] is False
+    again = runner.invoke(app, base, env={"SNAPCACHE_SWA_CACHE": "full"})
     assert again.exit_code == 0, again.output
     assert json.loads(again.stdout)["from_cache"] is True
-    # the default, full: another fingerprint, which `why` names
+    # the default, window: another fingerprint, which `why` names
     why = runner.invoke(app, ["why", str(short_prompt), "--model", str(model), "--n-ctx", "2048"])
     assert why.exit_code == 0, why.output
     assert "--swa-cache" in why.output, why.output
-    full = runner.invoke(app, base)
-    assert full.exit_code == 0, full.output
-    assert json.loads(full.stdout)["from_cache"] is False
-    assert json.loads(full.stdout)["key"] != json.loads(window.stdout)["key"]
-    assert json.loads(runner.invoke(app, [*base, "--swa-cache", "full"]).stdout)["from_cache"] is True
+    window = runner.invoke(app, base)
+    assert window.exit_code == 0, window.output
+    assert json.loads(window.stdout)["from_cache"] is False
+    assert json.loads(window.stdout)["key"] != json.loads(full.stdout)["key"]
+    assert json.loads(runner.invoke(app, [*base, "--swa-cache", "window"]).stdout)["from_cache"] is True
 
 
 def test_an_unknown_swa_cache_is_one_line(wide_heads_model_path, short_prompt):

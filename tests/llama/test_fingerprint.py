@@ -195,7 +195,7 @@ def test_gemma_fingerprint(make_llama: Any, gemma_model_path: Path, tiny_model_p
     assert _HEX.fullmatch(base)
     assert model_fingerprint(make_llama(gemma_model_path, n_ctx=1024, n_batch=128)) == base
     assert model_fingerprint(make_llama(gemma_model_path, n_ctx=512, flash_attn=True)) != base
-    assert model_fingerprint(make_llama(gemma_model_path, n_ctx=512, swa_full=False)) != base
+    assert model_fingerprint(make_llama(gemma_model_path, n_ctx=512, swa_cache="full")) != base
     assert model_fingerprint(make_llama(tiny_model_path)) != base
 
 

@@ -277,13 +277,23 @@ def test_swa_cache_sizes_the_window_cache_and_the_fingerprint_tells_them_apart(t
 
     model = write_tiny_model(tmp_path / "tiny-gemma2.gguf", "gemma2")
     fingerprints = {}
-    for name, full in [("full", True), ("window", False), (None, True)]:
+    for name, full in [("full", True), ("window", False), (None, False)]:
         llm = load_llama(model, n_ctx=256, swa_cache=name)
         assert bool(llm.context_params.swa_full) is full
         assert pads_windows(llm) is full
         fingerprints[name] = model_fingerprint(llm)
         llm.close()
-    assert fingerprints["full"] == fingerprints[None] != fingerprints["window"]
+    assert fingerprints["window"] == fingerprints[None] != fingerprints["full"]
+
+
+def test_swa_cache_left_out_sizes_the_window_as_llama_server_does_unless_swa_full_is_given(tmp_path):
+    from tiny_model import write_tiny_model
+
+    model = write_tiny_model(tmp_path / "tiny-gemma2.gguf", "gemma2")
+    for kwargs, full in [({}, False), ({"swa_full": True}, True), ({"swa_full": False}, False)]:
+        llm = load_llama(model, n_ctx=256, **kwargs)
+        assert bool(llm.context_params.swa_full) is full, kwargs
+        llm.close()
 
 
 def test_swa_cache_refuses_an_unknown_name_and_the_keyword_it_sets(wide_heads_model_path):

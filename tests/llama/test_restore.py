@@ -210,13 +210,13 @@ def test_restore_through_a_disk_store_in_a_new_process(case: Case, tmp_path: Pat
     assert set(stored_codecs(cache)) == {codec.RAW if compression == "auto" else codec.NAME}
     script = """
 import json, sys
-from llama_cpp import Llama
+from snapcache import load_llama
 from snapcache.llama import model_fingerprint, restore_sequence
 from snapcache.store import SnapshotStore
 from test_restore import count_evaluated, greedy
 
 path, n_ctx, cache, full = sys.argv[1], int(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4])
-llm = Llama(model_path=path, n_ctx=n_ctx, n_threads=2, verbose=False)
+llm = load_llama(path, n_ctx=n_ctx, n_threads=2)
 with SnapshotStore(cache, ram_bytes=64 << 20, disk_bytes=256 << 20) as store:
     snapshot = store.lookup(model_fingerprint(llm), "default", full)
     restored = snapshot is not None and restore_sequence(llm, snapshot, full)

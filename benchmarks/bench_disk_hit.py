@@ -43,7 +43,8 @@ from snapcache.formats.codec import ZSTD
 from snapcache.formats.threads import map_in_parallel
 from snapcache.key import BLOCK_TOKENS, SnapshotKey, TokenArray, block_keys
 from snapcache.llama._state_layout import pad_window, parse_sections
-from snapcache.llama.blocks import KIND_PREFIX, Assembly, SplitState, split_state
+from snapcache.llama.assembly import Assembly
+from snapcache.llama.blocks import KIND_PREFIX, SplitState, split_state
 from snapcache.llama.state import CapturedState
 from snapcache.llama.stored_states import RestorePoint, StoredStates
 from snapcache.snapshot import Snapshot
@@ -93,9 +94,7 @@ def hit_row(
     if version == 1:
         data = encode_format_1(snapshot, mac_secret)
     else:
-        encoded = snapshot_file.encode(
-            snapshot, store_id=STORE_ID, state_codec=ZSTD, mac_secret=mac_secret
-        )
+        encoded = snapshot_file.encode(snapshot, store_id=STORE_ID, state_codec=ZSTD, mac_secret=mac_secret)
         data = b"".join(bytes(p) for p in encoded.parts)
     state_bytes = len(snapshot.state)
     reads, decodes, totals, cpus = [], [], [], []

@@ -113,7 +113,7 @@ PHASES = [
     ("restore, all of it (before llama.cpp reads the rest)", "snapcache/llama/completion.py", "prepare"),
     ("  record lookup", "snapcache/store/snapshot_store.py", "lookup_with_tier"),
     ("  blocks read, verified, decompressed, placed", "snapcache/store/snapshot_store.py", "copy_blocks"),
-    ("  blob finished (what the threads left of its own writes)", "snapcache/llama/blocks.py", "finish"),
+    ("  blob finished (what the threads left of its own writes)", "snapcache/llama/assembly.py", "finish"),
     ("  llama.cpp takes the state", "snapcache/llama/state.py", "restore_sequence"),
     ("  is the system part restored? (decode)", "snapcache/llama/chat_prefix.py", "reached"),
     ("chat template probes", "snapcache/llama/chat_prefix.py", "shared"),

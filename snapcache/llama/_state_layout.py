@@ -26,7 +26,7 @@ HEADER_BYTES = 16
 _HEADER = np.dtype([("magic", "<u4"), ("seq_id", "<i4"), ("n_stream", "<u4"), ("cell_count", "<u4")])
 # A cell's metadata is its position, 1 and its seq id; models with a per-cell extension (M-RoPE,
 # n-gram hash) add 12 bytes. Only the plain layout is parsed into sections.
-_CELL_META_BYTES = 12
+CELL_META_BYTES = 12
 _EXTENDED_CELL_META_BYTES = 24
 _MAX_LAYERS = 4096
 _U32 = struct.Struct("<I")
@@ -80,7 +80,7 @@ def cells_are_positions(state: npt.NDArray[np.uint8], n: int) -> bool:
     The check for blobs that `parse_sections` does not know (several streams, per-cell extensions).
     """
     body = state[HEADER_BYTES:]
-    for stride in (_CELL_META_BYTES, _EXTENDED_CELL_META_BYTES):
+    for stride in (CELL_META_BYTES, _EXTENDED_CELL_META_BYTES):
         if body.nbytes < n * stride + 8:
             continue
         meta = body[: n * stride].view("<i4").reshape(n, stride // 4)
@@ -129,7 +129,7 @@ def pad_window(state: npt.NDArray[np.uint8], sections: list[CacheSection]) -> np
     The padded section holds at most WINDOW_PAD_CELLS - 1 cells more than the window: 3.7 MiB at
     most for Gemma-3-270M, where padding from position 0 cost 124 MiB at 9,000 tokens. It is built in one
     zeroed allocation whose zero pages the system provides lazily (`_sparse_memory`), and only the
-    window's own rows are copied in (`blocks.assemble` writes it straight from blocks the same way).
+    window's own rows are copied in (`assembly.assemble` writes it straight from blocks the same way).
     """
     if len(sections) != 2 or padding_cells(sections[1]) == 0:
         return None
@@ -165,7 +165,7 @@ def padded_window_bytes(window: CacheSection) -> int:
     """The size of `window` (a section of a blob) once padded (see `padding_cells`)."""
     n = padding_cells(window) + len(window.positions)
     return (
-        8 + n * _CELL_META_BYTES + 8 + sum(12 + layer.width * n * layer.row_bytes for layer in window.layers)
+        8 + n * CELL_META_BYTES + 8 + sum(12 + layer.width * n * layer.row_bytes for layer in window.layers)
     )
 
 
@@ -195,7 +195,7 @@ def padded_window_writes(
     m = len(window.positions)
     n = pad + m
     writes: list[Callable[[], None]] = [functools.partial(_write_padded_cells, out, off, state, window, pad)]
-    off += 8 + n * _CELL_META_BYTES + 8
+    off += 8 + n * CELL_META_BYTES + 8
     for layer in window.layers:
         writes.append(functools.partial(_write_padded_rows, out, off, state, layer, m, pad, zero_padding))
         off += 12 + layer.width * n * layer.row_bytes
@@ -211,12 +211,12 @@ def _write_padded_cells(
     out[off : off + 4] = state[window.start : window.start + 4]
     _U32.pack_into(out.data, off + 4, n)
     off += 8
-    write_cells(out[off : off + pad * _CELL_META_BYTES], window_start(window) - pad, window.seq_id)
+    write_cells(out[off : off + pad * CELL_META_BYTES], window_start(window) - pad, window.seq_id)
     meta_start = window.start + 8
-    out[off + pad * _CELL_META_BYTES : off + n * _CELL_META_BYTES] = state[
-        meta_start : meta_start + m * _CELL_META_BYTES
+    out[off + pad * CELL_META_BYTES : off + n * CELL_META_BYTES] = state[
+        meta_start : meta_start + m * CELL_META_BYTES
     ]
-    off += n * _CELL_META_BYTES
+    off += n * CELL_META_BYTES
     out[off : off + 8] = state[window.data_header[0] : window.data_header[1]]
 
 
@@ -250,15 +250,15 @@ def _parse_section(state: npt.NDArray[np.uint8], start: int) -> CacheSection:
     off = start + 8
     if n == 0:
         return CacheSection(start, off, np.empty(0, np.int32), 0, (off, off), ())
-    if off + n * _CELL_META_BYTES > len(buf):
+    if off + n * CELL_META_BYTES > len(buf):
         raise ValueError("cell list runs past the end")
-    meta = state[off : off + n * _CELL_META_BYTES].view("<i4").reshape(n, 3)
+    meta = state[off : off + n * CELL_META_BYTES].view("<i4").reshape(n, 3)
     if not np.all(meta[:, 1] == 1) or not np.all(meta[:, 2] == meta[0, 2]):
         raise ValueError("cells are not of one sequence")
     positions = np.sort(meta[:, 0])
     if not np.array_equal(positions, np.arange(positions[0], positions[0] + n, dtype=positions.dtype)):
         raise ValueError("cell positions are not one contiguous run")
-    off += n * _CELL_META_BYTES
+    off += n * CELL_META_BYTES
     data_header, layers, off = parse_layers(state, off, n)
     return CacheSection(start, off, positions, int(meta[0, 2]), data_header, layers)
 

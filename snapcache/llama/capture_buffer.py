@@ -72,7 +72,7 @@ class CaptureBuffer:
         return self._array[:size]
 
     def loan(self) -> Loan:
-        """A lender of this buffer to the first assembly that asks (see `blocks.Assembly`)."""
+        """A lender of this buffer to the first assembly that asks (see `assembly.Assembly`)."""
         return Loan(self)
 
     def release(self) -> None:

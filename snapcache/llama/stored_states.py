@@ -25,9 +25,8 @@ import numpy.typing as npt
 
 from snapcache.errors import SnapcacheError
 from snapcache.key import BLOCK_TOKENS, SnapshotKey, TokenArray, block_keys
+from snapcache.llama.assembly import Assembly, Lender
 from snapcache.llama.blocks import (
-    Assembly,
-    Lender,
     Record,
     SplitState,
     is_record,
@@ -258,7 +257,7 @@ class StoredStates:
 
         `blocks_alone`: whether a run of blocks without a record may serve (a model with one cache).
         Blocks never cover the prompt's last token, which a completion must read itself.
-        `pad_windows`: assemble a sliding-window cache padded (see `blocks.assemble`).
+        `pad_windows`: assemble a sliding-window cache padded (see `assembly.assemble`).
         `longer_than`: a prefix of at most this many tokens is a miss, and is never assembled (the
         caller holds one that long already). `into`: lends the memory to assemble in (see `Assembly`).
         """

@@ -10,7 +10,8 @@ import pytest
 from chat_support import GREEDY, N_CTX, SYSTEM, chat, chat_reply, context_of
 
 from snapcache.key import BLOCK_TOKENS, SnapshotKey, as_token_array, block_keys
-from snapcache.llama.blocks import KIND_PROMPT_END, Assembly, _blob_start, assemble, read_record, split_state
+from snapcache.llama.assembly import Assembly, _blob_start, assemble
+from snapcache.llama.blocks import KIND_PROMPT_END, read_record, split_state
 from snapcache.llama.cached import CachedLlama
 from snapcache.llama.capture_buffer import CaptureBuffer
 from snapcache.llama.state import capture_sequence
@@ -322,9 +323,10 @@ def test_a_window_assembled_padded_is_the_padded_assembly_byte_for_byte(
 
     import numpy as np
 
-    from snapcache.llama import blocks as blocks_module
+    from snapcache.llama import assembly as assembly_module
     from snapcache.llama._state_layout import pad_window, parse_sections
-    from snapcache.llama.blocks import _Layout, pads_window
+    from snapcache.llama.assembly import _Layout
+    from snapcache.llama.blocks import pads_window
 
     gemma = make_llama(gemma_model_path, n_ctx=1024)
     gemma.eval(gemma.tokenize((RAW * 4).encode())[:700])  # past the 512-token window: it starts at 188
@@ -340,7 +342,7 @@ def test_a_window_assembled_padded_is_the_padded_assembly_byte_for_byte(
     # The blob's memory may hold other bytes (malloc reuses it): every byte is written, the zero
     # rows of the padding included.
     with monkeypatch.context() as patched:
-        patched.setattr(blocks_module, "empty_in_pieces", lambda size: (np.full(size, 0xA5, np.uint8), []))
+        patched.setattr(assembly_module, "empty_in_pieces", lambda size: (np.full(size, 0xA5, np.uint8), []))
         assert bytes(assemble(blocks, record, pad_window=True)) == padded.tobytes()
         assert bytes(assemble(blocks, record)) == whole.tobytes()
     # From two threads, each block placed brings its share of the window's writes, whichever thread

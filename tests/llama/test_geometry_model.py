@@ -12,7 +12,8 @@ from conftest import MakeLlama
 from test_sparse_memory import _kernel_maps_ahead, _resident_bytes
 from tiny_model import write_geometry_model
 
-from snapcache.llama.blocks import KIND_PROMPT_END, Assembly, _Layout, read_record, split_state
+from snapcache.llama.assembly import Assembly, _Layout
+from snapcache.llama.blocks import KIND_PROMPT_END, read_record, split_state
 from snapcache.llama.state import capture_sequence
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]

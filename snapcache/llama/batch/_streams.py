@@ -17,12 +17,11 @@ import struct
 import numpy as np
 import numpy.typing as npt
 
-from snapcache.llama._state_layout import BLOB_HEADER_BYTES, parse_layers, read_header
+from snapcache.llama._state_layout import BLOB_HEADER_BYTES, CELL_META_BYTES, parse_layers, read_header
 
 __all__ = ["to_one_stream", "to_streams"]
 
 _U32 = struct.Struct("<I")
-_CELL_META_BYTES = 12  # position, 1, seq id: the plain cell layout (no per-cell extension)
 _MAX_STREAMS = 4096
 
 
@@ -98,12 +97,12 @@ def _sections(state: npt.NDArray[np.uint8]) -> list[list[tuple[int, int]]]:
                 n = _U32.unpack_from(buf, off)[0]
                 off += 4
                 if n:
-                    if off + n * _CELL_META_BYTES > len(buf):
+                    if off + n * CELL_META_BYTES > len(buf):
                         raise ValueError("cell list runs past the end")
-                    meta = state[off : off + n * _CELL_META_BYTES].view("<i4").reshape(n, 3)
+                    meta = state[off : off + n * CELL_META_BYTES].view("<i4").reshape(n, 3)
                     if not np.all(meta[:, 1] == 1):
                         raise ValueError("cells of several sequences, or a cell layout with extensions")
-                    off = parse_layers(state, off + n * _CELL_META_BYTES, n)[2]
+                    off = parse_layers(state, off + n * CELL_META_BYTES, n)[2]
                 streams.append((start, off))
             sections.append(streams)
     except struct.error as exc:

@@ -201,10 +201,11 @@ def main() -> None:
                            "serve_concurrency.py builds it")  # fmt: skip
     table.notes.append("tok/s: prompt tokens over the seconds of the read alone (llama-server: its own "
                        "timings.prompt_per_second); the first generated token is not counted")  # fmt: skip
-    table.notes.append("what it costs the cache: a window-sized sliding-window cache is another fingerprint "
-                       "(states stored under the full-size one are not found) and keeps no rows behind the "
-                       "window, so a stored state cannot be padded to restore a shorter prefix; flash "
-                       "attention over an f16 cache makes snapcache cache nothing (support.py)")  # fmt: skip
+    table.notes.append("what it costs the cache: the full-size sliding-window cache (--swa-cache full) is "
+                       "another fingerprint (states stored under the window-sized one, the default, are not "
+                       "found) and keeps every row behind the window, so a stored state restores a shorter "
+                       "prefix padded; flash attention over an f16 cache makes snapcache cache nothing "
+                       "(support.py)")  # fmt: skip
     extra = {"rows": [{**row, "rates": {str(k): v for k, v in row["rates"].items()}} for row in rows]}
     report("prompt_read", [table], args.json, quick=args.quick, extra=extra)
 

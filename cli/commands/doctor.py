@@ -75,6 +75,7 @@ def doctor(
         *_directory_checks(found),
         _store_check(settings, found),
         _compression_check(settings),
+        _model_settings_check(settings),
         *_remote_check(settings),
         _model_check(),
         _gpu_check(info["llama_cpp"]),
@@ -240,6 +241,25 @@ def _compression_check(settings: Settings) -> Check:
     if means is None:
         return Check("compression", "fail", f"{setting!r} ({source}) is not one of auto, zstd, none")
     return Check("compression", "ok", f"{setting} ({source}): {means}; every file reads under any setting")
+
+
+def _model_settings_check(settings: Settings) -> Check:
+    """The K/V and sliding-window caches every command loads a model with: part of a state's fingerprint."""
+    from snapcache.llama.loader import DEFAULT_SWA_CACHE
+
+    def named(option: str, given: str | None, default: str) -> str:
+        return f"{option} {given}" if given is not None else f"{option} {default} (the default)"
+
+    caches = [
+        named("--kv-cache", settings.kv_cache, "f16"),
+        named("--swa-cache", settings.swa_cache, DEFAULT_SWA_CACHE),
+    ]
+    return Check(
+        "model settings",
+        "ok",
+        f"{', '.join(caches)}: a state is found only under the settings it was saved with (`snapcache why` "
+        "names a difference)",
+    )
 
 
 def _remote_check(settings: Settings) -> list[Check]:

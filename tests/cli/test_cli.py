@@ -376,6 +376,23 @@ def test_doctor_counts_the_snapshots_of_an_existing_cache(three):
     assert re.fullmatch(r"opens; 3 snapshots; \S+ \w+ on disk for \S+ \w+ of state", detail)
 
 
+def test_doctor_names_the_model_settings_that_states_are_found_under(monkeypatch):
+    def model_settings(*options: str) -> dict[str, str]:
+        checks = {c["name"]: c for c in json.loads(invoke(*options, "doctor", "--json").stdout)["checks"]}
+        return checks["model settings"]
+
+    monkeypatch.delenv("SNAPCACHE_KV_CACHE", raising=False)
+    monkeypatch.delenv("SNAPCACHE_SWA_CACHE", raising=False)
+    default = model_settings()
+    assert default["status"] == "ok"
+    assert default["detail"].startswith("--kv-cache f16 (the default), --swa-cache window (the default): ")
+    assert model_settings("--swa-cache", "full", "--kv-cache", "q8_0")["detail"].startswith(
+        "--kv-cache q8_0, --swa-cache full: "
+    )
+    monkeypatch.setenv("SNAPCACHE_SWA_CACHE", "full")
+    assert "--swa-cache full:" in model_settings()["detail"]
+
+
 def test_doctor_says_how_the_disk_tier_stores_states_and_who_chose(monkeypatch):
     def compression(*options: str) -> dict[str, str]:
         checks = {c["name"]: c for c in json.loads(invoke(*options, "doctor", "--json").stdout)["checks"]}

@@ -442,3 +442,38 @@ def test_agent_day_quick(tmp_path: Path) -> None:
         prompt_tokens, seconds = run["probe"]
         assert prompt_tokens > 0
         assert seconds > 0
+
+
+def test_agent_loop_quick(tmp_path: Path) -> None:
+    out = tmp_path / "agent_loop.json"
+    # --quick: snapcache serve alone on the tiny llama, every dialect, 2 sessions, a restart, 1 more.
+    proc = _run("agent_loop.py", "--quick", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    _assert_header(proc.stdout, "tiny llama", "server")
+    _assert_header(proc.stdout, "Each session, turn by turn", "server")
+    payload = _load_json(out, "agent_loop")
+    requests = payload["requests"]
+    assert {r["server"] for r in requests} == {"snapcache"}
+    assert {r["dialect"] for r in requests} == {"chat", "responses", "messages"}
+    for dialect in ("chat", "responses", "messages"):
+        mine = [r for r in requests if r["dialect"] == dialect]
+        assert [(r["session"], r["turn"]) for r in mine] == [(s, t) for s in (1, 2, 3) for t in (1, 2, 3)]
+        assert [r["after_restart"] for r in mine] == [False] * 6 + [True] * 3
+        for r in mine:
+            # A prompt always leaves a token to read; what was restored is never negative.
+            assert r["prompt_tokens"] > r["cached_tokens"] >= 0, r
+            assert r["afresh"] == r["prompt_tokens"] - r["cached_tokens"]
+            assert r["seconds"] > 0
+        # A session's later turns send its whole conversation again: each prompt is longer.
+        for session in (1, 2, 3):
+            sizes = [r["prompt_tokens"] for r in mine if r["session"] == session]
+            assert sizes[0] < sizes[1] < sizes[2], (dialect, sizes)
+        # Turn 1 requires a tool call: the grammar holds the tiny model to one.
+        assert all(r["tool_calls"] >= 1 for r in mine if r["turn"] == 1), mine
+    targets = payload["tables"][0]
+    assert [row[2] for row in targets["rows"]] == [
+        "session 1, first request, cold (1)",
+        "a new session's first request (1)",
+        "after the restart, a session's first request (1)",
+        "every request after a session's first (6)",
+    ] * 3

@@ -63,10 +63,14 @@ _TYPE_UNKNOWN, _TYPE_CONTROL, _TYPE_BYTE = 2, 3, 6
 Array = npt.NDArray[np.float32]
 
 
-def _vocabulary() -> tuple[list[str], list[float], list[int]]:
+def _vocabulary(ascii_text: bool = False) -> tuple[list[str], list[float], list[int]]:
+    """The byte vocabulary; `ascii_text`: the bytes above 0x7F are control tokens (text without
+    special tokens leaves them out), so that a reply is never an unfinished UTF-8 character, which
+    llama-cpp-python reads on to finish, past max_tokens, up to the end of the context."""
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
     scores = [0.0] * len(tokens)
-    types = [_TYPE_UNKNOWN, _TYPE_CONTROL, _TYPE_CONTROL] + [_TYPE_BYTE] * 256
+    high = _TYPE_CONTROL if ascii_text else _TYPE_BYTE
+    types = [_TYPE_UNKNOWN, _TYPE_CONTROL, _TYPE_CONTROL] + [_TYPE_BYTE] * 128 + [high] * 128
     return tokens, scores, types
 
 
@@ -108,12 +112,14 @@ def write_tiny_model(
     split_max_tensors: int = 0,
     n_ff: int = N_FF,
     n_ctx_train: int = N_CTX_TRAIN,
+    ascii_text: bool = False,
 ) -> Path:
     """Write a tiny model of architecture `arch` (one of ARCHITECTURES) to `path`; return the path.
 
     `split_max_tensors` > 0 writes a split model instead, at most that many tensors a shard, in
     files named as llama.cpp expects them (NAME-00001-of-0000N.gguf); the first shard's path is
-    returned. `n_ff` and `n_ctx_train` apply to llama only.
+    returned. `n_ff` and `n_ctx_train` apply to llama only. `ascii_text`: replies are ASCII text
+    (see `_vocabulary`), for tests that cannot pass a logit bias (the Messages and Responses APIs).
     """
     if arch not in _WRITERS:
         raise ValueError(f"no tiny writer for architecture {arch!r}; known: {', '.join(ARCHITECTURES)}")
@@ -125,7 +131,7 @@ def write_tiny_model(
         _WRITERS[arch](writer, _Weights(seed))
     # llama.cpp patches the vocabulary of models whose name says "phi3": keep the names neutral.
     writer.add_name(f"tiny-{arch.replace('phi3', 'phi-three')}-seed{seed}")
-    _add_vocabulary(writer)
+    _add_vocabulary(writer, ascii_text=ascii_text)
     shards = writer.format_shard_names(path) if len(writer.tensors) > 1 else [path]
     _finish(writer)
     return shards[0]
@@ -478,9 +484,12 @@ def _add_output(writer: gguf.GGUFWriter, w: _Weights, n_embd: int) -> None:
 
 
 def _add_vocabulary(
-    writer: gguf.GGUFWriter, file_type: gguf.LlamaFileType = gguf.LlamaFileType.ALL_F32
+    writer: gguf.GGUFWriter,
+    file_type: gguf.LlamaFileType = gguf.LlamaFileType.ALL_F32,
+    *,
+    ascii_text: bool = False,
 ) -> None:
-    tokens, scores, types = _vocabulary()
+    tokens, scores, types = _vocabulary(ascii_text)
     writer.add_file_type(file_type)
     writer.add_tokenizer_model("llama")
     writer.add_token_list(tokens)

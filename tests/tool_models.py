@@ -44,11 +44,14 @@ def write_template_model(
     specials: Mapping[str, int],
     eos: str = "</s>",
     seed: int = 0,
+    *,
+    ascii_text: bool = False,
 ) -> Path:
     """Write the model (see the module docstring); `eos` is the text of its end-of-turn token (one of
-    `specials`, or `</s>`). Returns the path."""
+    `specials`, or `</s>`); `ascii_text` as in `tiny_model.write_tiny_model`. Returns the path."""
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + list(specials)
-    types = [_UNKNOWN, CONTROL, CONTROL] + [_BYTE] * 256 + list(specials.values())
+    high = CONTROL if ascii_text else _BYTE  # see tiny_model._vocabulary
+    types = [_UNKNOWN, CONTROL, CONTROL] + [_BYTE] * 128 + [high] * 128 + list(specials.values())
     n_vocab = len(tokens)
     rng = np.random.default_rng(seed)
 

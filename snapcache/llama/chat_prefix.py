@@ -35,6 +35,7 @@ __all__ = [
     "ChatPrefixFinder",
     "RenderedText",
     "SharedPrefix",
+    "agent_head",
     "common_prefix",
     "patched",
     "system_head",
@@ -50,6 +51,7 @@ _PROBE_USER_MESSAGES = ("Hello.", " What can you do?", "\n\n1 + 1 = ?", "¿Qué 
 SYSTEM_ROLES = ("system", "developer")
 # The chat options that can change how a template renders the messages.
 RENDER_OPTIONS = ("functions", "function_call", "tools", "tool_choice")
+_TOOL_OPTIONS = ("functions", "tools")
 _MEMO_SIZE = 32
 _MISSING = object()
 # The last tokens of the shared text that the characters after it could merge with: dropped.
@@ -227,6 +229,19 @@ def system_head(messages: Sequence[Mapping[str, Any]]) -> int:
     while head < len(messages) and _role(messages[head]) in SYSTEM_ROLES:
         head += 1
     return head
+
+
+def agent_head(
+    messages: Sequence[Mapping[str, Any]], options: Mapping[str, Any]
+) -> list[Mapping[str, Any]] | None:
+    """The leading messages whose rendering, with the tools in `options`, every conversation of an
+    agent shares: its system (or developer) messages, none where only the tools lead (a template
+    that renders them before the first user turn); None where nothing is shared before the
+    conversation's own messages, or nothing follows (a prompt of system messages alone)."""
+    head = system_head(messages)
+    if head == len(messages) or (head == 0 and not any(options.get(name) for name in _TOOL_OPTIONS)):
+        return None
+    return list(messages[:head])
 
 
 def render_options(kwargs: Mapping[str, Any]) -> dict[str, Any]:

@@ -4,9 +4,12 @@ They sit at multiples of the model's measured split alignment (see `alignment`: 
 Gemma-3-270M Q4_K_M on a CPU build, 1 for f32 weights, at most 64; sliding-window models keep 64),
 where a prompt read on from a point gives bit-for-bit the results of a cold read.
 
-- chat completions: the end of the leading system messages (see `chat_prefix`), and near the end of
-  the prompt (32 to 32 + alignment - 1 tokens before the reply; 1 to 64 on the 64 grid): the next
-  turn of the same chat starts with it;
+- chat completions: the end of the head every conversation of an agent shares (its system messages
+  and its tools as the template renders them, see `chat_prefix`), and near the end of the prompt
+  (32 to 32 + alignment - 1 tokens before the reply; 1 to 64 on the 64 grid): the next turn of the
+  same chat starts with it. The prompt end is a record of kind `KIND_PROMPT_END`, which that next
+  turn supersedes; the head is `KIND_PREFIX` and is never superseded, also where both fall on one
+  point (a short question after a long head);
 - raw completions on sliding-window models: a sparse ladder along the prompt (`ladder_points`, cut
   to multiples of the window length), since such a model restores only where a window was stored.
   Models with one cache need no ladder: every 64-token block of a prompt is stored, and any run of
@@ -15,9 +18,12 @@ where a prompt read on from a point gives bit-for-bit the results of a cold read
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from snapcache.key import TokenArray
+from snapcache.llama.blocks import KIND_PREFIX, KIND_PROMPT_END
 from snapcache.snapshot import MAX_PRIORITY
 
 __all__ = [
@@ -25,9 +31,11 @@ __all__ = [
     "DEFAULT_PREFIX_REUSE",
     "FINAL_TAIL_TOKENS",
     "MIN_PREFIX_TOKENS",
+    "RestorePoint",
     "align_down",
     "checkpoint_plan",
     "final_point",
+    "head_point",
     "ladder_points",
     "window_ladder",
 ]
@@ -45,6 +53,15 @@ MIN_PREFIX_TOKENS = 64
 FINAL_TAIL_TOKENS = 32
 
 
+@dataclass(frozen=True, slots=True)
+class RestorePoint:
+    """Where a saved capture can be restored: after `n_tokens`, at `priority`, of a record `kind`."""
+
+    n_tokens: int
+    priority: int
+    kind: int
+
+
 def checkpoint_plan(
     tokens: TokenArray,
     *,
@@ -54,23 +71,35 @@ def checkpoint_plan(
     after: int,
     alignment: int = CHECKPOINT_ALIGN,
     exact: bool = True,
-) -> list[tuple[int, int]]:
-    """(prefix length, priority) to save on the way through `tokens`, ascending, all past `after`
-    and short of the last token, on multiples of `alignment`; ladder points go one priority lower.
-    `exact=False` puts the prompt's end point one token before its end (see `final_point`)."""
+) -> list[RestorePoint]:
+    """The restore points to save on the way through `tokens`, ascending, all past `after` and short
+    of the last token, on multiples of `alignment`; ladder points go one priority lower. The prompt's
+    end is `KIND_PROMPT_END` unless it is also where the chat's shared head ends (`head_point`): a
+    head is `KIND_PREFIX`, whatever else falls there. `exact=False` puts the prompt's end point one
+    token before its end (see `final_point`)."""
     n = len(tokens)
     lower = max(-MAX_PRIORITY, priority - 1)
-    points = {p: lower for p in ladder if p < n - 1}
+    points = {p: (lower, KIND_PREFIX) for p in ladder if p < n - 1}
     # On the coarsest grid the tail is 1 to 64 tokens, as every model's tests showed exact; a finer
     # grid leaves a tail of 32 or more (see FINAL_TAIL_TOKENS).
-    points[final_point(n, alignment, exact=exact)] = priority
-    if chat_prefix is not None:
-        m = min(len(chat_prefix), n)
-        differ = np.flatnonzero(tokens[:m] != chat_prefix[:m])
-        cut = align_down(int(differ[0]) if len(differ) else m, alignment)  # as far as this prompt shares it
-        if MIN_PREFIX_TOKENS <= cut < n:
-            points[cut] = priority
-    return sorted((p, point_priority) for p, point_priority in points.items() if p > after)
+    points[final_point(n, alignment, exact=exact)] = (priority, KIND_PROMPT_END)
+    head = head_point(tokens, chat_prefix, alignment)
+    if head:
+        points[head] = (priority, KIND_PREFIX)
+    return [RestorePoint(p, prio, kind) for p, (prio, kind) in sorted(points.items()) if p > after]
+
+
+def head_point(tokens: TokenArray, chat_prefix: TokenArray | None, alignment: int = CHECKPOINT_ALIGN) -> int:
+    """Where the head `tokens` shares with every chat starting like it (`chat_prefix`) ends, cut to
+    `alignment`: as far as `tokens` shares it; 0 where that is under `MIN_PREFIX_TOKENS` or not
+    short of the prompt's end."""
+    if chat_prefix is None:
+        return 0
+    n = len(tokens)
+    m = min(len(chat_prefix), n)
+    differ = np.flatnonzero(tokens[:m] != chat_prefix[:m])
+    cut = align_down(int(differ[0]) if len(differ) else m, alignment)
+    return cut if MIN_PREFIX_TOKENS <= cut < n else 0
 
 
 def ladder_points(step: int, reuse: float, limit: int) -> list[int]:

@@ -19,14 +19,13 @@ from typing import TypeVar
 import llama_cpp
 
 from snapcache.key import BLOCK_TOKENS, SnapshotKey, TokenArray
-from snapcache.llama.blocks import KIND_PREFIX, KIND_PROMPT_END
+from snapcache.llama.blocks import KIND_PROMPT_END
 from snapcache.llama.chat_prefix import SharedPrefix
-from snapcache.llama.checkpoints import checkpoint_plan, final_point, window_ladder
+from snapcache.llama.checkpoints import RestorePoint, checkpoint_plan, head_point, window_ladder
 from snapcache.llama.prefix_loader import PrefixLoader
 from snapcache.llama.readiness import Readiness
 from snapcache.llama.reports import CompletionListener, CompletionReport, RestoreInfo
 from snapcache.llama.state import can_truncate
-from snapcache.llama.stored_states import RestorePoint
 from snapcache.prompt_tokens import PromptTokens
 
 __all__ = ["Completion", "CompletionCache", "LastPrompt"]
@@ -48,6 +47,7 @@ class Completion:
     ladder: bool
     prepared: bool = False
     saved_upto: int = 0  # the longest prefix of the context known to be stored or restored
+    head: int = 0  # where the head its conversations share ends (`checkpoints.head_point`; 0: none)
     checkpoints: int = 0
     cacheable: bool = True  # False: llama.cpp would not continue a restored state exactly
     prompt: PromptTokens | None = None  # validated once: its hashes serve the lookups and the saves
@@ -158,28 +158,27 @@ class CompletionCache:
         on to each and save it there (the rest are saved by `finish`)."""
         llm = self._llm
         tokens = prompt.array
-        n = len(tokens)
         chat_prefix = completion.chat_prefix
         if chat_prefix is not None and chat_prefix.reached(tokens, reused, alignment):
             chat_prefix = None  # restored up to the end of the system part already
         # One cache of full attention: every point is cut from one capture after the completion.
         # Sliding windows and recurrent states hold only their last point: read on to each.
         one_capture = can_truncate(llm)
+        head = None if chat_prefix is None else chat_prefix.tokens()
+        completion.head = head_point(tokens, head, alignment)
         plan = checkpoint_plan(
             tokens,
             ladder=self._ladder if completion.ladder and not one_capture else [],
-            chat_prefix=None if chat_prefix is None else chat_prefix.tokens(),
+            chat_prefix=head,
             priority=self._priority,
             after=reused,
             alignment=alignment,
             exact=self._exact,
         )
-        end = final_point(n, alignment, exact=self._exact)
-        for point, priority in plan:
+        for restore_point in plan:
+            point = restore_point.n_tokens
             if not one_capture and point - completion.saved_upto < self._min_tokens:
                 continue  # a whole window (or state) for a few tokens more
-            kind = KIND_PROMPT_END if point == end else KIND_PREFIX
-            restore_point = RestorePoint(point, priority, kind)
             if one_capture:
                 completion.deferred.append(restore_point)
             else:
@@ -230,7 +229,7 @@ class CompletionCache:
         scope = completion.scope
         for old in {self._last_prompt_end.get(scope), self._loader.restored_prompt_end} - {None}:
             assert old is not None
-            states.supersede(old, stored, point.priority)
+            states.supersede(old, stored, point.priority, head=completion.head)
         key = prompt.key(self._loader.fingerprint, scope, point.n_tokens)
         _remember(self._last_prompt_end, scope, key)
 

@@ -36,7 +36,7 @@ from llama_cpp import llama_chat_format
 from snapcache.errors import InvalidArgument
 from snapcache.key import DEFAULT_SCOPE, TokenArray, validate_priority, validate_scope
 from snapcache.llama.amx import warn_once
-from snapcache.llama.chat_prefix import ChatPrefixFinder, SharedPrefix, render_options, system_head
+from snapcache.llama.chat_prefix import ChatPrefixFinder, SharedPrefix, agent_head, render_options
 from snapcache.llama.checkpoints import DEFAULT_PREFIX_REUSE
 from snapcache.llama.completion import Completion, CompletionCache
 from snapcache.llama.completion_flow import CompletionFlow
@@ -369,12 +369,13 @@ class CacheHook:
         out, and cut to the alignment, when the checkpoints are planned)."""
         if not self._completions.saves:
             return None
-        head = system_head(messages)
-        if head == 0 or head == len(messages):
+        options = render_options(kwargs)
+        head = agent_head(messages, options)
+        if head is None:
             return None
         self._rendering = True
         try:
-            return self._prefixes.shared(list(messages[:head]), render_options(kwargs))
+            return self._prefixes.shared(head, options)
         finally:
             self._rendering = False
 

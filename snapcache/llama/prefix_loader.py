@@ -19,7 +19,7 @@ from snapcache.key import SnapshotKey, TokenArray
 from snapcache.llama.blocks import KIND_PREFIX, KIND_PROMPT_END
 from snapcache.llama.capture_buffer import capture_buffer
 from snapcache.llama.chat_prefix import common_prefix
-from snapcache.llama.checkpoints import align_down
+from snapcache.llama.checkpoints import RestorePoint, align_down
 from snapcache.llama.reports import Source, WarmResult
 from snapcache.llama.state import (
     can_truncate,
@@ -29,7 +29,7 @@ from snapcache.llama.state import (
     restore_sequence,
     truncate_sequence,
 )
-from snapcache.llama.stored_states import RestorePoint, StoredStates
+from snapcache.llama.stored_states import StoredStates
 from snapcache.prompt_tokens import PromptTokens
 from snapcache.store import SnapshotStore
 

@@ -34,6 +34,7 @@ from snapcache.llama.blocks import (
     read_record,
     split_state,
 )
+from snapcache.llama.checkpoints import RestorePoint
 from snapcache.llama.reports import Source
 from snapcache.llama.state import CapturedState
 from snapcache.prompt_tokens import PromptTokens
@@ -47,15 +48,6 @@ _log = logging.getLogger("snapcache")
 
 # Records tried, longest first, before a lookup gives up on the ones whose blocks fail to read.
 _RECORD_ATTEMPTS = 4
-
-
-@dataclass(frozen=True, slots=True)
-class RestorePoint:
-    """Where a saved capture can be restored: after `n_tokens`, at `priority`, of a record `kind`."""
-
-    n_tokens: int
-    priority: int
-    kind: int
 
 
 Logits = npt.NDArray[np.float32] | None
@@ -216,11 +208,15 @@ class StoredStates:
                     self._store.put(block_key, block.tokens, block.state, priority)
         self._store.put(key, snapshot.tokens, snapshot.state, priority, snapshot.logits)
 
-    def supersede(self, old: SnapshotKey, new_tokens: TokenArray | PromptTokens, priority: int) -> bool:
+    def supersede(
+        self, old: SnapshotKey, new_tokens: TokenArray | PromptTokens, priority: int, *, head: int = 0
+    ) -> bool:
         """Remove the prompt-end record `old` now that a later turn of the same conversation stored
-        one after `new_tokens`: only when its tokens start them and its priority is at most `priority`.
-        A store that fails meanwhile keeps `old` (False): the previous turn stays restorable."""
-        if old.token_count >= len(new_tokens):
+        one after `new_tokens`: only when its tokens start them, lie past the `head` every
+        conversation like it shares (a prompt end there is that head too, whoever stored it) and its
+        priority is at most `priority`. A store that fails meanwhile keeps `old` (False): the
+        previous turn stays restorable."""
+        if old.token_count <= head or old.token_count >= len(new_tokens):
             return False
         if PromptTokens.of(new_tokens).key(self.fingerprint, old.scope, old.token_count) != old:
             return False

@@ -35,7 +35,7 @@ from snapcache.llama.batch._detached import DetachedStream
 from snapcache.llama.batch._request import Request, SchedulerError
 from snapcache.llama.batch._sampling import LazyGrammar, SamplingParams, batched_unsupported
 from snapcache.llama.batch._scheduler import Scheduler
-from snapcache.llama.chat_prefix import ChatPrefixFinder, render_options, system_head, text_prompt_tokens
+from snapcache.llama.chat_prefix import ChatPrefixFinder, agent_head, render_options, text_prompt_tokens
 from snapcache.llama.reports import CompletionListener, CompletionReport
 from snapcache.llama.request_streams import stop_with_request
 
@@ -181,12 +181,14 @@ class BatchedLlama:
     # -- chats --------------------------------------------------------------------------------------
 
     def _chat_prefix(self, messages: list[Any], kwargs: Mapping[str, Any]) -> TokenArray | None:
-        """The tokens every chat with these system messages starts with (None: no system part)."""
-        head = system_head(messages)
-        if head == 0 or head == len(messages):
+        """The tokens every conversation with this head (system messages and tools) starts with
+        (None: no head, see `agent_head`)."""
+        options = render_options(kwargs)
+        head = agent_head(messages, options)
+        if head is None:
             return None
         with self._rendering:
-            shared = self._prefixes.shared(list(messages[:head]), render_options(kwargs))
+            shared = self._prefixes.shared(head, options)
             return None if shared is None else shared.tokens()
 
     def _render(self, messages: list[Any], options: dict[str, Any]) -> Any:

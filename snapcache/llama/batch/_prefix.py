@@ -21,15 +21,14 @@ import llama_cpp
 from snapcache.errors import SnapcacheError
 from snapcache.key import BLOCK_TOKENS, SnapshotKey, TokenArray
 from snapcache.llama.batch._context import SequenceContext
-from snapcache.llama.blocks import KIND_PREFIX, KIND_PROMPT_END
-from snapcache.llama.checkpoints import checkpoint_plan, final_point, window_ladder
+from snapcache.llama.blocks import KIND_PROMPT_END
+from snapcache.llama.checkpoints import RestorePoint, checkpoint_plan, window_ladder
 from snapcache.llama.fingerprint import model_fingerprint
 from snapcache.llama.fingerprint_notes import FingerprintNotes
 from snapcache.llama.prefix_loader import PrefixLoader
 from snapcache.llama.readiness import Readiness
 from snapcache.llama.reports import Source
 from snapcache.llama.state import CapturedState, can_truncate, pads_windows
-from snapcache.llama.stored_states import RestorePoint
 from snapcache.store import SnapshotStore
 
 __all__ = ["PendingSave", "Restored", "SequenceCache"]
@@ -132,7 +131,7 @@ class SequenceCache:
         single-sequence completion plans them (`chat`: a rendered chat, which has no ladder)."""
         if not self._save:
             return []
-        plan = checkpoint_plan(
+        points = checkpoint_plan(
             tokens,
             ladder=[] if chat else self._ladder,
             chat_prefix=chat_prefix,
@@ -141,8 +140,6 @@ class SequenceCache:
             alignment=self.alignment,
             exact=self.exact,
         )
-        end = final_point(len(tokens), self.alignment, exact=self.exact)
-        points = [RestorePoint(p, prio, KIND_PROMPT_END if p == end else KIND_PREFIX) for p, prio in plan]
         if self.one_capture:
             return points
         # A window cache holds one point: a whole window is not worth a few tokens more.
@@ -188,16 +185,19 @@ class SequenceCache:
             _log.warning("could not save the state of %d tokens: %s", len(pending.captured.tokens), exc)
             return 0
 
-    def superseding(self, pending: PendingSave, old: SnapshotKey | None) -> SnapshotKey | None:
+    def superseding(
+        self, pending: PendingSave, old: SnapshotKey | None, *, head: int = 0
+    ) -> SnapshotKey | None:
         """`pending` was stored: when it held a prompt end, the previous turn's prompt end `old` goes
-        (see `StoredStates.supersede`: only where it starts the new one's tokens), and the new
-        one's key is returned (what the next turn supersedes); otherwise `old`."""
+        (see `StoredStates.supersede`: only where it starts the new one's tokens and lies past the
+        `head` its conversations share), and the new one's key is returned (what the next turn
+        supersedes); otherwise `old`."""
         for point in pending.points:
             if point.kind != KIND_PROMPT_END:
                 continue
             tokens = pending.captured.tokens[: point.n_tokens]
             if old is not None:
-                self._states.supersede(old, tokens, point.priority)
+                self._states.supersede(old, tokens, point.priority, head=head)
             return SnapshotKey.for_tokens(self.fingerprint, pending.scope, tokens)
         return old
 

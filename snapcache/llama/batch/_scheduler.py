@@ -66,10 +66,16 @@ from snapcache.llama.batch._prefix import PendingSave, Restored, SequenceCache
 from snapcache.llama.batch._request import FinishReason, Request, SchedulerError
 from snapcache.llama.batch._sampling import SamplerChain, SamplingParams
 from snapcache.llama.blocks import KIND_PROMPT_END
-from snapcache.llama.checkpoints import CHECKPOINT_ALIGN, DEFAULT_PREFIX_REUSE, MIN_PREFIX_TOKENS, align_down
+from snapcache.llama.checkpoints import (
+    CHECKPOINT_ALIGN,
+    DEFAULT_PREFIX_REUSE,
+    MIN_PREFIX_TOKENS,
+    RestorePoint,
+    align_down,
+    head_point,
+)
 from snapcache.llama.reports import RestoreInfo
 from snapcache.llama.state import can_truncate
-from snapcache.llama.stored_states import RestorePoint
 from snapcache.store import SnapshotStore
 
 __all__ = ["Mode", "Scheduler"]
@@ -102,6 +108,7 @@ class _Slot:
     stored: int = 0  # how many of its prompt's tokens the store gives back (see `Held`)
     kept: int = 0  # its prompt-end point, which the store should give back
     prompt_end: SnapshotKey | None = None  # its conversation's latest stored prompt end
+    head: int = 0  # where the head its conversations share ends (`checkpoints.head_point`; 0: none)
     left: Held | None = None  # what its sequence kept once it finished, for saves stored after
 
     def held(self) -> Held:
@@ -374,6 +381,7 @@ class Scheduler:
         self._admitted += 1
         if cache is not None:
             points = cache.plan(tokens, reused, request.chat_prefix, chat=request.chat)
+            slot.head = head_point(tokens, request.chat_prefix, cache.alignment)
             slot.kept = max((p.n_tokens for p in points if p.kind == KIND_PROMPT_END), default=0)
             if cache.one_capture:
                 slot.points = points
@@ -426,7 +434,7 @@ class Scheduler:
             slot.checkpoints += stored
             upto = max([p.n_tokens for p in pending.points] + [align_down(pending.blocks_upto, BLOCK_TOKENS)])
             slot.stored = max(slot.stored, upto)
-            slot.prompt_end = cache.superseding(pending, slot.prompt_end)
+            slot.prompt_end = cache.superseding(pending, slot.prompt_end, head=slot.head)
             if slot.left is not None:  # it finished before its saves were stored
                 slot.left.stored = min(slot.stored, len(slot.left.tokens))
                 slot.left.prompt_end = slot.prompt_end

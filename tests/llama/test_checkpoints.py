@@ -1,0 +1,87 @@
+"""Where a prompt leaves restore points, and which of them a later turn of its conversation may replace."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from snapcache.key import SnapshotKey, as_token_array
+from snapcache.llama.blocks import KIND_PREFIX, KIND_PROMPT_END
+from snapcache.llama.checkpoints import CHECKPOINT_ALIGN, RestorePoint, checkpoint_plan, head_point
+from snapcache.llama.stored_states import StoredStates
+from snapcache.store import SnapshotStore
+
+FINGERPRINT = "f" * 64
+
+
+def tokens(n: int, start: int = 0) -> np.ndarray:
+    return as_token_array(list(range(start, start + n)))
+
+
+def plan(
+    prompt: np.ndarray, head: np.ndarray | None, *, after: int = 0, alignment: int = 64
+) -> list[RestorePoint]:
+    return checkpoint_plan(prompt, ladder=[], chat_prefix=head, priority=3, after=after, alignment=alignment)
+
+
+def test_a_head_that_ends_where_the_prompt_end_point_falls_is_a_prefix_not_a_prompt_end() -> None:
+    # 1,715 tokens after a head of 1,690 (a short question): both points are 1,664 on the 64 grid.
+    prompt = tokens(1715)
+    assert plan(prompt, prompt[:1690]) == [RestorePoint(1664, 3, KIND_PREFIX)]
+
+
+def test_a_head_and_a_prompt_end_apart_are_one_of_each() -> None:
+    prompt = tokens(1804)
+    assert plan(prompt, prompt[:1690]) == [
+        RestorePoint(1664, 3, KIND_PREFIX),
+        RestorePoint(1792, 3, KIND_PROMPT_END),
+    ]
+
+
+def test_without_a_head_the_prompt_end_is_the_only_point() -> None:
+    assert plan(tokens(1715), None) == [RestorePoint(1664, 3, KIND_PROMPT_END)]
+
+
+def test_a_head_on_a_fine_grid_ends_where_it_ends() -> None:
+    prompt = tokens(500)
+    assert head_point(prompt, prompt[:421], alignment=1) == 421
+    assert plan(prompt, prompt[:421], alignment=4) == [
+        RestorePoint(420, 3, KIND_PREFIX),
+        RestorePoint(468, 3, KIND_PROMPT_END),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("shared", "expected"),
+    [(1690, 1664), (63, 0), (CHECKPOINT_ALIGN, CHECKPOINT_ALIGN)],
+    ids=["a long head", "too short to keep", "one block"],
+)
+def test_the_head_point_is_as_far_as_the_prompt_shares_the_head_on_the_grid(
+    shared: int, expected: int
+) -> None:
+    prompt = tokens(1715)
+    head = np.concatenate([prompt[:shared], tokens(40, start=10_000)])  # parts from the prompt there
+    assert head_point(prompt, head) == expected
+
+
+def test_a_head_as_long_as_the_prompt_is_no_point() -> None:
+    prompt = tokens(128)
+    assert head_point(prompt, tokens(200)) == 0
+
+
+def test_points_restored_already_are_not_planned_again() -> None:
+    prompt = tokens(1804)
+    assert plan(prompt, prompt[:1690], after=1664) == [RestorePoint(1792, 3, KIND_PROMPT_END)]
+
+
+def test_a_later_turn_never_supersedes_a_prompt_end_at_its_conversations_head() -> None:
+    turn = tokens(1804)
+    with SnapshotStore(None, ram_bytes=1 << 20) as store:
+        states = StoredStates(store, FINGERPRINT)
+        old = SnapshotKey.for_tokens(FINGERPRINT, "agents", turn[:1664])
+        store.put(old, turn[:1664], b"a state stored before the head was a prefix of its own", priority=3)
+
+        assert not states.supersede(old, turn[:1792], 3, head=1664)
+        assert store.get(old) is not None
+        assert states.supersede(old, turn[:1792], 3, head=1600)  # past the head: the turn's own end
+        assert store.get(old) is None

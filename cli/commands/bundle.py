@@ -13,7 +13,7 @@ from ..formatting import format_size, render_pairs
 from ..model_source import choose_model, load_llama
 from ..settings import settings_of
 from .entries import SHORT_ID, JsonOption, resolve_key
-from .warm import InexactOption
+from .warm import ExactOption, InexactOption, exactness
 
 if TYPE_CHECKING:
     from snapcache.llama.bundle import ExportReport, ImportReport
@@ -68,6 +68,7 @@ def import_(
     bundle: Annotated[Path, typer.Argument(metavar="BUNDLE", help="A bundle written by `snapcache export`.")],
     model: ModelOption = None,
     as_json: JsonOption = False,
+    exact: ExactOption = False,
     inexact: InexactOption = False,
 ) -> None:
     """Verify a bundle against the model and this llama.cpp, then store its snapshots."""
@@ -78,13 +79,18 @@ def import_(
     choice = choose_model(model)
     settings = settings_of(ctx)
     from snapcache import model_fingerprint
+    from snapcache.llama.exactness import choose_exactness
+    from snapcache.llama.fingerprint_notes import FingerprintNotes
 
-    llm = load_llama(choice, verbose=settings.verbose, **settings.llama_options())
-    try:
-        fingerprint = model_fingerprint(llm, exact=not inexact)
-    finally:
-        llm.close()
+    asked = exactness(exact, inexact)
     with settings.open_store() as store:
+        llm = load_llama(choice, verbose=settings.verbose, **settings.llama_options())
+        try:
+            # The states this model's cache would find: under the exactness it chooses here.
+            chosen = choose_exactness(llm, asked, FingerprintNotes(store.directory))
+            fingerprint = model_fingerprint(llm, exact=chosen.exact)
+        finally:
+            llm.close()
         report = import_bundle(store, bundle, fingerprint=fingerprint)
     if as_json:
         typer.echo(json.dumps(_import_json(report), indent=2))

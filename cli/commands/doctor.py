@@ -76,6 +76,7 @@ def doctor(
         _store_check(settings, found),
         _compression_check(settings),
         _model_settings_check(settings),
+        _exactness_check(directory, info["llama_cpp"]),
         *_remote_check(settings),
         _model_check(),
         _gpu_check(info["llama_cpp"]),
@@ -259,6 +260,30 @@ def _model_settings_check(settings: Settings) -> Check:
         "ok",
         f"{', '.join(caches)}: a state is found only under the settings it was saved with (`snapcache why` "
         "names a difference)",
+    )
+
+
+def _exactness_check(directory: Path, llama: dict[str, Any]) -> Check:
+    """What `auto`, the default, chooses: from the probes noted in the cache directory, and the build."""
+    from snapcache.llama.fingerprint_notes import FingerprintNotes
+
+    probed = list(FingerprintNotes(directory).alignments().values())
+    exact = sum(value is not None for value in probed)
+    found = (
+        f"of the {len(probed)} model settings probed here, {exact} restore exactly and "
+        f"{len(probed) - exact} inexactly (no prompt split point kept their results bit for bit)"
+        if probed
+        else "no model probed here yet"
+    )
+    expected = (
+        "a GPU build: expect inexact restores where layers run on the GPU"
+        if llama["gpu_offload"]
+        else "a CPU build: exact, as long as flash attention stays off over an F16 K/V cache"
+    )
+    return Check(
+        "exactness",
+        "ok",
+        f"auto (the default; --exact insists, --inexact restores at any token): {expected}; {found}",
     )
 
 

@@ -15,7 +15,7 @@ from ..formatting import parse_size
 from ..model_source import choose_model, load_llama, quiet_llama_cpp
 from ..remote import API_KEY_ENV
 from ..settings import settings_of
-from .warm import InexactOption, ThreadsOption
+from .warm import ExactOption, InexactOption, ThreadsOption, exactness
 
 # The server's own defaults, repeated here so that `serve --help` works without the server extra.
 DEFAULT_MAX_TOKENS = 1024
@@ -112,6 +112,7 @@ def serve(
         list[str] | None,
         typer.Option("--cors-origin", help="A browser origin allowed to call the server (repeatable)."),
     ] = None,
+    exact: ExactOption = False,
     inexact: InexactOption = False,
     keep_billing_header: Annotated[
         bool,
@@ -191,7 +192,7 @@ def serve(
                 model_alias=model_alias,
                 cors_origins=tuple(cors_origin or ()),
                 priority=priority,
-                exact=not inexact,
+                exact=exactness(exact, inexact),
                 max_tokens_default=max_tokens_default or None,
                 parallel=parallel,
                 batch_mode="exact" if batch_mode == "exact" else "batched",

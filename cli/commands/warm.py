@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 
@@ -47,9 +47,25 @@ InexactOption = Annotated[
     bool,
     typer.Option(
         "--inexact",
-        help="Restore at any token, also where output may drift from a cold run (own snapshots; see README).",
+        help="Restore at any token, also where output may drift from a cold run (own snapshots; see README). "
+        "Default: exact where this llama.cpp build keeps restores bit for bit, inexact where it cannot.",
     ),
 ]
+ExactOption = Annotated[
+    bool,
+    typer.Option(
+        "--exact",
+        help="Restore only where output stays bit for bit a cold run's; where this build cannot, "
+        "cache nothing.",
+    ),
+]
+
+
+def exactness(exact: bool, inexact: bool) -> bool | Literal["auto"]:
+    """What --exact and --inexact ask for: one of them, or "auto" (this build's choice)."""
+    if exact and inexact:
+        raise CliError("--exact and --inexact ask for opposite things: give one of them, or neither")
+    return True if exact else False if inexact else "auto"
 RawOption = Annotated[
     bool,
     typer.Option("--raw", help="Warm the text as it is, not as the system prompt of a chat."),
@@ -68,6 +84,7 @@ def warm(
     n_ctx: NCtxOption = None,
     threads: ThreadsOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
+    exact: ExactOption = False,
     inexact: InexactOption = False,
     server: Annotated[
         str | None,
@@ -86,10 +103,12 @@ def warm(
 ) -> None:
     """Read PROMPT_FILE with the model once and store its state, so later chats skip reading it."""
     text = read_prompt(prompt_file)
+    asked = exactness(exact, inexact)
     if server is not None:
-        if model is not None or n_ctx is not None or threads is not None or inexact:
+        if model is not None or n_ctx is not None or threads is not None or exact or inexact:
             raise CliError(
-                "--model, --n-ctx, --threads and --inexact belong to the server; leave them out with --server"
+                "--model, --n-ctx, --threads, --exact and --inexact belong to the server; leave them out "
+                "with --server"
             )
         report = warm_on_server(server, text, scope=scope, priority=priority, raw=raw, api_key=api_key)
         typer.echo(json.dumps(report, indent=2) if as_json else render_pairs(_report_lines(report)))
@@ -105,7 +124,7 @@ def warm(
         )
         try:
             check_fits(llm, text)
-            cached = CachedLlama(llm, store, scope=scope, exact=not inexact)
+            cached = CachedLlama(llm, store, scope=scope, exact=asked)
             with prompt_progress("reading prompt") as progress:
                 result = cached.warm(text, priority, raw=raw, progress=progress)
         finally:

@@ -13,7 +13,17 @@ from ..formatting import render_pairs
 from ..model_source import choose_model, load_llama
 from ..prompt_file import read_prompt
 from ..settings import settings_of
-from .warm import ModelOption, NCtxOption, PromptArgument, RawOption, ThreadsOption, check_fits
+from .warm import (
+    ExactOption,
+    InexactOption,
+    ModelOption,
+    NCtxOption,
+    PromptArgument,
+    RawOption,
+    ThreadsOption,
+    check_fits,
+    exactness,
+)
 
 if TYPE_CHECKING:
     from snapcache import MissExplanation
@@ -30,9 +40,12 @@ def why(
     n_ctx: NCtxOption = None,
     threads: ThreadsOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
+    exact: ExactOption = False,
+    inexact: InexactOption = False,
 ) -> None:
     """Say how much of PROMPT_FILE the cache would restore, and why not more."""
     text = read_prompt(prompt_file)
+    asked = exactness(exact, inexact)
     choice = choose_model(model)
     settings = settings_of(ctx)
     from snapcache import CachedLlama
@@ -43,13 +56,14 @@ def why(
         )
         try:
             check_fits(llm, text)
-            explanation = CachedLlama(llm, store, scope=scope, save=False).explain_prompt(text, raw=raw)
+            cached = CachedLlama(llm, store, scope=scope, save=False, exact=asked)
+            explanation = cached.explain_prompt(text, raw=raw)
         finally:
             llm.close()
     if as_json:
-        typer.echo(json.dumps(explanation.as_json(), indent=2))
+        typer.echo(json.dumps({**explanation.as_json(), "exactness": cached.exactness.as_dict()}, indent=2))
         return
-    typer.echo(render_pairs(_lines(explanation)))
+    typer.echo(render_pairs([*_lines(explanation), ("restores", cached.exactness.describe())]))
 
 
 def _lines(e: MissExplanation) -> list[tuple[str, str]]:

@@ -16,6 +16,7 @@ import llama_cpp
 from snapcache.errors import InvalidArgument
 from snapcache.key import DEFAULT_SCOPE, TokenArray
 from snapcache.llama.checkpoints import DEFAULT_PREFIX_REUSE
+from snapcache.llama.exactness import AUTO, Exactness, ExactnessChoice
 from snapcache.llama.hook import DEFAULT_MIN_TOKENS, CacheHook, ScopeSource, attached_hook
 from snapcache.llama.miss import MissExplanation
 from snapcache.llama.prefix_loader import Progress
@@ -35,13 +36,13 @@ def attach(
     prefix_reuse: float | None = DEFAULT_PREFIX_REUSE,
     priority: int = 0,
     listener: CompletionListener | None = None,
-    exact: bool = True,
+    exact: Exactness | ExactnessChoice = AUTO,
 ) -> CacheHook:
     """Make every completion of `llm` restore the longest cached prefix first and save after.
 
     Returns the installed hook (its `last_restore` and `warm` are CachedLlama's). `scope` may be a
-    function returning each completion's scope. `exact=False`: see `CacheHook`. InvalidArgument if
-    `llm` is attached already.
+    function returning each completion's scope. `exact` ("auto", True, False): see `CacheHook`.
+    InvalidArgument if `llm` is attached already.
     """
     hook = CacheHook(
         llm,
@@ -74,8 +75,10 @@ class CachedLlama:
     over one already stored. `prefix_reuse` (None: off) sets the ladder of window points along a raw
     prompt on sliding-window models (models with one cache restore any 64-token block instead).
     `priority` goes with every state a completion saves (ladder points: one lower).
-    `exact=False` restores at any token, also where no restore is exact, and output may drift from
-    a cold run's (see `CacheHook`). Not thread-safe, like the Llama it wraps.
+    `exact` is "auto": exact where this llama.cpp build keeps a split prompt's results bit for bit,
+    inexact where it cannot (`exactness` says which and why); `exact=True` insists, and `exact=False`
+    restores at any token, also where no restore is exact, and output may drift from a cold run's
+    (see `CacheHook`). Not thread-safe, like the Llama it wraps.
     """
 
     def __init__(
@@ -88,7 +91,7 @@ class CachedLlama:
         min_tokens: int = DEFAULT_MIN_TOKENS,
         prefix_reuse: float | None = DEFAULT_PREFIX_REUSE,
         priority: int = 0,
-        exact: bool = True,
+        exact: Exactness | ExactnessChoice = AUTO,
     ) -> None:
         if callable(scope):
             raise InvalidArgument("CachedLlama takes a scope name; snapcache.attach takes a function too")
@@ -129,6 +132,11 @@ class CachedLlama:
     def exact(self) -> bool:
         """False when restored prompts may drift from a cold read."""
         return self._hook.exact
+
+    @property
+    def exactness(self) -> ExactnessChoice:
+        """Whether restores are exact, what was asked for, and why (see `snapcache.llama.exactness`)."""
+        return self._hook.exactness
 
     @property
     def last_restore(self) -> RestoreInfo | None:

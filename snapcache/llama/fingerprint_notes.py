@@ -77,6 +77,17 @@ class FingerprintNotes:
             return True, value
         return False, None  # a damaged note: measure again
 
+    def alignments(self) -> dict[str, int | None]:
+        """Every fingerprint noted on disk with the alignment measured for it (None: none holds)."""
+        if self._folder is None or not self._folder.is_dir():
+            return {}
+        found: dict[str, int | None] = {}
+        for path in sorted(self._folder.glob("*.json")):
+            known, value = self.alignment(path.stem)
+            if known:
+                found[path.stem] = value
+        return found
+
     def _note(self, fingerprint: str) -> dict[str, Any] | None:
         with self._lock:
             if fingerprint in self._known:

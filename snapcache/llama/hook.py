@@ -40,6 +40,7 @@ from snapcache.llama.chat_prefix import ChatPrefixFinder, SharedPrefix, agent_he
 from snapcache.llama.checkpoints import DEFAULT_PREFIX_REUSE
 from snapcache.llama.completion import Completion, CompletionCache
 from snapcache.llama.completion_flow import CompletionFlow
+from snapcache.llama.exactness import AUTO, Exactness, ExactnessChoice, choose_exactness
 from snapcache.llama.explain import Explainer
 from snapcache.llama.fingerprint import model_fingerprint
 from snapcache.llama.fingerprint_notes import FingerprintNotes
@@ -81,9 +82,14 @@ class CacheHook:
     restore any 64-token block instead). `priority` goes with every state a completion saves
     (ladder points: one lower). `listener` hears of every completion.
 
-    `exact=False` trades exactness for reuse: states are saved and restored at any token (the end
-    of a prompt is kept but for its last token) with no split alignment measured, and on models whose
-    results no restore keeps exact (flash attention over an F16 cache) too. A restored prompt then
+    `exact` is "auto" by default: exact where this llama.cpp build keeps a split prompt's results
+    bit for bit (the CPU backend), inexact where it cannot (no split point does, as on CUDA, or
+    flash attention over an F16 cache); see `snapcache.llama.exactness`. `exact=True` insists (and
+    caches nothing where exactness cannot hold); an `ExactnessChoice` is taken as made (a server
+    chooses once for its hook and its scheduler). `exact=False` trades exactness for reuse: states are
+    saved and restored at any token (the end of a prompt is kept but for its last token) with no
+    split alignment measured, and on models whose results no restore keeps exact (flash attention
+    over an F16 cache) too. A restored prompt then
     reads on from a split a cold read does not make, so its output can drift from a cold run's (see
     the README for the drift measured). Such states go under a fingerprint of their own
     (`restore: inexact`): an exact hook never restores them, nor an inexact one exact states.
@@ -100,7 +106,7 @@ class CacheHook:
         prefix_reuse: float | None = DEFAULT_PREFIX_REUSE,
         priority: int = 0,
         listener: CompletionListener | None = None,
-        exact: bool = True,
+        exact: Exactness | ExactnessChoice = AUTO,
     ) -> None:
         if not isinstance(llm, llama_cpp.Llama):
             raise InvalidArgument(f"llm must be a llama_cpp.Llama, got {type(llm).__name__}")
@@ -118,9 +124,10 @@ class CacheHook:
         self._llm = llm
         self._store = store
         self._scope = scope
-        self._exact = bool(exact)
-        self._loader = PrefixLoader(llm, store, model_fingerprint(llm, exact=self._exact))
         notes = FingerprintNotes(store.directory)
+        self._exactness = exact if isinstance(exact, ExactnessChoice) else choose_exactness(llm, exact, notes)
+        self._exact = self._exactness.exact
+        self._loader = PrefixLoader(llm, store, model_fingerprint(llm, exact=self._exact))
         self._readiness = Readiness(llm, self._loader, notes, exact=self._exact)
         self._completions = CompletionCache(
             llm,
@@ -177,6 +184,11 @@ class CacheHook:
     def exact(self) -> bool:
         """False when restored prompts may drift from a cold read (see the class docstring)."""
         return self._exact
+
+    @property
+    def exactness(self) -> ExactnessChoice:
+        """Whether restores are exact, what was asked for (`exact=`), and why (see `exactness`)."""
+        return self._exactness
 
     @property
     def last_restore(self) -> RestoreInfo | None:

@@ -29,7 +29,9 @@ import snapcache
 from snapcache.key import DEFAULT_SCOPE
 from snapcache.llama.batch import Mode
 from snapcache.llama.cached import attach, detach
+from snapcache.llama.exactness import AUTO, Exactness, choose_exactness
 from snapcache.llama.fingerprint import model_fingerprint
+from snapcache.llama.fingerprint_notes import FingerprintNotes
 from snapcache.llama.hook import CacheHook
 from snapcache.server.chat import ChatEngine, PromptRules, install_dialects
 from snapcache.server.checks import ModelLimits, RequestChecks
@@ -56,7 +58,8 @@ DEFAULT_MAX_TOKENS = 1024
 class ServeOptions:
     """How the app answers: the API key clients must send, the model's name in `/v1/models`, the
     browser origins allowed to call it (none by default), the priority of the states it saves,
-    whether restores must be exact (`exact=False`: see `snapcache.CacheHook`), the tokens a
+    whether restores must be exact ("auto": this build's choice; `exact=False`: at any token; see
+    `snapcache.CacheHook`), the tokens a
     completion that sets no limit may generate (None: until the context is full), how many
     completions run at once (`parallel`, each with the Llama's `n_ctx`, or `seq_ctx` tokens where
     set: longer requests run one at a time on the Llama's own context) and how their steps are
@@ -69,7 +72,7 @@ class ServeOptions:
     model_alias: str | None = None
     cors_origins: Sequence[str] = field(default_factory=tuple)
     priority: int = 0
-    exact: bool = True
+    exact: Exactness = AUTO
     max_tokens_default: int | None = DEFAULT_MAX_TOKENS
     parallel: int = 4
     batch_mode: Mode = "batched"
@@ -102,11 +105,13 @@ def create_app(llm: llama_cpp.Llama, store: SnapshotStore, options: ServeOptions
     server's model and settings in module globals, so a process serves one app at a time.
     """
     options = options or ServeOptions()
-    fingerprint = model_fingerprint(llm, exact=options.exact)
+    # Chosen once, so that the hook and the scheduler save and find states under one fingerprint.
+    exactness = choose_exactness(llm, options.exact, FingerprintNotes(store.directory))
+    fingerprint = model_fingerprint(llm, exact=exactness.exact)
     ledger = SavingsLedger(store.directory) if store.directory is not None else None
-    monitor = ServeMonitor(store, fingerprint, ledger)
+    monitor = ServeMonitor(store, fingerprint, ledger, exactness)
     hook: CacheHook = attach(
-        llm, store, scope=current_scope, priority=options.priority, listener=monitor, exact=options.exact
+        llm, store, scope=current_scope, priority=options.priority, listener=monitor, exact=exactness
     )
     parallel = parallel_model(
         llm,
@@ -114,7 +119,7 @@ def create_app(llm: llama_cpp.Llama, store: SnapshotStore, options: ServeOptions
         options.parallel,
         mode=options.batch_mode,
         priority=options.priority,
-        exact=options.exact,
+        exact=exactness,
         listener=monitor,
         seq_ctx=options.seq_ctx,
     )
@@ -157,7 +162,13 @@ def create_app(llm: llama_cpp.Llama, store: SnapshotStore, options: ServeOptions
             expose_headers=["X-Snapcache-Restored-Tokens", "X-Snapcache-Source"],
         )
 
-    _log.info("serving %s (fingerprint %s), default scope %r", alias, fingerprint[:12], DEFAULT_SCOPE)
+    _log.info(
+        "serving %s (fingerprint %s, %s), default scope %r",
+        alias,
+        fingerprint[:12],
+        exactness.describe(),
+        DEFAULT_SCOPE,
+    )
     return app
 
 

@@ -17,10 +17,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, Info
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from snapcache.llama.exactness import ExactnessChoice
 from snapcache.llama.reports import CompletionReport, RestoreInfo
 from snapcache.server.request import current_record
 from snapcache.store import MIN_TIMED_TOKENS, SavingsLedger, ScopeSavings, SnapshotStore
@@ -46,9 +47,16 @@ class ScopeTotals:
 class ServeMonitor:
     """The listener the server attaches with the hook; thread-safe."""
 
-    def __init__(self, store: SnapshotStore, model_fingerprint: str, ledger: SavingsLedger | None) -> None:
+    def __init__(
+        self,
+        store: SnapshotStore,
+        model_fingerprint: str,
+        ledger: SavingsLedger | None,
+        exactness: ExactnessChoice | None = None,
+    ) -> None:
         self._store = store
         self._fingerprint = model_fingerprint
+        self._exactness = exactness
         self._ledger = ledger
         self._lock = threading.Lock()
         self._scopes: dict[str, ScopeTotals] = {}
@@ -89,6 +97,15 @@ class ServeMonitor:
             registry=self.registry,
         )
         self.registry.register(_StoreCollector(store))
+        if exactness is not None:
+            chosen = Info(
+                "snapcache_exactness",
+                "Whether restores are exact, what was asked for (auto: this build's choice), and why.",
+                registry=self.registry,
+            )
+            chosen.info(
+                {"mode": exactness.mode, "asked": str(exactness.asked).lower(), "reason": exactness.reason}
+            )
 
     # -- the hook's listener ------------------------------------------------------------------------
 
@@ -161,6 +178,7 @@ class ServeMonitor:
         }
         result: dict[str, Any] = {
             "model_fingerprint": self._fingerprint,
+            "exactness": None if self._exactness is None else self._exactness.as_dict(),
             "since_start": since_start,
             "scopes": scopes,
             "prefill_seconds_per_token": rate,

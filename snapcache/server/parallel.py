@@ -24,6 +24,7 @@ from llama_cpp.server import app as llama_server
 from starlette.concurrency import run_in_threadpool
 
 from snapcache.llama.batch import BatchedLlama, Mode, Scheduler, unbatched_reason
+from snapcache.llama.exactness import ExactnessChoice
 from snapcache.llama.fingerprint_notes import FingerprintNotes
 from snapcache.llama.miss import MissExplanation, explain_prompt
 from snapcache.llama.reports import CompletionListener
@@ -105,7 +106,7 @@ def parallel_model(
     *,
     mode: Mode,
     priority: int,
-    exact: bool,
+    exact: ExactnessChoice,
     listener: CompletionListener,
     seq_ctx: int | None = None,
 ) -> ParallelModel | None:

@@ -82,6 +82,7 @@ def snapcache_router(
             message = f"no completion has run in scope {scope!r} since the server started"
             return JSONResponse(error_document(message, param="scope"), status_code=404)
         report = explanation.as_json()
+        report["exactness"] = hook.exactness.as_dict()
         if rules is not None:
             report["prompt_rules"] = rules.report(scope)
         return JSONResponse(report)

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from snapcache.llama.cached import CachedLlama
+from snapcache.llama.fingerprint import model_fingerprint
 from snapcache.llama.support import FLASH_ATTN_REASON
 from snapcache.store import SnapshotStore
 
@@ -86,7 +87,9 @@ def test_flash_attention_over_f16_is_a_miss_when_exact_and_restored_when_not(
     make_llama: Any, tiny_model_path: Path, store: SnapshotStore, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="snapcache")
-    exact = CachedLlama(make_llama(tiny_model_path, n_ctx=N_CTX, flash_attn=True), store, scope="fa")
+    exact = CachedLlama(
+        make_llama(tiny_model_path, n_ctx=N_CTX, flash_attn=True), store, scope="fa", exact=True
+    )
     _ask(exact, FIRST)
     exact.llm.reset()
     _ask(exact, SECOND)
@@ -167,3 +170,78 @@ def test_states_follow_the_fingerprint_when_a_control_vector_is_set_after_the_ho
     _ask(cached, SECOND)
     assert cached.last_restore is not None
     assert cached.last_restore.source is None
+
+
+# -- exact="auto", the default ---------------------------------------------------------------------
+
+
+def test_auto_is_exact_on_a_cpu_build_under_the_exact_fingerprint(
+    make_llama: Any, tiny_model_path: Path, store: SnapshotStore
+) -> None:
+    llm = make_llama(tiny_model_path, n_ctx=N_CTX)
+    cached = CachedLlama(llm, store, scope="auto")
+    assert cached.exactness.exact
+    assert cached.exactness.asked == "auto"
+    assert "bit for bit" in cached.exactness.reason
+    assert cached.fingerprint == model_fingerprint(llm, exact=True)
+    # The same states as exact=True: what one stores, the other restores.
+    _ask(cached, FIRST)
+    other = CachedLlama(make_llama(tiny_model_path, n_ctx=N_CTX), store, scope="auto", exact=True)
+    _ask(other, SECOND)
+    assert other.last_restore is not None
+    assert other.last_restore.cached_tokens > 0
+
+
+def test_auto_restores_inexactly_under_flash_attention_over_f16_and_says_so_once(
+    make_llama: Any, tiny_model_path: Path, store: SnapshotStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="snapcache")
+    llm = make_llama(tiny_model_path, n_ctx=N_CTX, flash_attn=True)
+    cached = CachedLlama(llm, store, scope="auto-fa")
+    assert not cached.exactness.exact
+    assert "flash attention" in cached.exactness.reason
+    assert cached.fingerprint == model_fingerprint(llm, exact=False)
+    _ask(cached, FIRST)
+    llm.reset()
+    _ask(cached, SECOND)
+    assert cached.last_restore is not None
+    assert cached.last_restore.cached_tokens == _prompt_tokens(llm, FIRST) - 1
+    CachedLlama(make_llama(tiny_model_path, n_ctx=N_CTX, flash_attn=True), store, scope="auto-fa")
+    told = [r for r in caplog.records if r.getMessage().startswith("exactness: inexact (auto")]
+    assert len(told) == 1, [r.getMessage() for r in told]
+    assert told[0].levelno == logging.WARNING
+
+
+def test_auto_restores_inexactly_where_the_probe_finds_no_split_point(
+    make_llama: Any, tiny_model_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a CUDA build measures (no split point keeps its results bit for bit), injected."""
+    from snapcache.llama import alignment
+
+    monkeypatch.setattr(alignment, "_measured", {})
+    monkeypatch.setattr(alignment, "measure_alignment", lambda llm: None)
+    with SnapshotStore(tmp_path / "cache") as store:
+        llm = make_llama(tiny_model_path, n_ctx=N_CTX)
+        cached = CachedLlama(llm, store, scope="no-split")
+        assert not cached.exactness.exact
+        assert (
+            cached.exactness.reason
+            == "no prompt split point keeps this llama.cpp build's results bit for bit"
+        )
+        _ask(cached, FIRST)
+        llm.reset()
+        _ask(cached, SECOND)
+        assert cached.last_restore is not None
+        assert cached.last_restore.cached_tokens == _prompt_tokens(llm, FIRST) - 1
+
+        insisting = CachedLlama(make_llama(tiny_model_path, n_ctx=N_CTX), store, scope="no-split", exact=True)
+        _ask(insisting, SECOND)
+        assert insisting.last_restore is not None
+        assert insisting.last_restore.cached_tokens == 0  # exact=True caches nothing there
+
+
+def test_exact_must_be_a_bool_or_auto(make_llama: Any, tiny_model_path: Path, store: SnapshotStore) -> None:
+    from snapcache.errors import InvalidArgument
+
+    with pytest.raises(InvalidArgument, match="exact must be True, False or 'auto'"):
+        CachedLlama(make_llama(tiny_model_path, n_ctx=N_CTX), store, exact="yes")  # type: ignore[arg-type]

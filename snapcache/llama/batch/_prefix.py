@@ -23,6 +23,7 @@ from snapcache.key import BLOCK_TOKENS, SnapshotKey, TokenArray
 from snapcache.llama.batch._context import SequenceContext
 from snapcache.llama.blocks import KIND_PROMPT_END
 from snapcache.llama.checkpoints import RestorePoint, checkpoint_plan, window_ladder
+from snapcache.llama.exactness import AUTO, Exactness, ExactnessChoice, choose_exactness
 from snapcache.llama.fingerprint import model_fingerprint
 from snapcache.llama.fingerprint_notes import FingerprintNotes
 from snapcache.llama.prefix_loader import PrefixLoader
@@ -63,7 +64,8 @@ class SequenceCache:
     """Restores into, and saves from, the sequences of one `SequenceContext` (see the module docstring).
 
     `uncacheable` says why this Llama's states can be neither restored nor saved (None: they can).
-    `exact=False`: restore and save at any token (see `CacheHook`'s `exact`). `prefix_reuse` (None:
+    `exact`: "auto" (this build's choice), True, or False: restore and save at any token (see
+    `CacheHook`'s `exact`). `prefix_reuse` (None:
     off) sets the ladder of window points along a raw prompt on a sliding-window model.
     """
 
@@ -75,13 +77,15 @@ class SequenceCache:
         save: bool,
         min_tokens: int,
         priority: int,
-        exact: bool = True,
+        exact: Exactness | ExactnessChoice = AUTO,
         prefix_reuse: float | None = None,
     ) -> None:
         self.store = store
-        self.exact = exact
+        notes = FingerprintNotes(store.directory)
+        self.exactness = exact if isinstance(exact, ExactnessChoice) else choose_exactness(llm, exact, notes)
+        self.exact = exact = self.exactness.exact
         loader = PrefixLoader(llm, store, model_fingerprint(llm, exact=exact))
-        readiness = Readiness(llm, loader, FingerprintNotes(store.directory), exact=exact)
+        readiness = Readiness(llm, loader, notes, exact=exact)
         self.uncacheable = readiness.reason_not(saving=save)
         if self.uncacheable is not None:
             _log.warning("%s", self.uncacheable)

@@ -74,6 +74,7 @@ from snapcache.llama.checkpoints import (
     align_down,
     head_point,
 )
+from snapcache.llama.exactness import AUTO, Exactness, ExactnessChoice
 from snapcache.llama.reports import RestoreInfo
 from snapcache.llama.state import can_truncate
 from snapcache.store import SnapshotStore
@@ -132,7 +133,8 @@ class Scheduler:
     Llama's own fingerprint; `save=False` only restores; `min_tokens` and `priority` as in
     `CachedLlama`; `prefix_reuse`: the ladder of window points along raw prompts, as in
     `CachedLlama`; `seq_ctx`: the tokens each sequence holds (default and most: the Llama's
-    `n_ctx`); `exact=False` restores, saves and reuses live prefixes at any token, under the inexact
+    `n_ctx`); `exact` as in `CachedLlama` ("auto": this build's choice, see `exactness`);
+    `exact=False` restores, saves and reuses live prefixes at any token, under the inexact
     fingerprint (`CachedLlama(exact=False)`'s): a burst reads only what its prompts do not share,
     and answers are no longer bit for bit a cold run's. `close` ends it (also a context manager).
     What each request restored is on the request (`Request.restore`); `BatchedLlama` tells a
@@ -150,7 +152,7 @@ class Scheduler:
         min_tokens: int = DEFAULT_MIN_TOKENS,
         priority: int = 0,
         seq_ctx: int | None = None,
-        exact: bool = True,
+        exact: Exactness | ExactnessChoice = AUTO,
         prefix_reuse: float | None = DEFAULT_PREFIX_REUSE,
     ) -> None:
         if isinstance(n_seq, bool) or not isinstance(n_seq, int) or not 1 <= n_seq <= 256:
@@ -193,6 +195,11 @@ class Scheduler:
         self.decode_calls = 0
         self._thread = threading.Thread(target=self._loop, name="snapcache-scheduler", daemon=True)
         self._thread.start()
+
+    @property
+    def exactness(self) -> ExactnessChoice | None:
+        """What its cache chose (see `exactness`); None without a store."""
+        return None if self._cache is None else self._cache.exactness
 
     @property
     def n_ctx(self) -> int:
@@ -346,6 +353,8 @@ class Scheduler:
             return
         running = {other: slot.held() for other, slot in self._slots.items()}
         live_source, live, live_held = self._live.longest(request.scope, tokens, seq_id, running)
+        if self._cache is not None and self._cache.uncacheable is not None:
+            live_source, live, live_held = seq_id, 0, None  # a live prefix would not read on exactly either
         self._live.forget(seq_id)
         if live_source != seq_id:
             context.clear(seq_id)

@@ -16,7 +16,7 @@ import snapcache
 from .commands import bench, bundle, check, doctor, entries, serve, warm, why
 from .errors import CliError, describe
 from .formatting import parse_size
-from .settings import KV_CACHE_ENV, REMOTE_BUDGET_ENV, SWA_CACHE_ENV, Settings
+from .settings import FLASH_ATTN_ENV, KV_CACHE_ENV, REMOTE_BUDGET_ENV, SWA_CACHE_ENV, Settings
 
 DEBUG_ENV = "SNAPCACHE_DEBUG"
 
@@ -92,8 +92,8 @@ app = typer.Typer(
     cls=_CleanErrors,
     name="snapcache",
     help="Save and restore the llama.cpp state of prompts a local model has already read. "
-    "The global options (--cache-dir, --remote, --remote-budget, --kv-cache, --swa-cache, --compression, "
-    "-v) may come before or after the command.",
+    "The global options (--cache-dir, --remote, --remote-budget, --kv-cache, --swa-cache, --flash-attn, "
+    "--compression, -v) may come before or after the command.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -163,6 +163,17 @@ def _global_options(
             show_default=False,
         ),
     ] = None,
+    flash_attn: Annotated[
+        str | None,
+        typer.Option(
+            "--flash-attn",
+            envvar=FLASH_ATTN_ENV,
+            help="Flash attention: auto (llama.cpp's default, on, except over an f16 K/V cache on the CPU, "
+            "where restores would not stay exact), on or off. States are found only under the setting "
+            "they were saved with. Default: $SNAPCACHE_FLASH_ATTN, else auto.",
+            show_default=False,
+        ),
+    ] = None,
     compression: Annotated[
         str | None,
         typer.Option(
@@ -197,6 +208,11 @@ def _global_options(
 
         if swa_cache not in SWA_CACHES:
             raise CliError(f"--swa-cache must be one of {', '.join(SWA_CACHES)}, got {swa_cache!r}")
+    if flash_attn is not None:
+        from snapcache.llama.loader import FLASH_ATTN_MODES
+
+        if flash_attn not in FLASH_ATTN_MODES:
+            raise CliError(f"--flash-attn must be one of {', '.join(FLASH_ATTN_MODES)}, got {flash_attn!r}")
     if compression is not None:
         choices = snapcache.SnapshotStore.COMPRESSIONS
         if compression not in choices:
@@ -208,6 +224,7 @@ def _global_options(
         remote_budget=budget,
         kv_cache=kv_cache,
         swa_cache=swa_cache,
+        flash_attn=flash_attn,
         compression=compression,
     )
 

@@ -68,16 +68,17 @@ def load_llama(
     verbose: bool = False,
     kv_cache: str | None = None,
     swa_cache: str | None = None,
+    flash_attention: str | None = None,
 ) -> Llama:
-    """`snapcache.load_llama` of `choice`, with the --kv-cache and --swa-cache every command shares
-    (states are found only under the settings they were saved with); llama.cpp's log reaches the
-    terminal only when `verbose`."""
+    """`snapcache.load_llama` of `choice`, with the --kv-cache, --swa-cache and --flash-attn every
+    command shares (states are found only under the settings they were saved with); llama.cpp's log
+    reaches the terminal only when `verbose`."""
     if n_ctx is not None and n_ctx < 1:
         raise CliError(f"--n-ctx must be at least 1, got {n_ctx}")
     if threads is not None and threads < 1:
         raise CliError(f"--threads must be at least 1, got {threads}")
     quiet_llama_cpp()
-    from snapcache import ModelError, load_llama
+    from snapcache import InvalidArgument, ModelError, load_llama
 
     try:
         return load_llama(
@@ -87,8 +88,9 @@ def load_llama(
             verbose=verbose,
             kv_cache=kv_cache,
             swa_cache=swa_cache,
+            flash_attention=flash_attention,
         )
-    except ModelError as exc:
+    except (ModelError, InvalidArgument) as exc:
         raise CliError(f"{exc} (run with -v to see llama.cpp's log)") from None
 
 

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 REMOTE_BUDGET_ENV = "SNAPCACHE_REMOTE_BUDGET"
 KV_CACHE_ENV = "SNAPCACHE_KV_CACHE"
 SWA_CACHE_ENV = "SNAPCACHE_SWA_CACHE"
+FLASH_ATTN_ENV = "SNAPCACHE_FLASH_ATTN"
 COMPRESSION_ENV = "SNAPCACHE_COMPRESSION"
 
 
@@ -28,6 +29,7 @@ class Settings:
     remote_budget: int | None = None  # bytes the remote tier may hold; None: the library's default
     kv_cache: str | None = None  # the models' K/V cache type (`snapcache.llama.loader.KV_CACHE_TYPES`)
     swa_cache: str | None = None  # full or window (`snapcache.llama.loader.SWA_CACHES`); None: window
+    flash_attn: str | None = None  # auto, on or off (`snapcache.llama.loader.FLASH_ATTN_MODES`); None: auto
     compression: str | None = None  # auto, zstd or none; None: $SNAPCACHE_COMPRESSION, else auto
 
     def open_store(self) -> SnapshotStore:
@@ -44,7 +46,7 @@ class Settings:
 
     def llama_options(self) -> dict[str, str | None]:
         """The `load_llama` arguments the global options decide: the settings a state is saved under."""
-        return {"kv_cache": self.kv_cache, "swa_cache": self.swa_cache}
+        return {"kv_cache": self.kv_cache, "swa_cache": self.swa_cache, "flash_attention": self.flash_attn}
 
     def store_options(self) -> dict[str, Any]:
         """The SnapshotStore arguments the global options decide: the remote tier's URL and budget,

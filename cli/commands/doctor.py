@@ -254,6 +254,7 @@ def _model_settings_check(settings: Settings) -> Check:
     caches = [
         named("--kv-cache", settings.kv_cache, "f16"),
         named("--swa-cache", settings.swa_cache, DEFAULT_SWA_CACHE),
+        named("--flash-attn", settings.flash_attn, "auto"),
     ]
     return Check(
         "model settings",

@@ -66,6 +66,8 @@ def exactness(exact: bool, inexact: bool) -> bool | Literal["auto"]:
     if exact and inexact:
         raise CliError("--exact and --inexact ask for opposite things: give one of them, or neither")
     return True if exact else False if inexact else "auto"
+
+
 RawOption = Annotated[
     bool,
     typer.Option("--raw", help="Warm the text as it is, not as the system prompt of a chat."),

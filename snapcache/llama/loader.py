@@ -29,6 +29,7 @@ from snapcache.llama.chat_templates import fallback_chat_handler
 __all__ = [
     "DEFAULT_N_CTX",
     "DEFAULT_SWA_CACHE",
+    "FLASH_ATTN_MODES",
     "KV_CACHE_TYPES",
     "LLAMA_CPP_LOGGER",
     "SWA_CACHES",
@@ -57,6 +58,12 @@ _KV_CACHE_KEYWORDS = ("type_k", "type_v", "flash_attn")
 # default) keeps a cell for every position, so a stored state restores any prefix its blocks cover
 # (its window assembled padded).
 SWA_CACHES: dict[str, bool] = {"full": True, "window": False}
+# `flash_attn` names. "auto" follows llama.cpp's own default (on) where exactness does not forbid it:
+# on over a quantized V cache (llama.cpp needs it there) and where layers run on a GPU (whose build
+# restores inexactly anyway); off over an F16/F32 cache on the CPU, whose restores it would make
+# inexact (`support`). "on" and "off" as said: "on" over an F16 cache on the CPU restores inexactly
+# under `exact="auto"` and caches nothing under `exact=True`.
+FLASH_ATTN_MODES = ("auto", "on", "off")
 DEFAULT_SWA_CACHE = "window"
 _log = logging.getLogger("snapcache")
 
@@ -100,6 +107,7 @@ def load_llama(
     use_extra_bufts: bool | None = None,
     kv_cache: str | None = None,
     swa_cache: str | None = None,
+    flash_attention: str | None = None,
     **kwargs: Any,
 ) -> llama_cpp.Llama:
     """A `llama_cpp.Llama` of `model_path`, ready for chat; `ModelError` if it cannot be opened.
@@ -116,13 +124,16 @@ def load_llama(
     on the CPU; "q8_0" generates faster there (docs: choosing settings). `swa_cache` (one of
     `SWA_CACHES`; None: `DEFAULT_SWA_CACHE`, "window", unless `swa_full` is given) sizes a
     sliding-window model's window cache; it is part of the fingerprint, as `kv_cache` is: states are
-    found only under the one they were saved with.
+    found only under the one they were saved with. `flash_attention` (one of `FLASH_ATTN_MODES`;
+    None: as `kv_cache` or the Llama's own `flash_attn` keyword leave it) turns flash attention on or
+    off; "auto" leaves it off only over an F16/F32 cache on the CPU.
     """
     if not _is_int(n_ctx) or n_ctx < 0:
         raise InvalidArgument(f"n_ctx must be a non-negative int (0: the model's own), got {n_ctx!r}")
     if n_threads is not None and (not _is_int(n_threads) or n_threads < 1):
         raise InvalidArgument(f"n_threads must be a positive int, got {n_threads!r}")
     kwargs.update(_kv_cache_settings(kv_cache, kwargs))
+    kwargs.update(_flash_attn_settings(flash_attention, kv_cache, kwargs))
     kwargs.update(_swa_cache_settings(swa_cache, kwargs))
     path = check_gguf_file(model_path)
     threads = n_threads or usable_cores()
@@ -162,6 +173,26 @@ def _kv_cache_settings(kv_cache: str | None, kwargs: dict[str, Any]) -> dict[str
         raise InvalidArgument(f"kv_cache sets {', '.join(given)}: pass one or the other")
     cache_type, flash_attn = KV_CACHE_TYPES[kv_cache]
     return {"type_k": cache_type, "type_v": cache_type, "flash_attn": flash_attn}
+
+
+def _flash_attn_settings(mode: str | None, kv_cache: str | None, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The Llama's `flash_attn` keyword for a `flash_attention` `mode` (see `FLASH_ATTN_MODES`);
+    InvalidArgument for an unknown mode, one given beside `flash_attn=`, or "off" over a quantized V
+    cache."""
+    if mode is None:
+        return {}
+    if mode not in FLASH_ATTN_MODES:
+        raise InvalidArgument(f"flash_attention must be one of {', '.join(FLASH_ATTN_MODES)}, got {mode!r}")
+    if kv_cache is None and "flash_attn" in kwargs:
+        raise InvalidArgument("flash_attention sets flash_attn: pass one or the other")
+    type_v = int(kwargs.get("type_v", llama_cpp.GGML_TYPE_F16))
+    quantized = type_v not in (llama_cpp.GGML_TYPE_F16, llama_cpp.GGML_TYPE_F32)
+    if mode == "off" and quantized:
+        raise InvalidArgument("a quantized V cache needs flash attention: turn it off with an f16 cache only")
+    if mode != "auto":
+        return {"flash_attn": mode == "on"}
+    on_gpu = bool(llama_cpp.llama_supports_gpu_offload()) and int(kwargs.get("n_gpu_layers", 0)) != 0
+    return {"flash_attn": quantized or on_gpu}
 
 
 def _swa_cache_settings(swa_cache: str | None, kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -383,14 +383,17 @@ def test_doctor_names_the_model_settings_that_states_are_found_under(monkeypatch
 
     monkeypatch.delenv("SNAPCACHE_KV_CACHE", raising=False)
     monkeypatch.delenv("SNAPCACHE_SWA_CACHE", raising=False)
+    monkeypatch.delenv("SNAPCACHE_FLASH_ATTN", raising=False)
     default = model_settings()
     assert default["status"] == "ok"
-    assert default["detail"].startswith("--kv-cache f16 (the default), --swa-cache window (the default): ")
-    assert model_settings("--swa-cache", "full", "--kv-cache", "q8_0")["detail"].startswith(
-        "--kv-cache q8_0, --swa-cache full: "
+    assert default["detail"].startswith(
+        "--kv-cache f16 (the default), --swa-cache window (the default), --flash-attn auto (the default): "
     )
+    assert model_settings("--swa-cache", "full", "--kv-cache", "q8_0", "--flash-attn", "on")[
+        "detail"
+    ].startswith("--kv-cache q8_0, --swa-cache full, --flash-attn on: ")
     monkeypatch.setenv("SNAPCACHE_SWA_CACHE", "full")
-    assert "--swa-cache full:" in model_settings()["detail"]
+    assert "--swa-cache full," in model_settings()["detail"]
 
 
 def test_doctor_says_how_the_disk_tier_stores_states_and_who_chose(monkeypatch):

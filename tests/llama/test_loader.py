@@ -301,3 +301,34 @@ def test_swa_cache_refuses_an_unknown_name_and_the_keyword_it_sets(wide_heads_mo
         load_llama(wide_heads_model_path, n_ctx=256, swa_cache="half")
     with pytest.raises(InvalidArgument, match="swa_cache sets swa_full"):
         load_llama(wide_heads_model_path, n_ctx=256, swa_cache="window", swa_full=True)
+
+
+# -- flash attention -----------------------------------------------------------------------------------
+
+
+def test_flash_attention_auto_is_off_over_f16_on_the_cpu_and_on_over_a_quantized_cache(wide_heads_model_path):
+    import llama_cpp
+
+    disabled = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    for kv_cache, mode, flash_attn in [
+        (None, "auto", False),  # an f16 cache on the CPU: restores stay exact
+        ("f16", "auto", False),
+        ("q8_0", "auto", True),  # llama.cpp needs it for a quantized V cache
+        (None, "on", True),
+        ("f16", "on", True),
+        (None, "off", False),
+    ]:
+        llm = load_llama(wide_heads_model_path, n_ctx=256, kv_cache=kv_cache, flash_attention=mode)
+        assert (llm.context_params.flash_attn_type != disabled) is flash_attn, (kv_cache, mode)
+        llm.close()
+
+
+def test_flash_attention_refuses_an_unknown_mode_off_over_a_quantized_cache_and_the_keyword_it_sets(
+    wide_heads_model_path,
+):
+    with pytest.raises(InvalidArgument, match="one of auto, on, off, got 'yes'"):
+        load_llama(wide_heads_model_path, n_ctx=256, flash_attention="yes")
+    with pytest.raises(InvalidArgument, match="a quantized V cache needs flash attention"):
+        load_llama(wide_heads_model_path, n_ctx=256, kv_cache="q8_0", flash_attention="off")
+    with pytest.raises(InvalidArgument, match="flash_attention sets flash_attn"):
+        load_llama(wide_heads_model_path, n_ctx=256, flash_attention="on", flash_attn=True)

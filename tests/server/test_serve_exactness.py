@@ -113,3 +113,20 @@ def test_doctor_names_what_auto_chose_for_the_models_probed_here(
     [check] = [c for c in json.loads(done.stdout)["checks"] if c["name"] == "exactness"]
     assert check["detail"].startswith("auto (the default")
     assert "of the 1 model settings probed here, 0 restore exactly and 1 inexactly" in check["detail"]
+
+
+def test_flash_attention_on_over_f16_restores_inexactly_by_default_and_nothing_when_exact(
+    tiny_model_path: Path, tmp_path: Path
+) -> None:
+    """On the CPU, flash attention over an F16 cache reads short batches with other kernels."""
+    for extra, restored, mode in (((), True, "inexact"), (("--exact",), False, "exact")):
+        folder = tmp_path / mode
+        folder.mkdir()
+        with running_server(
+            tiny_model_path, folder / "cache", folder / "serve.log", "--flash-attn", "on", *extra, n_ctx=N_CTX
+        ) as server:
+            cached_tokens(server)
+            assert (cached_tokens(server) > 0) is restored, mode
+            _, why, _ = http_json("GET", f"{server.base_url}/snapcache/why")
+            assert why["exactness"]["mode"] == mode
+            assert "flash attention" in server.log()  # each says why

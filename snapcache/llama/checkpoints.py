@@ -66,24 +66,23 @@ def checkpoint_plan(
     tokens: TokenArray,
     *,
     ladder: list[int],
-    chat_prefix: TokenArray | None,
+    head: int,
     priority: int,
     after: int,
     alignment: int = CHECKPOINT_ALIGN,
     exact: bool = True,
 ) -> list[RestorePoint]:
     """The restore points to save on the way through `tokens`, ascending, all past `after` and short
-    of the last token, on multiples of `alignment`; ladder points go one priority lower. The prompt's
-    end is `KIND_PROMPT_END` unless it is also where the chat's shared head ends (`head_point`): a
-    head is `KIND_PREFIX`, whatever else falls there. `exact=False` puts the prompt's end point one
-    token before its end (see `final_point`)."""
+    of the last token, on multiples of `alignment`; ladder points go one priority lower. `head` is
+    where the chat's shared head ends (`head_point`; 0: none): a point of `KIND_PREFIX`, whatever
+    else falls there; the prompt's end is `KIND_PROMPT_END` unless it is the head. `exact=False` puts
+    the prompt's end point one token before its end (see `final_point`)."""
     n = len(tokens)
     lower = max(-MAX_PRIORITY, priority - 1)
     points = {p: (lower, KIND_PREFIX) for p in ladder if p < n - 1}
     # On the coarsest grid the tail is 1 to 64 tokens, as every model's tests showed exact; a finer
     # grid leaves a tail of 32 or more (see FINAL_TAIL_TOKENS).
     points[final_point(n, alignment, exact=exact)] = (priority, KIND_PROMPT_END)
-    head = head_point(tokens, chat_prefix, alignment)
     if head:
         points[head] = (priority, KIND_PREFIX)
     return [RestorePoint(p, prio, kind) for p, (prio, kind) in sorted(points.items()) if p > after]

@@ -164,12 +164,11 @@ class CompletionCache:
         # One cache of full attention: every point is cut from one capture after the completion.
         # Sliding windows and recurrent states hold only their last point: read on to each.
         one_capture = can_truncate(llm)
-        head = None if chat_prefix is None else chat_prefix.tokens()
-        completion.head = head_point(tokens, head, alignment)
+        completion.head = head_point(tokens, None if chat_prefix is None else chat_prefix.tokens(), alignment)
         plan = checkpoint_plan(
             tokens,
             ladder=self._ladder if completion.ladder and not one_capture else [],
-            chat_prefix=head,
+            head=completion.head,
             priority=self._priority,
             after=reused,
             alignment=alignment,

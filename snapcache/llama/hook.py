@@ -86,13 +86,13 @@ class CacheHook:
     bit for bit (the CPU backend), inexact where it cannot (no split point does, as on CUDA, or
     flash attention over an F16 cache); see `snapcache.llama.exactness`. `exact=True` insists (and
     caches nothing where exactness cannot hold); an `ExactnessChoice` is taken as made (a server
-    chooses once for its hook and its scheduler). `exact=False` trades exactness for reuse: states are
-    saved and restored at any token (the end of a prompt is kept but for its last token) with no
+    chooses once for its hook and its scheduler). `exact=False` trades exactness for reuse: states
+    are saved and restored at any token (the end of a prompt is kept but for its last token) with no
     split alignment measured, and on models whose results no restore keeps exact (flash attention
-    over an F16 cache) too. A restored prompt then
-    reads on from a split a cold read does not make, so its output can drift from a cold run's (see
-    the README for the drift measured). Such states go under a fingerprint of their own
-    (`restore: inexact`): an exact hook never restores them, nor an inexact one exact states.
+    over an F16 cache) too. A restored prompt then reads on from a split a cold read does not make,
+    so its output can drift from a cold run's (see the README for the drift measured). Such states
+    go under a fingerprint of their own (`restore: inexact`): an exact hook never restores them, nor
+    an inexact one exact states.
     """
 
     def __init__(

@@ -59,14 +59,14 @@ class ServeOptions:
     """How the app answers: the API key clients must send, the model's name in `/v1/models`, the
     browser origins allowed to call it (none by default), the priority of the states it saves,
     whether restores must be exact ("auto": this build's choice; `exact=False`: at any token; see
-    `snapcache.CacheHook`), the tokens a
-    completion that sets no limit may generate (None: until the context is full), how many
-    completions run at once (`parallel`, each with the Llama's `n_ctx`, or `seq_ctx` tokens where
-    set: longer requests run one at a time on the Llama's own context) and how their steps are
-    batched (`batch_mode`: see `snapcache.llama.batch.Scheduler`); whether Claude Code's per-session
-    billing line stays in prompts (`keep_billing_header`), patterns of other text to delete from
-    them (`normalize`: see `snapcache.server.chat.PromptRules`), and whether a streamed tool call
-    goes out as it is written (`live_tool_calls`: see `snapcache.server.chat.ChatEngine`)."""
+    `snapcache.CacheHook`), the tokens a completion that sets no limit may generate (None: until
+    the context is full), how many completions run at once (`parallel`, each with the Llama's
+    `n_ctx`, or `seq_ctx` tokens where set: longer requests run one at a time on the Llama's own
+    context) and how their steps are batched (`batch_mode`: see `snapcache.llama.batch.Scheduler`);
+    whether Claude Code's per-session billing line stays in prompts (`keep_billing_header`),
+    patterns of other text to delete from them (`normalize`: see `snapcache.server.chat.PromptRules`),
+    and whether a streamed tool call goes out as it is written (`live_tool_calls`: see
+    `snapcache.server.chat.ChatEngine`)."""
 
     api_key: str | None = None
     model_alias: str | None = None

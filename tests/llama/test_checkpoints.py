@@ -21,7 +21,8 @@ def tokens(n: int, start: int = 0) -> np.ndarray:
 def plan(
     prompt: np.ndarray, head: np.ndarray | None, *, after: int = 0, alignment: int = 64
 ) -> list[RestorePoint]:
-    return checkpoint_plan(prompt, ladder=[], chat_prefix=head, priority=3, after=after, alignment=alignment)
+    at = head_point(prompt, head, alignment)
+    return checkpoint_plan(prompt, ladder=[], head=at, priority=3, after=after, alignment=alignment)
 
 
 def test_a_head_that_ends_where_the_prompt_end_point_falls_is_a_prefix_not_a_prompt_end() -> None:

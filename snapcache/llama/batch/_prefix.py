@@ -65,8 +65,8 @@ class SequenceCache:
 
     `uncacheable` says why this Llama's states can be neither restored nor saved (None: they can).
     `exact`: "auto" (this build's choice), True, or False: restore and save at any token (see
-    `CacheHook`'s `exact`). `prefix_reuse` (None:
-    off) sets the ladder of window points along a raw prompt on a sliding-window model.
+    `CacheHook`'s `exact`). `prefix_reuse` (None: off) sets the ladder of window points along a raw
+    prompt on a sliding-window model.
     """
 
     def __init__(
@@ -128,9 +128,7 @@ class SequenceCache:
             query = tokens[: n - 1]
         return Restored()
 
-    def plan(
-        self, tokens: TokenArray, reused: int, chat_prefix: TokenArray | None, *, chat: bool
-    ) -> list[RestorePoint]:
+    def plan(self, tokens: TokenArray, reused: int, head: int, *, chat: bool) -> list[RestorePoint]:
         """The restore points `tokens` should leave behind, past the `reused` ones, ascending, as a
         single-sequence completion plans them (`chat`: a rendered chat, which has no ladder)."""
         if not self._save:
@@ -138,7 +136,7 @@ class SequenceCache:
         points = checkpoint_plan(
             tokens,
             ladder=[] if chat else self._ladder,
-            chat_prefix=chat_prefix,
+            head=head,
             priority=self._priority,
             after=reused,
             alignment=self.alignment,

@@ -389,8 +389,8 @@ class Scheduler:
         )
         self._admitted += 1
         if cache is not None:
-            points = cache.plan(tokens, reused, request.chat_prefix, chat=request.chat)
             slot.head = head_point(tokens, request.chat_prefix, cache.alignment)
+            points = cache.plan(tokens, reused, slot.head, chat=request.chat)
             slot.kept = max((p.n_tokens for p in points if p.kind == KIND_PROMPT_END), default=0)
             if cache.one_capture:
                 slot.points = points

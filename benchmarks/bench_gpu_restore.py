@@ -1,7 +1,10 @@
 """Restore against prefill where llama.cpp runs on a GPU: does a restored state still beat reading the prompt?
 
     python benchmarks/bench_gpu_restore.py [--quick] [--shapes 1b 8b] [--sizes 1024 4096 16384 32768]
-        [--modes exact inexact] [--runs 1] [--gpu-layers -1] [--no-flash-attn]
+        [--modes auto exact inexact] [--runs 1] [--gpu-layers -1] [--no-flash-attn] [--kv-type f16]
+
+`benchmarks/gpu/run.sh` runs the whole GPU table in one call on a GPU machine without network
+(after `benchmarks/gpu/prepare.sh` where the registry is reachable).
 
 Llamas written with `gguf` (random f16 weights, a byte vocabulary, every layer's matrices alike so
 that an 8B file is written in seconds) of a 1B shape (16 layers, 2048 wide, 8 KV heads of 128,
@@ -14,12 +17,18 @@ that neither side pays for the kernels a context sets up on its first decodes.
 
 For each prompt size: time to the first token reading the whole prompt (cold); after restoring the
 prompt's state with `CachedLlama` from a RAM store and from a store on disk (reopened with no RAM,
-so the disk is read); the restore's own share (`RestoreInfo.restore_seconds`); llama.cpp's own copy
-of the state out of and back into the context (`llama_state_seq_get_data` / `set_data` with a
-reused host buffer: the floor of any restore); and whether 8 greedy tokens after the restore equal a
-cold run's. Exact mode restores only where a split point keeps results bit for bit (measured per
-model and build, see `snapcache.llama.alignment`); `inexact` caches with `exact=False`. The note
-under each table gives the break-even prompt size: where restoring from RAM starts to beat reading.
+so the disk is read); the restore's own share (`RestoreInfo.restore_seconds`) and the state's bytes
+a second it moved; llama.cpp's own copy of the state out of and back into the context
+(`llama_state_seq_get_data` / `set_data` with a reused host buffer: the floor of any restore), from
+plain memory and from the device's pinned host memory (`snapcache.llama.host_memory`, what snapcache
+copies through); what saving the prompt's state costs the request (capture and put, the store's
+copy deferred as in a completion) beside llama.cpp's copy into pinned memory; and whether 32 greedy
+tokens after the restore equal a cold run's (else the first that differs). `auto` is the default
+exactness (exact where this build keeps a split prompt bit for bit, inexact where it cannot: its
+choice is in the notes); `exact` restores only where a split point keeps results bit for bit
+(measured per model and build, see `snapcache.llama.alignment`); `inexact` caches with
+`exact=False`. The note under each table gives the break-even prompt size: where restoring from RAM
+starts to beat reading.
 """
 
 from __future__ import annotations
@@ -44,6 +53,7 @@ SHAPES: dict[str, dict[str, int]] = {
     "1b": {"n_layers": 16, "n_embd": 2048, "n_head": 16, "n_head_kv": 8, "head_dim": 128, "n_ff": 8192},
     "8b": {"n_layers": 32, "n_embd": 4096, "n_head": 32, "n_head_kv": 8, "head_dim": 128, "n_ff": 14336},
 }
+GREEDY_TOKENS = 32
 COLUMNS = [
     "prompt tokens",
     "restored tokens",
@@ -52,10 +62,14 @@ COLUMNS = [
     "restored (RAM)",
     "restored (disk)",
     "of which restore (RAM)",
-    "llama.cpp out / in (GB/s)",
+    "restore (GB/s)",
+    "llama.cpp out / in, plain (GB/s)",
+    "llama.cpp out / in, pinned (GB/s)",
+    "capture + put",
+    "capture / llama.cpp's",
     "cold/RAM",
     "cold/disk",
-    "= cold",
+    "= cold (32 tokens)",
 ]
 
 
@@ -70,7 +84,10 @@ class Row:
     share: float
     copy_out: float
     copy_in: float
-    equal: bool
+    pinned_out: float | None
+    pinned_in: float | None
+    capture: float
+    differs_at: int | None  # the first of GREEDY_TOKENS greedy tokens that differs from cold's
 
 
 def _prompt(llm: Any, size: int) -> str:
@@ -89,9 +106,20 @@ def _first_token(target: Any, prompt: str) -> float:
     return time.perf_counter() - started
 
 
-def _greedy(target: Any, prompt: str) -> list[int]:
-    text = target.create_completion(prompt, max_tokens=8, temperature=0.0)["choices"][0]["text"]
-    return list(str(text).encode())
+def _greedy_tokens(target: Any, llm: Any, prompt: str) -> list[int]:
+    """The first GREEDY_TOKENS greedy tokens of a completion of `prompt` through `target` (the Llama
+    itself, or a cache over it), as the Llama read them on after the prompt."""
+    target.create_completion(prompt, max_tokens=GREEDY_TOKENS + 1, temperature=0.0)
+    start = len(llm.tokenize(prompt.encode()))
+    return [int(token) for token in llm.input_ids[start : int(llm.n_tokens)]][:GREEDY_TOKENS]
+
+
+def _first_difference(a: list[int], b: list[int]) -> int | None:
+    """Where two runs of tokens first differ (one ending early counts), or None."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
 
 
 def _emptied(llm: Any) -> Any:
@@ -122,18 +150,72 @@ def _llama_copies(llm: Any, prompt: str) -> tuple[int, float, float]:
     return written, copy_out, copy_in
 
 
-def _measure(llm: Any, workdir: Path, size: int, runs: int, exact: bool) -> Row:
+def _pinned_copies(llm: Any, prompt: str) -> tuple[float | None, float | None]:
+    """llama.cpp's own copy of the state out and in (see `_llama_copies`) through the device's pinned
+    host memory, as snapcache allocates it; (None, None) where there is none."""
+    import llama_cpp
+
+    from snapcache.llama.host_memory import PinnedMemory, device_host_buffer_type
+
+    buffer_type = device_host_buffer_type()
+    if buffer_type is None:
+        return None, None
+    _emptied(llm).eval(llm.tokenize(prompt.encode()))
+    size = int(llama_cpp.llama_state_seq_get_size_ext(llm.ctx, 0, 0))
+    buffer = PinnedMemory(buffer_type, size).allocate(size)
+    if buffer is None:
+        return None, None
+    pointer = buffer.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
+    started = time.perf_counter()
+    written = int(llama_cpp.llama_state_seq_get_data_ext(llm.ctx, pointer, size, 0, 0))
+    copy_out = time.perf_counter() - started
+    llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(llm.ctx), 0, -1, -1)
+    started = time.perf_counter()
+    llama_cpp.llama_state_seq_set_data_ext(llm.ctx, pointer, written, 0, 0)
+    copy_in = time.perf_counter() - started
+    _emptied(llm)
+    return copy_out, copy_in
+
+
+def _capture_and_put(llm: Any, prompt: str, exact: Any) -> float:
+    """What saving the state of `prompt`, just read, costs a request: snapcache's capture and the
+    put it defers (the store's own copy runs after, off the request's path, as in a completion)."""
+    from snapcache import SnapshotStore
+    from snapcache.llama.blocks import KIND_PROMPT_END
+    from snapcache.llama.cached import CachedLlama
+    from snapcache.llama.checkpoints import RestorePoint
+    from snapcache.llama.prefix_loader import PrefixLoader
+
+    tokens = llm.tokenize(prompt.encode())
+    _emptied(llm).eval(tokens)
+    with SnapshotStore(None, ram_bytes=1 << 40) as store:
+        fingerprint = CachedLlama(llm, store, save=False, exact=exact).fingerprint
+        loader = PrefixLoader(llm, store, fingerprint)
+        point = RestorePoint(len(tokens), 0, KIND_PROMPT_END)
+        loader.save("default", [point], blocks_upto=len(tokens))  # the buffers made once
+        store.flush()
+        started = time.perf_counter()
+        loader.save("bench", [point], blocks_upto=len(tokens))
+        seconds = time.perf_counter() - started
+        store.flush()
+    _emptied(llm)
+    return seconds
+
+
+def _measure(llm: Any, workdir: Path, size: int, runs: int, exact: Any) -> Row:
     from snapcache import CachedLlama, SnapshotStore
 
     system = _prompt(llm, size)
     prompt = system + QUESTION
     prompt_tokens = len(llm.tokenize(prompt.encode()))
-    cold_answer = _greedy(_emptied(llm), prompt)
+    cold_answer = _greedy_tokens(_emptied(llm), llm, prompt)
     state_bytes, copy_out, copy_in = _llama_copies(llm, system)
+    pinned_out, pinned_in = _pinned_copies(llm, system)
+    capture = _capture_and_put(llm, system, exact)
     colds, rams, disks, shares = [], [], [], []
     restored = 0
-    equal = True
-    folder = workdir / f"cache-{size}-{'exact' if exact else 'inexact'}"
+    differs_at: int | None = None
+    folder = workdir / f"cache-{size}-{exact}"
     budget = 4 * state_bytes + (1 << 30)
     with SnapshotStore(folder, ram_bytes=0) as disk_store, SnapshotStore(None, ram_bytes=budget) as ram_store:
         CachedLlama(_emptied(llm), disk_store, save=False, exact=exact).warm(system, raw=True)
@@ -151,7 +233,7 @@ def _measure(llm: Any, workdir: Path, size: int, runs: int, exact: bool) -> Row:
                 cached = CachedLlama(llm, reopened, save=False, exact=exact)
                 disks.append(_first_token(cached, prompt))
                 _emptied(llm)  # restored again, from the disk
-                equal = equal and _greedy(cached, prompt) == cold_answer
+                differs_at = _first_difference(_greedy_tokens(cached, llm, prompt), cold_answer)
     shutil.rmtree(folder, ignore_errors=True)
     median = statistics.median
     return Row(
@@ -164,8 +246,20 @@ def _measure(llm: Any, workdir: Path, size: int, runs: int, exact: bool) -> Row:
         median(shares),
         copy_out,
         copy_in,
-        equal,
+        pinned_out,
+        pinned_in,
+        capture,
+        differs_at,
     )
+
+
+def _exactness(llm: Any, mode: str) -> str:
+    """What a cache on `llm` in `mode` does, and why (`ExactnessChoice.describe`)."""
+    from snapcache import CachedLlama, SnapshotStore
+
+    exact = {"auto": "auto", "exact": True, "inexact": False}[mode]
+    with SnapshotStore(None, ram_bytes=1 << 20) as store:
+        return CachedLlama(_emptied(llm), store, save=False, exact=exact).exactness.describe()
 
 
 def _break_even(rows: list[Row]) -> str:
@@ -195,8 +289,8 @@ def _break_even(rows: list[Row]) -> str:
     return f"restore from RAM beats prefill at {winning or 'no size'}"
 
 
-def _rate(n_bytes: int, seconds: float) -> str:
-    return f"{n_bytes / seconds / 1e9:.1f}"
+def _rate(n_bytes: int, seconds: float | None) -> str:
+    return "-" if not seconds else f"{n_bytes / seconds / 1e9:.1f}"
 
 
 def _gpu_name() -> str:
@@ -234,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--sizes", type=int, nargs="+", default=[1024, 4096, 16384, 32768], help="prompt tokens"
     )
-    parser.add_argument("--modes", nargs="+", choices=["exact", "inexact"], default=["exact", "inexact"])
+    parser.add_argument("--modes", nargs="+", choices=["auto", "exact", "inexact"], default=["auto", "exact"])
     parser.add_argument("--runs", type=int, default=1, help="runs per figure (median)")
     parser.add_argument("--no-flash-attn", action="store_true", help="leave flash attention off")
     parser.add_argument(
@@ -276,7 +370,8 @@ def main(argv: list[str] | None = None) -> int:
                 rows = []
                 try:
                     for size in sizes:
-                        rows.append(row := _measure(llm, workdir, size, args.runs, mode == "exact"))
+                        exact = {"auto": "auto", "exact": True, "inexact": False}[mode]
+                        rows.append(row := _measure(llm, workdir, size, args.runs, exact))
                         # A line per row as it comes: a run cut short still shows what it measured.
                         print(f"{shape} {mode} {size}: {row}", file=sys.stderr, flush=True)
                 except InvalidArgument as exc:
@@ -301,12 +396,17 @@ def main(argv: list[str] | None = None) -> int:
                         fmt_seconds(row.ram),
                         fmt_seconds(row.disk),
                         fmt_seconds(row.share),
+                        _rate(row.state_bytes, row.share if row.restored else None),
                         f"{_rate(row.state_bytes, row.copy_out)} / {_rate(row.state_bytes, row.copy_in)}",
+                        f"{_rate(row.state_bytes, row.pinned_out)} / {_rate(row.state_bytes, row.pinned_in)}",
+                        fmt_seconds(row.capture),
+                        fmt_ratio(row.capture, row.pinned_out or row.copy_out),
                         fmt_ratio(row.cold, row.ram),
                         fmt_ratio(row.cold, row.disk),
-                        "yes" if row.equal else "no",
+                        "yes" if row.differs_at is None else f"from token {row.differs_at}",
                     )
                 table.notes.append(_break_even(rows))
+                table.notes.append(f"exactness {mode}: {_exactness(llm, mode)}")
                 if mode == "exact" and all(row.restored == 0 for row in rows):
                     table.notes.append(
                         "no split point keeps this build's results bit for bit: exact mode caches nothing"

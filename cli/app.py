@@ -16,7 +16,14 @@ import snapcache
 from .commands import bench, bundle, check, doctor, entries, serve, warm, why
 from .errors import CliError, describe
 from .formatting import parse_size
-from .settings import FLASH_ATTN_ENV, KV_CACHE_ENV, REMOTE_BUDGET_ENV, SWA_CACHE_ENV, Settings
+from .settings import (
+    FLASH_ATTN_ENV,
+    GPU_LAYERS_ENV,
+    KV_CACHE_ENV,
+    REMOTE_BUDGET_ENV,
+    SWA_CACHE_ENV,
+    Settings,
+)
 
 DEBUG_ENV = "SNAPCACHE_DEBUG"
 
@@ -174,6 +181,17 @@ def _global_options(
             show_default=False,
         ),
     ] = None,
+    gpu_layers: Annotated[
+        int | None,
+        typer.Option(
+            "--gpu-layers",
+            envvar=GPU_LAYERS_ENV,
+            help="How many of the model's layers run on the GPU: -1 for all, 0 for none. States go "
+            "to and from the GPU through pinned memory ($SNAPCACHE_PINNED_MEMORY bounds it). "
+            "Default: $SNAPCACHE_GPU_LAYERS, else all on a GPU build of llama.cpp.",
+            show_default=False,
+        ),
+    ] = None,
     compression: Annotated[
         str | None,
         typer.Option(
@@ -226,6 +244,7 @@ def _global_options(
         swa_cache=swa_cache,
         flash_attn=flash_attn,
         compression=compression,
+        gpu_layers=gpu_layers,
     )
 
 

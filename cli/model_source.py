@@ -69,17 +69,24 @@ def load_llama(
     kv_cache: str | None = None,
     swa_cache: str | None = None,
     flash_attention: str | None = None,
+    gpu_layers: int | None = None,
 ) -> Llama:
-    """`snapcache.load_llama` of `choice`, with the --kv-cache, --swa-cache and --flash-attn every
-    command shares (states are found only under the settings they were saved with); llama.cpp's log
-    reaches the terminal only when `verbose`."""
+    """`snapcache.load_llama` of `choice`, with the --kv-cache, --swa-cache, --flash-attn and
+    --gpu-layers every command shares (states are found only under the settings they were saved
+    with); llama.cpp's log reaches the terminal only when `verbose`. `gpu_layers` None: every layer
+    on the GPU of a build that has one (as llama-server does), none on the CPU's."""
+    if gpu_layers is not None and gpu_layers < -1:
+        raise CliError(f"--gpu-layers must be -1 (all), 0 (none) or a number of layers, got {gpu_layers}")
     if n_ctx is not None and n_ctx < 1:
         raise CliError(f"--n-ctx must be at least 1, got {n_ctx}")
     if threads is not None and threads < 1:
         raise CliError(f"--threads must be at least 1, got {threads}")
     quiet_llama_cpp()
     from snapcache import InvalidArgument, ModelError, load_llama
+    from snapcache.llama.loader import default_gpu_layers
 
+    if gpu_layers is None:
+        gpu_layers = default_gpu_layers()
     try:
         return load_llama(
             choice.path,
@@ -89,6 +96,7 @@ def load_llama(
             kv_cache=kv_cache,
             swa_cache=swa_cache,
             flash_attention=flash_attention,
+            n_gpu_layers=gpu_layers,
         )
     except (ModelError, InvalidArgument) as exc:
         raise CliError(f"{exc} (run with -v to see llama.cpp's log)") from None

@@ -1,5 +1,6 @@
 """What the global options decide for every command: the cache directory, the remote tier, how
-the disk tier stores states, the models' K/V and sliding-window caches and how chatty to be."""
+the disk tier stores states, the models' K/V and sliding-window caches, the layers on a GPU and how
+chatty to be."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ REMOTE_BUDGET_ENV = "SNAPCACHE_REMOTE_BUDGET"
 KV_CACHE_ENV = "SNAPCACHE_KV_CACHE"
 SWA_CACHE_ENV = "SNAPCACHE_SWA_CACHE"
 FLASH_ATTN_ENV = "SNAPCACHE_FLASH_ATTN"
+GPU_LAYERS_ENV = "SNAPCACHE_GPU_LAYERS"
 COMPRESSION_ENV = "SNAPCACHE_COMPRESSION"
 
 
@@ -31,6 +33,7 @@ class Settings:
     swa_cache: str | None = None  # full or window (`snapcache.llama.loader.SWA_CACHES`); None: window
     flash_attn: str | None = None  # auto, on or off (`snapcache.llama.loader.FLASH_ATTN_MODES`); None: auto
     compression: str | None = None  # auto, zstd or none; None: $SNAPCACHE_COMPRESSION, else auto
+    gpu_layers: int | None = None  # layers on the GPU, -1 all; None: all on a GPU build, else none
 
     def open_store(self) -> SnapshotStore:
         """The snapshot store in --cache-dir, else in the library's default directory.
@@ -44,9 +47,15 @@ class Settings:
             return SnapshotStore(disk_bytes=None, **self.store_options())
         return SnapshotStore(self.cache_dir, disk_bytes=None, **self.store_options())
 
-    def llama_options(self) -> dict[str, str | None]:
-        """The `load_llama` arguments the global options decide: the settings a state is saved under."""
-        return {"kv_cache": self.kv_cache, "swa_cache": self.swa_cache, "flash_attention": self.flash_attn}
+    def llama_options(self) -> dict[str, Any]:
+        """The `load_llama` arguments the global options decide: the settings a state is saved under,
+        and where the model's layers run."""
+        return {
+            "kv_cache": self.kv_cache,
+            "swa_cache": self.swa_cache,
+            "flash_attention": self.flash_attn,
+            "gpu_layers": self.gpu_layers,
+        }
 
     def store_options(self) -> dict[str, Any]:
         """The SnapshotStore arguments the global options decide: the remote tier's URL and budget,

@@ -330,15 +330,33 @@ def test_serve_burst_quick(tmp_path: Path) -> None:
 
 
 def test_bench_gpu_restore_quick(tmp_path: Path) -> None:
-    out = tmp_path / "gpu.json"
-    proc = _run("bench_gpu_restore.py", "--quick", "--json", str(out))
-    assert proc.returncode == 0, proc.stderr
-    payload = _load_json(out, "bench_gpu_restore")
-    rows = [row for table in payload["tables"] for row in table["rows"]]
-    assert len(rows) == 2  # exact, then inexact
-    assert all(int(row[1].replace(",", "")) > 0 for row in rows)  # the prompt was restored
-    # The restored greedy tokens are those of a cold run.
-    assert [row[-1] for row in rows] == ["yes", "yes"]
+    """The GPU check's own script on the CPU (`benchmarks/gpu/run.sh --cpu-smoke`): every step of
+    bench_gpu_restore.py on the tiny model, in each exactness mode."""
+    env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable}
+    proc = subprocess.run(
+        ["bash", str(BENCH / "gpu" / "run.sh"), "--cpu-smoke"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+        env=env,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "smoke passed" in proc.stdout
+    payload = _load_json(tmp_path / "smoke.json", "bench_gpu_restore")
+    tables = payload["tables"]
+    modes = [table["title"].rsplit("; ", 1)[-1].rstrip(")") for table in tables]
+    assert modes == ["auto", "exact", "inexact"]
+    columns = tables[0]["columns"]
+    rows = [dict(zip(columns, row, strict=True)) for table in tables for row in table["rows"]]
+    assert all(int(row["restored tokens"].replace(",", "")) > 0 for row in rows)  # the prompt was restored
+    assert all(row["capture + put"] != "-" for row in rows)
+    # No GPU on this build: nothing is pinned, and the plain copies are measured.
+    assert all(row["llama.cpp out / in, pinned (GB/s)"] == "- / -" for row in rows)
+    # The 32 greedy tokens after a restore are those of a cold run.
+    assert [row["= cold (32 tokens)"] for row in rows] == ["yes", "yes", "yes"]
+    assert "exactness auto: exact (auto: " in tables[0]["notes"][1]
 
 
 def test_kv_cache_types_quick(tmp_path: Path) -> None:

@@ -246,7 +246,7 @@ def _compression_check(settings: Settings) -> Check:
 
 def _model_settings_check(settings: Settings) -> Check:
     """The K/V and sliding-window caches every command loads a model with: part of a state's fingerprint."""
-    from snapcache.llama.loader import DEFAULT_SWA_CACHE
+    from snapcache.llama.loader import DEFAULT_SWA_CACHE, default_gpu_layers
 
     def named(option: str, given: str | None, default: str) -> str:
         return f"{option} {given}" if given is not None else f"{option} {default} (the default)"
@@ -255,6 +255,11 @@ def _model_settings_check(settings: Settings) -> Check:
         named("--kv-cache", settings.kv_cache, "f16"),
         named("--swa-cache", settings.swa_cache, DEFAULT_SWA_CACHE),
         named("--flash-attn", settings.flash_attn, "auto"),
+        named(
+            "--gpu-layers",
+            None if settings.gpu_layers is None else str(settings.gpu_layers),
+            str(default_gpu_layers()),
+        ),
     ]
     return Check(
         "model settings",
@@ -351,7 +356,26 @@ def _model_check() -> Check:
 
 def _gpu_check(llama: dict[str, Any]) -> Check:
     if llama["gpu_offload"]:
-        return Check("backend", "ok", "GPU offload available; snapshots are host copies on every backend")
+        from snapcache.errors import InvalidArgument
+        from snapcache.llama.host_memory import PINNED_MEMORY_ENV, device_host_buffer_type, pinned_limit
+
+        buffer_type = device_host_buffer_type()
+        if buffer_type is None:
+            return Check("backend", "ok", "GPU offload available; states are copied from plain host memory")
+        try:
+            limit = pinned_limit()
+        except InvalidArgument as exc:
+            return Check("backend", "warn", f"{PINNED_MEMORY_ENV} is ignored: {exc}")
+        if limit == 0:
+            return Check(
+                "backend", "ok", f"GPU offload available; pinned memory turned off ({PINNED_MEMORY_ENV}=0)"
+            )
+        return Check(
+            "backend",
+            "ok",
+            f"GPU offload available; states go to and from the GPU through {buffer_type.name} pinned "
+            f"memory, at most {limit >> 20:,} MiB ({PINNED_MEMORY_ENV})",
+        )
     return Check(
         "backend", "ok", 'CPU only; rebuild llama-cpp-python with CMAKE_ARGS="-DGGML_CUDA=on" for a GPU'
     )

@@ -67,7 +67,8 @@ _MAX_WINDOW_BYTES = 1 << 27
 Bytes = npt.NDArray[np.uint8]
 
 
-def _usable_cores() -> int:
+def usable_cores() -> int:
+    """The cores this process may run on."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
@@ -77,7 +78,7 @@ def _usable_cores() -> int:
 # blosc2 decodes the blocks of a chunk on this many threads. A restore is what the process waits for
 # at that moment, and a second free core shortens it; more would take cores from llama.cpp when a
 # server restores one sequence while it decodes another.
-DEFAULT_THREADS = min(2, _usable_cores())
+DEFAULT_THREADS = min(2, usable_cores())
 
 
 def _import_blosc2() -> None:

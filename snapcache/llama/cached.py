@@ -15,6 +15,7 @@ import llama_cpp
 
 from snapcache.errors import InvalidArgument
 from snapcache.key import DEFAULT_SCOPE, TokenArray
+from snapcache.llama.capture_buffer import release_capture_buffer
 from snapcache.llama.checkpoints import DEFAULT_PREFIX_REUSE
 from snapcache.llama.exactness import AUTO, Exactness, ExactnessChoice
 from snapcache.llama.hook import DEFAULT_MIN_TOKENS, CacheHook, ScopeSource, attached_hook
@@ -60,11 +61,13 @@ def attach(
 
 
 def detach(llm: llama_cpp.Llama) -> bool:
-    """Undo `attach`: the Llama completes without the store again. False if it was not attached."""
+    """Undo `attach`: the Llama completes without the store again, and the buffer its states went
+    through (pinned memory, on a GPU) is let go. False if it was not attached."""
     hook = attached_hook(llm)
     if hook is None:
         return False
     hook.uninstall()
+    release_capture_buffer(llm)
     return True
 
 

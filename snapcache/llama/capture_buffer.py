@@ -8,6 +8,13 @@ the request's path (`SnapshotStore.defer`), and gives the buffer back then (`rel
 capture on the same Llama waits for that, and the buffer grows when a larger state comes. A
 restore's blob, assembled from blocks, met the same faults (a third of a restore from RAM): it is
 built here too (`loan`), since a Llama never captures and restores at once.
+
+Where the Llama keeps its K/V cache on a GPU, the buffer is pinned memory (`host_memory`): llama.cpp
+copies a capture into it and a restore out of it at the bus's speed, where pageable memory goes
+through the driver's bounce buffer. It needs no touching then (pinned pages are mapped when
+allocated), and a restore into it may use more threads (`workers`, see `threads.wider`):
+llama.cpp's own threads are idle while a GPU's restore waits for its blob. Above the pinned-memory
+limit the buffer is plain memory, as on a CPU.
 """
 
 from __future__ import annotations
@@ -16,10 +23,14 @@ import threading
 import weakref
 from typing import Any
 
+import llama_cpp
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["CaptureBuffer", "Loan", "capture_buffer"]
+from snapcache.formats.threads import HOST_COPY_THREADS, RESTORE_THREADS
+from snapcache.llama.host_memory import PinnedMemory, pinned_memory_for
+
+__all__ = ["CaptureBuffer", "Loan", "capture_buffer", "release_capture_buffer"]
 
 # Grown a quarter beyond what a capture needs: a chat's states grow turn by turn, and each growth
 # pays for fresh pages again.
@@ -30,16 +41,39 @@ _buffers_lock = threading.Lock()
 
 
 class CaptureBuffer:
-    """A buffer lent to one capture at a time: `lease(size)` waits until the last one is released."""
+    """A buffer lent to one capture at a time: `lease(size)` waits until the last one is released.
+    `pinned`: where its memory comes from (see the module docstring), or None for plain memory."""
 
-    def __init__(self) -> None:
+    def __init__(self, pinned: PinnedMemory | None = None) -> None:
         self._array = np.empty(0, dtype=np.uint8)
         self._lent = False
         self._free = threading.Condition(threading.Lock())
+        self._pinned_from = pinned
+        self._is_pinned = False
 
     @property
     def nbytes(self) -> int:
         return int(self._array.nbytes)
+
+    @property
+    def pinned(self) -> bool:
+        """Whether the buffer's memory is pinned now (it may not be: above the limit, or before its
+        first use)."""
+        return self._is_pinned
+
+    @property
+    def for_device(self) -> bool:
+        """Whether the buffer is meant to be pinned memory: the Llama's K/V cache is on a GPU."""
+        return self._pinned_from is not None
+
+    @property
+    def workers(self) -> int:
+        """How many threads a restore through this buffer may use: more for a GPU's pinned memory."""
+        return HOST_COPY_THREADS if self._pinned_from is not None else RESTORE_THREADS
+
+    def holds(self, array: npt.NDArray[np.uint8]) -> bool:
+        """Whether `array` lies in the buffer's memory (a blob assembled there)."""
+        return self._array.nbytes > 0 and np.shares_memory(array, self._array)
 
     def lease(self, size: int) -> npt.NDArray[np.uint8]:
         """The first `size` bytes of the buffer (grown and touched when too small), lent until
@@ -63,9 +97,16 @@ class CaptureBuffer:
         if self._array.nbytes < size:
             try:
                 self._array = np.zeros(0, dtype=np.uint8)  # the old one goes before the new one comes
-                grown = np.empty(int(size * _GROWTH), dtype=np.uint8)
-                grown.fill(0)  # touched now: every page is there when llama.cpp writes
+                self._is_pinned = False
+                wanted = int(size * _GROWTH)
+                pinned = None if self._pinned_from is None else self._pinned_from.allocate(wanted)
+                if pinned is None:
+                    grown = np.empty(wanted, dtype=np.uint8)
+                    grown.fill(0)  # touched now: every page is there when llama.cpp writes
+                else:
+                    grown = pinned
                 self._array = grown
+                self._is_pinned = pinned is not None
             except BaseException:
                 self.release()
                 raise
@@ -108,9 +149,18 @@ class Loan:
 
 
 def capture_buffer(owner: Any) -> CaptureBuffer:
-    """The capture buffer of `owner` (a Llama), made on first use and gone with it."""
+    """The capture buffer of `owner` (a Llama), made on first use and gone with it: pinned memory
+    where the Llama keeps its K/V cache on a GPU (see the module docstring)."""
     with _buffers_lock:
         buffer = _buffers.get(owner)
         if buffer is None:
-            buffer = _buffers[owner] = CaptureBuffer()
+            pinned = pinned_memory_for(owner) if isinstance(owner, llama_cpp.Llama) else None
+            buffer = _buffers[owner] = CaptureBuffer(pinned)
         return buffer
+
+
+def release_capture_buffer(owner: Any) -> None:
+    """Let go of `owner`'s capture buffer (when the cache is detached from it): its memory is freed
+    once the capture or restore that may still use it is done, and a later one makes a new buffer."""
+    with _buffers_lock:
+        _buffers.pop(owner, None)

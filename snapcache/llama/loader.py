@@ -98,6 +98,12 @@ def check_gguf_file(model_path: str | os.PathLike[str]) -> Path:
     return path
 
 
+def default_gpu_layers() -> int:
+    """The layers a command puts on the GPU unless told: all (-1) on a build of llama.cpp with a GPU
+    backend, as llama-server does, else none."""
+    return -1 if llama_cpp.llama_supports_gpu_offload() else 0
+
+
 def load_llama(
     model_path: str | os.PathLike[str],
     *,

@@ -15,6 +15,7 @@ import llama_cpp
 import numpy as np
 
 from snapcache.errors import SnapcacheError
+from snapcache.formats.threads import wider
 from snapcache.key import SnapshotKey, TokenArray
 from snapcache.llama.blocks import KIND_PREFIX, KIND_PROMPT_END
 from snapcache.llama.capture_buffer import capture_buffer
@@ -90,11 +91,14 @@ class PrefixLoader:
         while live < len(query):
             # Assembled in the Llama's own touched buffer, which llama.cpp then copies from: free
             # again once the restore returns (or nothing was restored).
-            loan = capture_buffer(llm).loan()
+            # On a GPU, on more threads: llama.cpp's own are idle while it waits (`threads.wider`).
+            buffer = capture_buffer(llm)
+            loan = buffer.loan()
             try:
-                found = self._states.find(
-                    query, scope, blocks_alone=can_truncate(llm), pad_windows=pads_windows(llm), into=loan
-                )
+                with wider(buffer.workers):
+                    found = self._states.find(
+                        query, scope, blocks_alone=can_truncate(llm), pad_windows=pads_windows(llm), into=loan
+                    )
                 if found is None or found.snapshot.key.token_count <= live:
                     break
                 restored = restore_sequence(llm, found.snapshot, tokens, window_padded=found.window_padded)

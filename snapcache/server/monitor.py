@@ -22,6 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from snapcache.llama.exactness import ExactnessChoice
+from snapcache.llama.host_memory import pinned_report
 from snapcache.llama.reports import CompletionReport, RestoreInfo
 from snapcache.server.request import current_record
 from snapcache.store import MIN_TIMED_TOKENS, SavingsLedger, ScopeSavings, SnapshotStore
@@ -183,6 +184,7 @@ class ServeMonitor:
             "scopes": scopes,
             "prefill_seconds_per_token": rate,
             "store": dataclasses.asdict(self._store.stats()),
+            "pinned_memory": pinned_report(),
         }
         if all_time is not None:
             result["all_time"] = [dataclasses.asdict(row) for row in all_time]

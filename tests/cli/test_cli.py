@@ -338,6 +338,30 @@ def test_doctor_reports_llama_cpp_versions_and_the_cache_directory(snapcache_dir
     assert f"cache directory:        {snapcache_dir}" in text
 
 
+@pytest.mark.parametrize(
+    ("buffer_type", "setting", "status", "detail"),
+    [
+        (None, None, "ok", "copied from plain host memory"),
+        ("CPU", "2G", "ok", "through CPU pinned memory, at most 2,048 MiB (SNAPCACHE_PINNED_MEMORY)"),
+        ("CPU", "0", "ok", "pinned memory turned off (SNAPCACHE_PINNED_MEMORY=0)"),
+        ("CPU", "lots", "warn", "SNAPCACHE_PINNED_MEMORY is ignored"),
+    ],
+)
+def test_doctor_says_how_states_reach_a_gpu(monkeypatch, buffer_type, setting, status, detail):
+    """A GPU build's backend check (stood in for here: the device and its host buffer type are
+    injected) names the pinned memory states go through, and a limit setting that is no size."""
+    from snapcache.llama import host_memory
+    from snapcache_cli.commands import doctor
+
+    found = None if buffer_type is None else host_memory.HostBufferType(0, buffer_type)
+    monkeypatch.setattr(host_memory, "device_host_buffer_type", lambda: found)
+    if setting is not None:
+        monkeypatch.setenv(host_memory.PINNED_MEMORY_ENV, setting)
+    check = doctor._gpu_check({"gpu_offload": True})
+    assert check.status == status
+    assert detail in check.detail
+
+
 def test_doctor_fails_on_a_directory_others_can_write(tmp_path):
     shared = tmp_path / "shared"
     shared.mkdir()
@@ -384,14 +408,19 @@ def test_doctor_names_the_model_settings_that_states_are_found_under(monkeypatch
     monkeypatch.delenv("SNAPCACHE_KV_CACHE", raising=False)
     monkeypatch.delenv("SNAPCACHE_SWA_CACHE", raising=False)
     monkeypatch.delenv("SNAPCACHE_FLASH_ATTN", raising=False)
+    monkeypatch.delenv("SNAPCACHE_GPU_LAYERS", raising=False)
+    import llama_cpp
+
+    all_or_none = -1 if llama_cpp.llama_supports_gpu_offload() else 0
     default = model_settings()
     assert default["status"] == "ok"
     assert default["detail"].startswith(
-        "--kv-cache f16 (the default), --swa-cache window (the default), --flash-attn auto (the default): "
+        "--kv-cache f16 (the default), --swa-cache window (the default), --flash-attn auto (the default), "
+        f"--gpu-layers {all_or_none} (the default): "
     )
-    assert model_settings("--swa-cache", "full", "--kv-cache", "q8_0", "--flash-attn", "on")[
-        "detail"
-    ].startswith("--kv-cache q8_0, --swa-cache full, --flash-attn on: ")
+    assert model_settings(
+        "--swa-cache", "full", "--kv-cache", "q8_0", "--flash-attn", "on", "--gpu-layers", "0"
+    )["detail"].startswith("--kv-cache q8_0, --swa-cache full, --flash-attn on, --gpu-layers 0: ")
     monkeypatch.setenv("SNAPCACHE_SWA_CACHE", "full")
     assert "--swa-cache full," in model_settings()["detail"]
 

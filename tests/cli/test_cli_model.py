@@ -111,6 +111,21 @@ def test_warm_again_is_served_from_the_cache(tiny_model_path, short_prompt):
     assert len(listed()) == 1
 
 
+def test_gpu_layers_are_a_setting_and_a_bad_count_a_clean_error(tiny_model_path, short_prompt):
+    """--gpu-layers reaches the model (0 on this build is its default, so the state is found again
+    under it); a count below -1 is refused before llama.cpp sees it."""
+    args = ["warm", str(short_prompt), "--model", str(tiny_model_path), "--n-ctx", "2048", "--json"]
+    first = runner.invoke(app, ["--gpu-layers", "0", *args])
+    assert first.exit_code == 0, first.output
+    again = runner.invoke(app, args, env={"SNAPCACHE_GPU_LAYERS": "0"})
+    assert again.exit_code == 0, again.output
+    assert json.loads(again.stdout)["from_cache"] is True
+    refused = runner.invoke(app, ["--gpu-layers", "-2", *args])
+    assert refused.exit_code != 0
+    assert "--gpu-layers must be -1 (all), 0 (none) or a number of layers, got -2" in refused.output
+    assert "Traceback" not in refused.output
+
+
 def test_warm_text_output_scope_priority_and_stdin(tiny_model_path, short_prompt):
     text = short_prompt.read_text()
     result = runner.invoke(

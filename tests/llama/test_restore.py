@@ -23,7 +23,10 @@ from snapcache.llama import (
     restore_sequence,
     truncate_sequence,
 )
+from snapcache.llama import capture_buffer as capture_buffer_module
+from snapcache.llama.capture_buffer import capture_buffer
 from snapcache.llama.checkpoints import CHECKPOINT_ALIGN
+from snapcache.llama.host_memory import PinnedMemory, cpu_buffer_type
 from snapcache.llama.state import can_truncate_to
 from snapcache.snapshot import Snapshot
 
@@ -133,6 +136,24 @@ def test_restore_evaluates_only_the_suffix(case: Case, make_llama: Any) -> None:
     assert greedy(llm, case.full) == case.cold_full
     assert evaluated[0] == len(case.full) - len(case.prefix)
     assert evaluated[1:] == [1] * (len(evaluated) - 1)
+
+
+def test_a_restore_through_host_memory_answers_as_cold(
+    case: Case, make_llama: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the K/V cache is on a GPU, a blob held elsewhere (this one, or a padded window) is copied
+    into the Llama's pinned buffer first: stood in for by ggml's CPU buffer type on this build."""
+    buffer_type = cpu_buffer_type()
+    assert buffer_type is not None
+    memory = PinnedMemory(buffer_type, 1 << 30)
+    monkeypatch.setattr(capture_buffer_module, "pinned_memory_for", lambda _llm: memory)
+    llm = make_llama(case.model_path, n_ctx=case.n_ctx)
+    assert restore_sequence(llm, case.snapshot, case.full)
+    assert capture_buffer(llm).pinned
+    assert memory.held_bytes >= memoryview(case.snapshot.state).nbytes
+    evaluated = count_evaluated(llm)
+    assert greedy(llm, case.full) == case.cold_full
+    assert evaluated[0] == len(case.full) - len(case.prefix)
 
 
 def test_capture_after_restore_gives_the_same_bytes(case: Case, make_llama: Any) -> None:

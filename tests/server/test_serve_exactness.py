@@ -87,6 +87,8 @@ def test_auto_is_exact_on_this_cpu_build(tiny_model_path: Path, tmp_path: Path) 
         assert why["exactness"]["mode"] == "exact"
         assert why["exactness"]["asked"] == "auto"
         assert 'snapcache_exactness_info{asked="auto",mode="exact"' in metrics(server)
+        _, stats, _ = http_json("GET", f"{server.base_url}/snapcache/stats")
+        assert stats["pinned_memory"] is None  # the K/V cache is in host memory: nothing pinned
 
 
 def test_exact_and_inexact_together_are_refused(tiny_model_path: Path, tmp_path: Path) -> None:

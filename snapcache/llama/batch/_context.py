@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import llama_cpp
@@ -25,8 +25,11 @@ import numpy as np
 import numpy.typing as npt
 
 from snapcache.errors import ModelError
+from snapcache.formats.threads import RESTORE_THREADS, copy_in_parallel, wider
 from snapcache.key import TokenArray
 from snapcache.llama.batch._streams import to_one_stream, to_streams
+from snapcache.llama.capture_buffer import CaptureBuffer
+from snapcache.llama.host_memory import pinned_memory_for
 from snapcache.llama.state import CapturedState, _checked_blob
 from snapcache.snapshot import Snapshot
 
@@ -79,8 +82,18 @@ class SequenceContext:
         self._seq_rows = [self._batch.seq_id[i] for i in range(capacity)]
         self._n_seq_id[:] = 1
         self._vocab = llm._model.vocab
+        # Pinned memory that states pass through on their way to and from a GPU (`host_memory`):
+        # llama.cpp copies from and into it at the bus's speed. None where the cache is in host memory.
+        pinned = pinned_memory_for(llm)
+        self._staging = None if pinned is None else CaptureBuffer(pinned)
+
+    @property
+    def restore_threads(self) -> int:
+        """How many threads a restore into this context may use (see `threads.wider`)."""
+        return RESTORE_THREADS if self._staging is None else self._staging.workers
 
     def close(self) -> None:
+        self._staging = None  # its pinned memory goes once a save no longer reads from it
         if self.ctx:
             llama_cpp.llama_batch_free(self._batch)
             llama_cpp.llama_free(self.ctx)
@@ -146,16 +159,45 @@ class SequenceContext:
         size = int(llama_cpp.llama_state_seq_get_size_ext(self.ctx, seq_id, _FLAGS))
         if size <= 0:
             raise ModelError(f"llama.cpp reports no state for sequence {seq_id}")
-        buffer = np.empty(size, dtype=np.uint8)
-        pointer = buffer.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
-        written = int(llama_cpp.llama_state_seq_get_data_ext(self.ctx, pointer, size, seq_id, _FLAGS))
-        if written <= 0 or written > size:
-            raise ModelError(f"llama.cpp failed to copy the state of sequence {seq_id}")
+        # Through pinned memory where the state is converted anyway (several streams): the copy
+        # into the 1-stream layout is the one the blob gets.
+        staging = self._staging if self.n_stream > 1 else None
+        buffer = np.empty(size, dtype=np.uint8) if staging is None else staging.lease(size)
         try:
-            blob = to_one_stream(buffer[:written])
-        except ValueError as exc:
-            raise ModelError(f"the state of sequence {seq_id} does not convert: {exc}") from None
+            pointer = buffer.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
+            written = int(llama_cpp.llama_state_seq_get_data_ext(self.ctx, pointer, size, seq_id, _FLAGS))
+            if written <= 0 or written > size:
+                raise ModelError(f"llama.cpp failed to copy the state of sequence {seq_id}")
+            try:
+                blob = to_one_stream(buffer[:written])
+            except ValueError as exc:
+                raise ModelError(f"the state of sequence {seq_id} does not convert: {exc}") from None
+            if staging is not None and np.shares_memory(blob, buffer):
+                blob = blob.copy()  # never the case for a state of several streams, which converts
+        finally:
+            if staging is not None:
+                staging.release()
         return CapturedState(tokens=tokens, state=blob.data, logits=None)
+
+    def _laid_out(self, state: npt.NDArray[np.uint8]) -> tuple[npt.NDArray[np.uint8], Callable[[], None]]:
+        """The 1-stream blob `state` in this context's layout (`to_streams`), in pinned memory where
+        the cache is on a GPU and the buffer is free, and what gives that memory back. ValueError
+        when it does not convert."""
+        staging = self._staging
+        if staging is None:
+            return to_streams(state, self.n_stream), _nothing
+        if self.n_stream > 1:
+            laid_out = to_streams(state, self.n_stream, into=staging.try_lease)
+            return laid_out, staging.release if staging.holds(laid_out) else _nothing
+        copy = staging.try_lease(state.nbytes)
+        if copy is None:
+            return state, _nothing
+        if not staging.pinned:  # above the pinned-memory limit: a copy would gain nothing
+            staging.release()
+            return state, _nothing
+        with wider(staging.workers):
+            copy_in_parallel(copy, state)
+        return copy, staging.release
 
     def restore(self, seq_id: int, snapshot: Snapshot, *, window_padded: bool) -> bool:
         """Load `snapshot` (1-stream layout, checked for the Llama's own context) into `seq_id`;
@@ -172,15 +214,20 @@ class SequenceContext:
         reason, state, _padded = _checked_blob(self.llm, state, n, window_padded)
         if reason is None:
             try:
-                state = to_streams(state, self.n_stream)
+                state, release = self._laid_out(state)
             except ValueError as exc:
                 reason = str(exc)
         if reason is not None:
             _log.warning("snapshot %s not restored into a sequence: %s", snapshot.key.id[:12], reason)
             return False
         self.clear(seq_id)
-        pointer = state.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
-        loaded = int(llama_cpp.llama_state_seq_set_data_ext(self.ctx, pointer, state.nbytes, seq_id, _FLAGS))
+        try:
+            pointer = state.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
+            loaded = int(
+                llama_cpp.llama_state_seq_set_data_ext(self.ctx, pointer, state.nbytes, seq_id, _FLAGS)
+            )
+        finally:
+            release()
         if loaded <= 0 or self.last_position(seq_id) != n - 1:
             self.clear(seq_id)
             _log.warning(
@@ -188,3 +235,7 @@ class SequenceContext:
             )
             return False
         return True
+
+
+def _nothing() -> None:
+    pass

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import llama_cpp
 
 from snapcache.errors import SnapcacheError
+from snapcache.formats.threads import wider
 from snapcache.key import BLOCK_TOKENS, SnapshotKey, TokenArray
 from snapcache.llama.batch._context import SequenceContext
 from snapcache.llama.blocks import KIND_PROMPT_END
@@ -110,13 +111,14 @@ class SequenceCache:
             return Restored()
         query = tokens[:-1]
         while len(query) > longer_than:
-            found = self._states.find(
-                query,
-                scope,
-                blocks_alone=self.one_capture,
-                pad_windows=self._pad_windows,
-                longer_than=longer_than,
-            )
+            with wider(context.restore_threads):
+                found = self._states.find(
+                    query,
+                    scope,
+                    blocks_alone=self.one_capture,
+                    pad_windows=self._pad_windows,
+                    longer_than=longer_than,
+                )
             if found is None:
                 break
             n = found.snapshot.key.token_count

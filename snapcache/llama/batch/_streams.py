@@ -13,6 +13,7 @@ same fingerprint) and converted on the way in and out of the N-sequence context.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 
 import numpy as np
 import numpy.typing as npt
@@ -25,8 +26,14 @@ _U32 = struct.Struct("<I")
 _MAX_STREAMS = 4096
 
 
-def to_streams(state: npt.NDArray[np.uint8], n_stream: int) -> npt.NDArray[np.uint8]:
-    """The 1-stream blob `state` laid out for a context of `n_stream` streams (its cells in the first).
+Lender = Callable[[int], "npt.NDArray[np.uint8] | None"]
+
+
+def to_streams(
+    state: npt.NDArray[np.uint8], n_stream: int, into: Lender | None = None
+) -> npt.NDArray[np.uint8]:
+    """The 1-stream blob `state` laid out for a context of `n_stream` streams (its cells in the first),
+    in memory `into` lends when it lends any (`state` itself for one stream).
 
     ValueError when `state` is not a 1-stream blob of the plain cell layout.
     """
@@ -39,7 +46,8 @@ def to_streams(state: npt.NDArray[np.uint8], n_stream: int) -> npt.NDArray[np.ui
         return state
     empty = _U32.pack(0) * (n_stream - 1)
     size = BLOB_HEADER_BYTES + sum(4 + (end - start) + len(empty) for ((start, end),) in sections)
-    out = np.empty(size, dtype=np.uint8)
+    lent = None if into is None else into(size)
+    out = np.empty(size, dtype=np.uint8) if lent is None else lent
     out[:BLOB_HEADER_BYTES] = state[:BLOB_HEADER_BYTES]
     off = BLOB_HEADER_BYTES
     for ((start, end),) in sections:

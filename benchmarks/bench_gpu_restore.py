@@ -128,14 +128,23 @@ def _emptied(llm: Any) -> Any:
     return llm
 
 
-def _llama_copies(llm: Any, prompt: str) -> tuple[int, float, float]:
+def _llama_copies(llm: Any, prompt: str, pinned: bool = False) -> tuple[int, float, float] | None:
     """The state's size and llama.cpp's own copy of it out of the context and back in, into and from
-    a host buffer written once before (so that no page faults are timed)."""
+    a host buffer written once before (so that no page faults are timed), or with `pinned` the
+    device's pinned host memory as snapcache allocates it (None where there is none)."""
     import llama_cpp
+
+    from snapcache.llama.host_memory import PinnedMemory, device_host_buffer_type
 
     _emptied(llm).eval(llm.tokenize(prompt.encode()))
     size = int(llama_cpp.llama_state_seq_get_size_ext(llm.ctx, 0, 0))
-    buffer = np.ones(size, dtype=np.uint8)
+    if pinned:
+        buffer_type = device_host_buffer_type()
+        buffer = None if buffer_type is None else PinnedMemory(buffer_type, size).allocate(size)
+        if buffer is None:
+            return None
+    else:
+        buffer = np.ones(size, dtype=np.uint8)
     pointer = buffer.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
     started = time.perf_counter()
     written = int(llama_cpp.llama_state_seq_get_data_ext(llm.ctx, pointer, size, 0, 0))
@@ -150,33 +159,6 @@ def _llama_copies(llm: Any, prompt: str) -> tuple[int, float, float]:
     return written, copy_out, copy_in
 
 
-def _pinned_copies(llm: Any, prompt: str) -> tuple[float | None, float | None]:
-    """llama.cpp's own copy of the state out and in (see `_llama_copies`) through the device's pinned
-    host memory, as snapcache allocates it; (None, None) where there is none."""
-    import llama_cpp
-
-    from snapcache.llama.host_memory import PinnedMemory, device_host_buffer_type
-
-    buffer_type = device_host_buffer_type()
-    if buffer_type is None:
-        return None, None
-    _emptied(llm).eval(llm.tokenize(prompt.encode()))
-    size = int(llama_cpp.llama_state_seq_get_size_ext(llm.ctx, 0, 0))
-    buffer = PinnedMemory(buffer_type, size).allocate(size)
-    if buffer is None:
-        return None, None
-    pointer = buffer.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
-    started = time.perf_counter()
-    written = int(llama_cpp.llama_state_seq_get_data_ext(llm.ctx, pointer, size, 0, 0))
-    copy_out = time.perf_counter() - started
-    llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(llm.ctx), 0, -1, -1)
-    started = time.perf_counter()
-    llama_cpp.llama_state_seq_set_data_ext(llm.ctx, pointer, written, 0, 0)
-    copy_in = time.perf_counter() - started
-    _emptied(llm)
-    return copy_out, copy_in
-
-
 def _capture_and_put(llm: Any, prompt: str, exact: Any) -> float:
     """What saving the state of `prompt`, just read, costs a request: snapcache's capture and the
     put it defers (the store's own copy runs after, off the request's path, as in a completion)."""
@@ -184,13 +166,14 @@ def _capture_and_put(llm: Any, prompt: str, exact: Any) -> float:
     from snapcache.llama.blocks import KIND_PROMPT_END
     from snapcache.llama.cached import CachedLlama
     from snapcache.llama.checkpoints import RestorePoint
+    from snapcache.llama.prefix_cache import PrefixCache
     from snapcache.llama.prefix_loader import PrefixLoader
 
     tokens = llm.tokenize(prompt.encode())
     _emptied(llm).eval(tokens)
     with SnapshotStore(None, ram_bytes=1 << 40) as store:
         fingerprint = CachedLlama(llm, store, save=False, exact=exact).fingerprint
-        loader = PrefixLoader(llm, store, fingerprint)
+        loader = PrefixLoader(llm, PrefixCache(llm, store, fingerprint))
         point = RestorePoint(len(tokens), 0, KIND_PROMPT_END)
         loader.save("default", [point], blocks_upto=len(tokens))  # the buffers made once
         store.flush()
@@ -209,8 +192,11 @@ def _measure(llm: Any, workdir: Path, size: int, runs: int, exact: Any) -> Row:
     prompt = system + QUESTION
     prompt_tokens = len(llm.tokenize(prompt.encode()))
     cold_answer = _greedy_tokens(_emptied(llm), llm, prompt)
-    state_bytes, copy_out, copy_in = _llama_copies(llm, system)
-    pinned_out, pinned_in = _pinned_copies(llm, system)
+    plain = _llama_copies(llm, system)
+    assert plain is not None
+    state_bytes, copy_out, copy_in = plain
+    pinned = _llama_copies(llm, system, pinned=True)
+    pinned_out, pinned_in = (None, None) if pinned is None else pinned[1:]
     capture = _capture_and_put(llm, system, exact)
     colds, rams, disks, shares = [], [], [], []
     restored = 0

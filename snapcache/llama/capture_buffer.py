@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import llama_cpp
 import numpy as np
 import numpy.typing as npt
 
-from snapcache.formats.threads import HOST_COPY_THREADS, RESTORE_THREADS
+from snapcache.formats.threads import HOST_COPY_THREADS, RESTORE_THREADS, copy_in_parallel, wider
 from snapcache.llama.host_memory import PinnedMemory, pinned_memory_for
 
 __all__ = ["CaptureBuffer", "Loan", "capture_buffer", "release_capture_buffer"]
@@ -112,6 +113,23 @@ class CaptureBuffer:
                 raise
         return self._array[:size]
 
+    def holding(self, state: npt.NDArray[np.uint8]) -> tuple[npt.NDArray[np.uint8], Callable[[], None]]:
+        """`state` where llama.cpp copies it to a GPU fastest, and what gives that memory back: this
+        buffer, `state` copied in on the threads `threads.wider` allows, when it is pinned memory
+        that is free now and `state` is not in it already; else `state` itself (plain memory: a
+        copy would gain nothing; or busy: a save still copies out of it)."""
+        if not self.for_device or self.holds(state):
+            return state, _nothing
+        copy = self.try_lease(state.nbytes)
+        if copy is None:
+            return state, _nothing
+        if not self._is_pinned:  # above the pinned-memory limit
+            self.release()
+            return state, _nothing
+        with wider(self.workers):
+            copy_in_parallel(copy, state)
+        return copy, self.release
+
     def loan(self) -> Loan:
         """A lender of this buffer to the first assembly that asks (see `assembly.Assembly`)."""
         return Loan(self)
@@ -164,3 +182,7 @@ def release_capture_buffer(owner: Any) -> None:
     once the capture or restore that may still use it is done, and a later one makes a new buffer."""
     with _buffers_lock:
         _buffers.pop(owner, None)
+
+
+def _nothing() -> None:
+    pass

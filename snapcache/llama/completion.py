@@ -2,9 +2,10 @@
 
 `CompletionCache.prepare` runs when llama-cpp-python hands the final prompt tokens to `generate`: the
 longest stored prefix goes into the context (`prefix_loader`), and the restore points the prompt
-should leave behind are planned (`checkpoints`). On a model with one cache they are all cut from one
-capture after the completion (`finish`); sliding-window and recurrent models read on to each point
-first and save it there. A stored prompt end replaces the conversation's previous one.
+should leave behind are planned (`PrefixCache.plan`, as the batched path plans them). On a model with
+one cache they are all cut from one capture after the completion (`finish`); sliding-window and
+recurrent models read on to each point first and save it there. A stored prompt end replaces the
+conversation's previous one (`PrefixCache.supersede`).
 """
 
 from __future__ import annotations
@@ -21,11 +22,10 @@ import llama_cpp
 from snapcache.key import BLOCK_TOKENS, SnapshotKey, TokenArray
 from snapcache.llama.blocks import KIND_PROMPT_END
 from snapcache.llama.chat_prefix import SharedPrefix
-from snapcache.llama.checkpoints import RestorePoint, checkpoint_plan, head_point, window_ladder
+from snapcache.llama.checkpoints import RestorePoint, head_point
 from snapcache.llama.prefix_loader import PrefixLoader
 from snapcache.llama.readiness import Readiness
 from snapcache.llama.reports import CompletionListener, CompletionReport, RestoreInfo
-from snapcache.llama.state import can_truncate
 from snapcache.prompt_tokens import PromptTokens
 
 __all__ = ["Completion", "CompletionCache", "LastPrompt"]
@@ -72,13 +72,8 @@ class LastPrompt:
 
 
 class CompletionCache:
-    """Restores before, and saves after, the completions of one Llama (see the module docstring).
-
-    `save=False` only restores. No state is saved that would spare fewer than `min_tokens` tokens
-    over one already stored. `prefix_reuse` (None: off) sets the ladder of window points along a raw
-    prompt on sliding-window models. `priority` goes with every state saved (ladder points: one
-    lower). `listener` hears of every completion.
-    """
+    """Restores before, and saves after, the completions of one Llama (see the module docstring), by
+    the rules of its loader's `PrefixCache`. `listener` hears of every completion."""
 
     def __init__(
         self,
@@ -86,37 +81,25 @@ class CompletionCache:
         loader: PrefixLoader,
         readiness: Readiness,
         *,
-        save: bool,
-        min_tokens: int,
-        prefix_reuse: float | None,
-        priority: int,
         listener: CompletionListener | None,
-        exact: bool,
     ) -> None:
         self._llm = llm
         self._loader = loader
+        self._cache = loader.cache
         self._readiness = readiness
-        self._save = save
-        self._min_tokens = min_tokens
-        self._priority = priority
         self._listener = listener
-        self._exact = exact
-        n_swa = int(llama_cpp.llama_model_n_swa(llm.model))
-        self._windows = n_swa > 0
-        # Sparse points of a raw prompt on a sliding-window model: each stores a whole window.
-        self._ladder = window_ladder(n_swa, int(llm.n_ctx()), prefix_reuse)
         self._last_prompts: OrderedDict[str, LastPrompt] = OrderedDict()
         self._last_prompt_end: OrderedDict[str, SnapshotKey] = OrderedDict()
 
     @property
     def saves(self) -> bool:
         """Whether completions save states (False: they only restore)."""
-        return self._save
+        return self._cache.saves
 
     @property
     def has_ladder(self) -> bool:
-        """Whether raw prompts leave window points along them (see `prefix_reuse`)."""
-        return bool(self._ladder)
+        """Whether raw prompts leave window points along them (see `PrefixCache`'s `prefix_reuse`)."""
+        return bool(self._cache.ladder)
 
     def last_prompt(self, scope: str) -> LastPrompt | None:
         """The last prompt prepared in `scope`, if it is still remembered."""
@@ -139,7 +122,7 @@ class CompletionCache:
         _remember(self._last_prompts, completion.scope, LastPrompt(tokens, reused, time.time()))
         completion.saved_upto = reused
         completion.prompt = hashed
-        if self._save and completion.cacheable:
+        if self._cache.saves and completion.cacheable:
             self._read_to_checkpoints(completion, hashed, reused, alignment)
         if completion.cacheable:
             self._loader.mark_read(n)  # generate reads the rest of the prompt next
@@ -157,28 +140,18 @@ class CompletionCache:
         """Plan the restore points of `prompt`; on a model that cannot cut one capture into them, read
         on to each and save it there (the rest are saved by `finish`)."""
         llm = self._llm
+        cache = self._cache
         tokens = prompt.array
         chat_prefix = completion.chat_prefix
         if chat_prefix is not None and chat_prefix.reached(tokens, reused, alignment):
             chat_prefix = None  # restored up to the end of the system part already
-        # One cache of full attention: every point is cut from one capture after the completion.
-        # Sliding windows and recurrent states hold only their last point: read on to each.
-        one_capture = can_truncate(llm)
         completion.head = head_point(tokens, None if chat_prefix is None else chat_prefix.tokens(), alignment)
-        plan = checkpoint_plan(
-            tokens,
-            ladder=self._ladder if completion.ladder and not one_capture else [],
-            head=completion.head,
-            priority=self._priority,
-            after=reused,
-            alignment=alignment,
-            exact=self._exact,
+        plan = cache.plan(
+            tokens, reused=reused, head=completion.head, raw=completion.ladder, alignment=alignment
         )
         for restore_point in plan:
             point = restore_point.n_tokens
-            if not one_capture and point - completion.saved_upto < self._min_tokens:
-                continue  # a whole window (or state) for a few tokens more
-            if one_capture:
+            if cache.one_capture:
                 completion.deferred.append(restore_point)
             else:
                 llm.eval(tokens[int(llm.n_tokens) : point].tolist())
@@ -190,7 +163,7 @@ class CompletionCache:
         """Save the context after a completion, keyed by the tokens it holds (never the last sampled one)."""
         if not completion.prepared:
             return
-        if completion.cacheable and self._save:
+        if completion.cacheable and self._cache.saves:
             self._save_after(completion)
         if self._listener is not None and completion.restore is not None:
             generated = completion.generated
@@ -205,7 +178,8 @@ class CompletionCache:
 
     def _save_after(self, completion: Completion) -> None:
         prompt = completion.prompt
-        if completion.deferred or (prompt is not None and can_truncate(self._llm)):
+        cache = self._cache
+        if completion.deferred or (prompt is not None and cache.one_capture):
             read = 0 if prompt is None else len(prompt)
             if completion.deferred or read - completion.saved_upto >= BLOCK_TOKENS:
                 completion.checkpoints += self._loader.save(
@@ -213,24 +187,21 @@ class CompletionCache:
                 )
             for point in completion.deferred:
                 self._superseding(completion, point, prompt)
-        elif not self._windows and int(self._llm.n_tokens) - completion.saved_upto >= self._min_tokens:
+        elif not cache.windows and int(self._llm.n_tokens) - completion.saved_upto >= cache.min_tokens:
             # A recurrent state holds only its last point: keep the whole context.
             n_held = int(self._llm.n_tokens)
-            self._loader.save(completion.scope, [RestorePoint(n_held, self._priority, KIND_PROMPT_END)])
+            self._loader.save(completion.scope, [RestorePoint(n_held, cache.priority, KIND_PROMPT_END)])
 
     def _superseding(self, completion: Completion, point: RestorePoint, prompt: PromptTokens | None) -> None:
-        """A prompt end was stored: the end of the conversation's turn before it goes (see
-        `StoredStates.supersede`)."""
-        if point.kind != KIND_PROMPT_END or prompt is None:
+        """A point was stored: when it is a prompt end, the end of the conversation's turn before it
+        goes (the one this scope stored last, and the one restored now; see `PrefixCache.supersede`)."""
+        if prompt is None:
             return
-        stored = prompt.head(point.n_tokens)
-        states = self._loader.states
         scope = completion.scope
-        for old in {self._last_prompt_end.get(scope), self._loader.restored_prompt_end} - {None}:
-            assert old is not None
-            states.supersede(old, stored, point.priority, head=completion.head)
-        key = prompt.key(self._loader.fingerprint, scope, point.n_tokens)
-        _remember(self._last_prompt_end, scope, key)
+        previous = (self._last_prompt_end.get(scope), self._loader.restored_prompt_end)
+        key = self._cache.supersede(point, prompt.head(point.n_tokens), scope, previous, head=completion.head)
+        if key is not None:
+            _remember(self._last_prompt_end, scope, key)
 
 
 def _remember(remembered: OrderedDict[str, _T], scope: str, value: _T) -> None:

@@ -45,6 +45,7 @@ from snapcache.llama.explain import Explainer
 from snapcache.llama.fingerprint import model_fingerprint
 from snapcache.llama.fingerprint_notes import FingerprintNotes
 from snapcache.llama.miss import MissExplanation
+from snapcache.llama.prefix_cache import PrefixCache
 from snapcache.llama.prefix_loader import PrefixLoader, Progress
 from snapcache.llama.readiness import Readiness
 from snapcache.llama.reports import CompletionListener, RestoreInfo, WarmResult
@@ -127,19 +128,19 @@ class CacheHook:
         notes = FingerprintNotes(store.directory)
         self._exactness = exact if isinstance(exact, ExactnessChoice) else choose_exactness(llm, exact, notes)
         self._exact = self._exactness.exact
-        self._loader = PrefixLoader(llm, store, model_fingerprint(llm, exact=self._exact))
-        self._readiness = Readiness(llm, self._loader, notes, exact=self._exact)
-        self._completions = CompletionCache(
+        cache = PrefixCache(
             llm,
-            self._loader,
-            self._readiness,
+            store,
+            model_fingerprint(llm, exact=self._exact),
             save=bool(save),
             min_tokens=min_tokens,
-            prefix_reuse=prefix_reuse,
             priority=validate_priority(priority),
-            listener=listener,
+            prefix_reuse=prefix_reuse,
             exact=self._exact,
         )
+        self._loader = PrefixLoader(llm, cache)
+        self._readiness = Readiness(llm, self._loader, notes, exact=self._exact)
+        self._completions = CompletionCache(llm, self._loader, self._readiness, listener=listener)
         self._flow = CompletionFlow(llm, self._completions)
         self._warmer = Warmer(llm, self._loader, self._readiness, self._shared_chat_tokens, self._scope_of)
         self._explainer = Explainer(

@@ -2,7 +2,8 @@
 
 The Llama's own context is reused when it already holds a prefix it can be cut back to, and belongs
 to the same scope (a scope never reuses another's prompt, not even the one left in the context);
-otherwise the store's longest stored prefix is restored.
+otherwise the store's longest stored prefix is restored (`PrefixCache.restore_longest`, as the
+batched path restores its sequences).
 """
 
 from __future__ import annotations
@@ -15,24 +16,21 @@ import llama_cpp
 import numpy as np
 
 from snapcache.errors import SnapcacheError
-from snapcache.formats.threads import wider
 from snapcache.key import SnapshotKey, TokenArray
 from snapcache.llama.blocks import KIND_PREFIX, KIND_PROMPT_END
 from snapcache.llama.capture_buffer import capture_buffer
 from snapcache.llama.chat_prefix import common_prefix
 from snapcache.llama.checkpoints import RestorePoint, align_down
+from snapcache.llama.prefix_cache import PrefixCache
 from snapcache.llama.reports import Source, WarmResult
 from snapcache.llama.state import (
-    can_truncate,
     can_truncate_to,
     capture_sequence,
-    pads_windows,
     restore_sequence,
     truncate_sequence,
 )
-from snapcache.llama.stored_states import StoredStates
+from snapcache.llama.stored_states import Found, StoredStates
 from snapcache.prompt_tokens import PromptTokens
-from snapcache.store import SnapshotStore
 
 __all__ = ["PrefixLoader", "Progress"]
 
@@ -48,28 +46,27 @@ _CONTEXT_PROMPT_ATTRIBUTE = "_snapcache_context_prompt"
 
 
 class PrefixLoader:
-    """Moves states between one Llama's context (sequence 0) and the store, under one fingerprint."""
+    """Moves states between one Llama's context (sequence 0) and the store, by `cache`'s rules."""
 
-    def __init__(self, llm: llama_cpp.Llama, store: SnapshotStore, fingerprint: str) -> None:
+    def __init__(self, llm: llama_cpp.Llama, cache: PrefixCache) -> None:
         self._llm = llm
-        self._store = store
-        self._states = StoredStates(store, fingerprint)
+        self.cache = cache
         # The record the last `load` restored, when it was the end of a prompt: the next turn of that
         # conversation stores its own end and may supersede it.
         self.restored_prompt_end: SnapshotKey | None = None
 
     @property
     def states(self) -> StoredStates:
-        return self._states
+        return self.cache.states
 
     @property
     def fingerprint(self) -> str:
         """The fingerprint states are saved and found under: set again when adapters change it."""
-        return self._states.fingerprint
+        return self.cache.fingerprint
 
     @fingerprint.setter
     def fingerprint(self, value: str) -> None:
-        self._states.fingerprint = value
+        self.cache.fingerprint = value
 
     def load(
         self, tokens: TokenArray | PromptTokens, scope: str, alignment: int
@@ -86,33 +83,27 @@ class PrefixLoader:
         tokens = prompt.array
         live = self._reusable(tokens, scope, alignment)
         setattr(llm, _CONTEXT_SCOPE_ATTRIBUTE, (self.fingerprint, scope))
-        query = prompt
         held = int(llm.n_tokens)
-        while live < len(query):
-            # Assembled in the Llama's own touched buffer, which llama.cpp then copies from: free
-            # again once the restore returns (or nothing was restored).
-            # On a GPU, on more threads: llama.cpp's own are idle while it waits (`threads.wider`).
-            buffer = capture_buffer(llm)
-            loan = buffer.loan()
-            try:
-                with wider(buffer.workers):
-                    found = self._states.find(
-                        query, scope, blocks_alone=can_truncate(llm), pad_windows=pads_windows(llm), into=loan
-                    )
-                if found is None or found.snapshot.key.token_count <= live:
-                    break
-                restored = restore_sequence(llm, found.snapshot, tokens, window_padded=found.window_padded)
-            finally:
-                loan.release()
-            if restored:
-                if found.kind == KIND_PROMPT_END:
-                    self.restored_prompt_end = found.record_key
-                return found.snapshot.key.token_count, found.source
-            if held > 0 and int(llm.n_tokens) == 0:
-                return 0, None  # empty: llama.cpp refused the state and the sequence was cleared
-            # Refused before any byte reached llama.cpp (no room for it, say): the context is as it
-            # was; a shorter prefix may still fit.
-            query = prompt.head(found.snapshot.key.token_count - 1)
+
+        def restore(found: Found) -> bool | None:
+            if restore_sequence(llm, found.snapshot, tokens, window_padded=found.window_padded):
+                return True
+            # Refused: by llama.cpp, which cleared the sequence (nothing more to try), or before any
+            # byte reached it (no room, say: the context is as it was and a shorter prefix may fit).
+            return None if held > 0 and int(llm.n_tokens) == 0 else False
+
+        # Assembled in the Llama's own touched buffer, which llama.cpp then copies from (pinned on a
+        # GPU, where a restore may use more threads: llama.cpp's own are idle while it waits).
+        buffer = capture_buffer(llm)
+        found = self.cache.restore_longest(
+            prompt, scope, restore, longer_than=live, buffer=buffer, workers=buffer.workers
+        )
+        if found is not None:
+            if found.kind == KIND_PROMPT_END:
+                self.restored_prompt_end = found.record_key
+            return found.snapshot.key.token_count, found.source
+        if held > 0 and int(llm.n_tokens) == 0:
+            return 0, None  # empty: llama.cpp refused a state and the sequence was cleared
         if live < int(llm.n_tokens) and not truncate_sequence(llm, live):
             truncate_sequence(llm, 0)  # _reusable_context said it could; llama.cpp disagreed
             live = 0
@@ -153,10 +144,10 @@ class PrefixLoader:
                 captured = capture_sequence(self._llm, tokens=prompt.array, reuse=True)
             else:
                 captured = capture_sequence(self._llm, reuse=True)
-            return self._states.save(captured, scope, points, blocks_upto=blocks_upto, prompt=prompt)
         except (SnapcacheError, OSError) as exc:
             _log.warning("could not save the state of %d tokens: %s", int(self._llm.n_tokens), exc)
             return 0
+        return self.cache.save(captured, scope, points, blocks_upto=blocks_upto, prompt=prompt)
 
     def store_prefix(
         self,
@@ -176,10 +167,10 @@ class PrefixLoader:
         tokens = prompt.array
         total = len(tokens)
         key = prompt.key(self.fingerprint, scope)
-        existing = self._states.complete(key, prompt)
+        existing = self.cache.states.complete(key, prompt)
         if existing is not None:
             if existing.priority != priority:
-                self._states.raise_priority(key, priority, prompt)
+                self.cache.states.raise_priority(key, priority, prompt)
             if progress is not None:
                 progress(total, total)
             state_bytes = memoryview(existing.state).nbytes
@@ -201,5 +192,5 @@ class PrefixLoader:
         captured = capture_sequence(llm, tokens=tokens, reuse=True)
         state_bytes = captured.state.nbytes  # read before the save gives the buffer back
         point = RestorePoint(total, priority, KIND_PREFIX)
-        self._states.save(captured, scope, [point], blocks_upto=total, prompt=prompt)
+        self.cache.states.save(captured, scope, [point], blocks_upto=total, prompt=prompt)
         return WarmResult(key, total, state_bytes, time.perf_counter() - started, False)

@@ -22,7 +22,6 @@ import numpy as np
 import numpy.typing as npt
 
 from snapcache.errors import InvalidArgument, ModelError
-from snapcache.formats.threads import copy_in_parallel, wider
 from snapcache.key import TokenArray, Tokens, as_token_array
 from snapcache.llama._state_layout import (
     HEADER_BYTES,
@@ -160,7 +159,9 @@ def restore_sequence(
 
     memory = llama_cpp.llama_get_memory(llm.ctx)
     _clear(llm, memory, seq_id)
-    state, release = _in_pinned_memory(llm, state)
+    # Copied first into the Llama's pinned buffer where its K/V cache is on a GPU and the blob is
+    # elsewhere (a whole snapshot, a padded window): llama.cpp copies it to the device from there.
+    state, release = capture_buffer(llm).holding(state)
     try:
         pointer = state.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
         loaded = int(llama_cpp.llama_state_seq_set_data_ext(llm.ctx, pointer, state.nbytes, seq_id, _FLAGS))
@@ -184,31 +185,6 @@ def restore_sequence(
     llm._requires_eval = True
     _put_back_logits(llm, snapshot.logits, n)
     return True
-
-
-def _in_pinned_memory(
-    llm: llama_cpp.Llama, state: npt.NDArray[np.uint8]
-) -> tuple[npt.NDArray[np.uint8], Callable[[], None]]:
-    """`state` where llama.cpp copies it to a GPU fastest, and what gives that memory back: the
-    Llama's pinned buffer (see `capture_buffer`), copied in on several threads, where its K/V cache
-    is on a GPU and the blob is not there already (a whole snapshot, a padded window); else `state`
-    itself, when the buffer is busy (a save still copies out of it) or not pinned."""
-    buffer = capture_buffer(llm)
-    if not buffer.for_device or buffer.holds(state):
-        return state, _nothing
-    staged = buffer.try_lease(state.nbytes)
-    if staged is None:
-        return state, _nothing
-    if not buffer.pinned:  # above the pinned-memory limit: a copy would gain nothing
-        buffer.release()
-        return state, _nothing
-    with wider(buffer.workers):
-        copy_in_parallel(staged, state)
-    return staged, buffer.release
-
-
-def _nothing() -> None:
-    pass
 
 
 def pads_windows(llm: llama_cpp.Llama) -> bool:

@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from snapcache.errors import ModelError
-from snapcache.formats.threads import RESTORE_THREADS, copy_in_parallel, wider
+from snapcache.formats.threads import RESTORE_THREADS
 from snapcache.key import TokenArray
 from snapcache.llama.batch._streams import to_one_stream, to_streams
 from snapcache.llama.capture_buffer import CaptureBuffer
@@ -86,6 +86,12 @@ class SequenceContext:
         # llama.cpp copies from and into it at the bus's speed. None where the cache is in host memory.
         pinned = pinned_memory_for(llm)
         self._staging = None if pinned is None else CaptureBuffer(pinned)
+
+    @property
+    def restore_buffer(self) -> CaptureBuffer | None:
+        """Where a restore into this context may assemble its blob: the pinned staging buffer when a
+        blob goes in as it is (one stream), else None (`to_streams` copies it into the buffer)."""
+        return self._staging if self.n_stream == 1 else None
 
     @property
     def restore_threads(self) -> int:
@@ -189,15 +195,7 @@ class SequenceContext:
         if self.n_stream > 1:
             laid_out = to_streams(state, self.n_stream, into=staging.try_lease)
             return laid_out, staging.release if staging.holds(laid_out) else _nothing
-        copy = staging.try_lease(state.nbytes)
-        if copy is None:
-            return state, _nothing
-        if not staging.pinned:  # above the pinned-memory limit: a copy would gain nothing
-            staging.release()
-            return state, _nothing
-        with wider(staging.workers):
-            copy_in_parallel(copy, state)
-        return copy, staging.release
+        return staging.holding(state)
 
     def restore(self, seq_id: int, snapshot: Snapshot, *, window_padded: bool) -> bool:
         """Load `snapshot` (1-stream layout, checked for the Llama's own context) into `seq_id`;

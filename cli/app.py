@@ -217,17 +217,17 @@ def _global_options(
             raise CliError(f"--remote-budget: {exc}") from None
     if kv_cache is not None:
         # Imported only here: it loads llama.cpp, which most commands never need.
-        from snapcache.llama.loader import KV_CACHE_TYPES
+        from snapcache.admin import KV_CACHE_TYPES
 
         if kv_cache not in KV_CACHE_TYPES:
             raise CliError(f"--kv-cache must be one of {', '.join(KV_CACHE_TYPES)}, got {kv_cache!r}")
     if swa_cache is not None:
-        from snapcache.llama.loader import SWA_CACHES
+        from snapcache.admin import SWA_CACHES
 
         if swa_cache not in SWA_CACHES:
             raise CliError(f"--swa-cache must be one of {', '.join(SWA_CACHES)}, got {swa_cache!r}")
     if flash_attn is not None:
-        from snapcache.llama.loader import FLASH_ATTN_MODES
+        from snapcache.admin import FLASH_ATTN_MODES
 
         if flash_attn not in FLASH_ATTN_MODES:
             raise CliError(f"--flash-attn must be one of {', '.join(FLASH_ATTN_MODES)}, got {flash_attn!r}")

@@ -39,12 +39,12 @@ def choose_model(option: str | None) -> ModelChoice:
     elif os.environ.get(MODEL_ENV):
         choice = ModelChoice(Path(os.environ[MODEL_ENV]).expanduser(), MODEL_ENV)
     else:
-        from snapcache.llama import demo_model
+        from snapcache.admin import DEMO_MODEL_NAME, default_model_path
 
-        path = demo_model.default_model_path()
+        path = default_model_path()
         if path is None:
             raise CliError(_NO_MODEL)
-        choice = ModelChoice(path, f"demo model {demo_model.DEMO_MODEL_NAME}")
+        choice = ModelChoice(path, f"demo model {DEMO_MODEL_NAME}")
     check_gguf(choice)
     return choice
 
@@ -52,7 +52,7 @@ def choose_model(option: str | None) -> ModelChoice:
 def check_gguf(choice: ModelChoice) -> None:
     """CliError unless `choice.path` is a readable file that starts with the GGUF magic."""
     from snapcache import ModelError
-    from snapcache.llama import check_gguf_file
+    from snapcache.admin import check_gguf_file
 
     try:
         check_gguf_file(choice.path)
@@ -83,7 +83,7 @@ def load_llama(
         raise CliError(f"--threads must be at least 1, got {threads}")
     quiet_llama_cpp()
     from snapcache import InvalidArgument, ModelError, load_llama
-    from snapcache.llama.loader import default_gpu_layers
+    from snapcache.admin import default_gpu_layers
 
     if gpu_layers is None:
         gpu_layers = default_gpu_layers()
@@ -104,6 +104,6 @@ def load_llama(
 
 def quiet_llama_cpp() -> None:
     """Send llama.cpp's log lines to a Python logger, as debug lines: shown with --verbose only."""
-    from snapcache.llama import route_llama_cpp_log
+    from snapcache.admin import route_llama_cpp_log
 
     route_llama_cpp_log(_llama_log, level=logging.DEBUG)

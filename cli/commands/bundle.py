@@ -16,7 +16,7 @@ from .entries import SHORT_ID, JsonOption, resolve_key
 from .warm import ExactOption, InexactOption, exactness
 
 if TYPE_CHECKING:
-    from snapcache.llama.bundle import ExportReport, ImportReport
+    from snapcache.admin import ExportReport, ImportReport
 
 ModelOption = Annotated[
     str | None,
@@ -38,7 +38,7 @@ def export(
     as_json: JsonOption = False,
 ) -> None:
     """Write snapshots and the shared blocks they need to one file (with a MAC under $SNAPCACHE_SECRET)."""
-    from snapcache.llama.bundle import export_bundle
+    from snapcache import export_bundle
 
     if output.is_dir():
         raise CliError(f"--output {output} is a directory; name the bundle file")
@@ -72,15 +72,14 @@ def import_(
     inexact: InexactOption = False,
 ) -> None:
     """Verify a bundle against the model and this llama.cpp, then store its snapshots."""
-    from snapcache.llama.bundle import import_bundle
+    from snapcache import import_bundle
 
     if not bundle.is_file():
         raise CliError(f"no bundle file at {bundle}")
     choice = choose_model(model)
     settings = settings_of(ctx)
     from snapcache import model_fingerprint
-    from snapcache.llama.exactness import choose_exactness
-    from snapcache.llama.fingerprint_notes import FingerprintNotes
+    from snapcache.admin import FingerprintNotes, choose_exactness
 
     asked = exactness(exact, inexact)
     with settings.open_store() as store:

@@ -20,8 +20,7 @@ from ..formatting import format_size, render_pairs
 from ..settings import COMPRESSION_ENV, Settings, settings_of
 
 if TYPE_CHECKING:
-    from snapcache.llama.cxx_runtime import LibraryLinkage
-    from snapcache.store import DirectoryReport
+    from snapcache.admin import DirectoryReport, LibraryLinkage
 
 Status = Literal["ok", "warn", "fail"]
 _PACKAGES = (
@@ -58,7 +57,7 @@ def doctor(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
 ) -> None:
     """Report llama.cpp's build and backend, library versions and the cache directory's health."""
-    from snapcache.llama.build_flags import read_cpu_flags
+    from snapcache.admin import read_cpu_flags
 
     settings = settings_of(ctx)
     info: dict[str, Any] = {
@@ -129,32 +128,12 @@ def _versions() -> dict[str, str]:
 
 
 def _llama_cpp_info() -> dict[str, Any]:
+    from snapcache.admin import llama_cpp_build
+
     from ..model_source import quiet_llama_cpp
 
     quiet_llama_cpp()
-    import llama_cpp
-
-    system_info = llama_cpp.llama_print_system_info().decode("utf-8", "replace").strip()
-    return {
-        "version": llama_cpp.__version__,
-        "system_info": system_info,
-        "backends": _backends(system_info),
-        "gpu_offload": bool(llama_cpp.llama_supports_gpu_offload()),
-        "mmap": bool(llama_cpp.llama_supports_mmap()),
-        "max_devices": int(llama_cpp.llama_max_devices()),
-        "state_seq_version": int(llama_cpp.LLAMA_STATE_SEQ_VERSION),
-        "session_version": int(llama_cpp.LLAMA_SESSION_VERSION),
-    }
-
-
-def _backends(system_info: str) -> list[str]:
-    """Backend names from llama.cpp's system info: `CPU : SSE3 = 1 | ... | CUDA : ARCHS = 890 | ...`."""
-    names = []
-    for part in system_info.split("|"):
-        name, colon, _ = part.partition(" : ")
-        if colon and name.strip():
-            names.append(name.strip())
-    return names
+    return llama_cpp_build()
 
 
 def _cache_directory(settings: Settings) -> Path:
@@ -246,7 +225,7 @@ def _compression_check(settings: Settings) -> Check:
 
 def _model_settings_check(settings: Settings) -> Check:
     """The K/V and sliding-window caches every command loads a model with: part of a state's fingerprint."""
-    from snapcache.llama.loader import DEFAULT_SWA_CACHE, default_gpu_layers
+    from snapcache.admin import DEFAULT_SWA_CACHE, default_gpu_layers
 
     def named(option: str, given: str | None, default: str) -> str:
         return f"{option} {given}" if given is not None else f"{option} {default} (the default)"
@@ -271,7 +250,7 @@ def _model_settings_check(settings: Settings) -> Check:
 
 def _exactness_check(directory: Path, llama: dict[str, Any]) -> Check:
     """What `auto`, the default, chooses: from the probes noted in the cache directory, and the build."""
-    from snapcache.llama.fingerprint_notes import FingerprintNotes
+    from snapcache.admin import FingerprintNotes
 
     probed = list(FingerprintNotes(directory).alignments().values())
     exact = sum(value is not None for value in probed)
@@ -329,7 +308,7 @@ def _plural(count: int, noun: str) -> str:
 
 def _model_check() -> Check:
     """Which model `warm` and `bench` use without --model; the demo model is not assembled here."""
-    from snapcache.llama import demo_model
+    from snapcache.admin import DEMO_MODEL_NAME, DEMO_PACKAGE
 
     from ..errors import CliError
     from ..model_source import MODEL_ENV, ModelChoice, check_gguf
@@ -342,7 +321,7 @@ def _model_check() -> Check:
             return Check("default model", "warn", exc.message)
         return Check("default model", "ok", f"{configured} (from {MODEL_ENV})")
     try:
-        version = metadata.version(demo_model.DEMO_PACKAGE)
+        version = metadata.version(DEMO_PACKAGE)
     except metadata.PackageNotFoundError:
         return Check(
             "default model", "warn", "none: pass --model, set SNAPCACHE_MODEL, or install snapcache[demo]"
@@ -350,14 +329,14 @@ def _model_check() -> Check:
     return Check(
         "default model",
         "ok",
-        f"demo model {demo_model.DEMO_MODEL_NAME} ({demo_model.DEMO_PACKAGE} {version})",
+        f"demo model {DEMO_MODEL_NAME} ({DEMO_PACKAGE} {version})",
     )
 
 
 def _gpu_check(llama: dict[str, Any]) -> Check:
     if llama["gpu_offload"]:
-        from snapcache.errors import InvalidArgument
-        from snapcache.llama.host_memory import PINNED_MEMORY_ENV, device_host_buffer_type, pinned_limit
+        from snapcache import InvalidArgument
+        from snapcache.admin import PINNED_MEMORY_ENV, device_host_buffer_type, pinned_limit
 
         buffer_type = device_host_buffer_type()
         if buffer_type is None:
@@ -384,7 +363,7 @@ def _gpu_check(llama: dict[str, Any]) -> Check:
 def amx_check(system_info: str, cpu_flags: frozenset[str]) -> Check:
     """Whether llama.cpp's AMX kernels, which crash on Q4_K models, would run on a CPU with `cpu_flags`
     (/proc/cpuinfo's; none where unknown), and the fix."""
-    from snapcache.llama.amx import amx_condition, rebuild_command
+    from snapcache.admin import amx_condition, amx_rebuild_command
 
     condition = amx_condition(system_info, cpu_flags)
     if condition.crashes:
@@ -393,7 +372,7 @@ def amx_check(system_info: str, cpu_flags: frozenset[str]) -> Check:
             "warn",
             "this llama.cpp has AMX kernels and this CPU runs them; they crash on Q4_K models "
             "(llama.cpp #20824), so snapcache loads models without extra buffer types (slower prompt "
-            f"reads). Fix: {rebuild_command(cpu_flags)}",
+            f"reads). Fix: {amx_rebuild_command(cpu_flags)}",
         )
     if condition.compiled:
         return Check("AMX kernels", "ok", "compiled in, unused: this CPU has no AMX")
@@ -407,12 +386,12 @@ def cxx_runtime_check(
 
     The fix it names is the rebuild for a CPU with `cpu_flags`: on one with AMX it leaves AMX out too.
     """
-    from snapcache.llama import cxx_runtime
+    from snapcache.admin import cxx_runtime_rebuild_command, installed_libraries
 
     try:
-        found = cxx_runtime.installed_libraries() if libraries is None else libraries
+        found = installed_libraries() if libraries is None else libraries
         exporting = [lib.path.name for lib in found if lib.exports_once_proxy]
-        fix = cxx_runtime.rebuild_command(llama["system_info"], cpu_flags) if exporting else ""
+        fix = cxx_runtime_rebuild_command(llama["system_info"], cpu_flags) if exporting else ""
     except (OSError, ValueError) as exc:
         return Check("C++ runtime", "warn", f"could not read llama.cpp's libraries: {exc}")
     if exporting:

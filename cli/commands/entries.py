@@ -28,7 +28,7 @@ from ..settings import settings_of
 
 if TYPE_CHECKING:
     from snapcache import EntryInfo
-    from snapcache.store import RemoteStats
+    from snapcache.admin import RemoteStats
 
 SHORT_ID = 12
 

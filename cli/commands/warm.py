@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import typer
 
 from snapcache import DEFAULT_SCOPE
-from snapcache.key import BLOCK_TOKENS, block_keys
+from snapcache.admin import BLOCK_TOKENS, block_keys
 
 from ..errors import CliError
 from ..formatting import format_duration, format_size, render_pairs

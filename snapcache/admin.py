@@ -1,0 +1,114 @@
+"""The face for tools that run snapcache rather than cache with it: the `snapcache` command, and
+scripts that check a machine or a cache directory.
+
+Beside the library's API (`snapcache`), it names what those tools need from inside: the store's
+reports on a directory and a remote tier, block keys, the settings a model is loaded with, the demo
+model, how exactness is chosen, bundle reports, llama.cpp's build and the checks of it, and the
+pinned memory of a GPU. Each name is imported on first use, so that a command that never loads a
+model never imports llama_cpp. The import contracts in pyproject.toml keep the command line on this
+face and `snapcache`'s.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from snapcache.key import BLOCK_TOKENS, block_keys
+    from snapcache.llama.amx import amx_condition
+    from snapcache.llama.amx import rebuild_command as amx_rebuild_command
+    from snapcache.llama.build_flags import read_cpu_flags
+    from snapcache.llama.build_info import llama_cpp_build
+    from snapcache.llama.bundle import ExportReport, ImportReport
+    from snapcache.llama.cxx_runtime import LibraryLinkage, installed_libraries
+    from snapcache.llama.cxx_runtime import rebuild_command as cxx_runtime_rebuild_command
+    from snapcache.llama.demo_model import DEMO_MODEL_NAME, DEMO_PACKAGE, default_model_path
+    from snapcache.llama.exactness import choose_exactness
+    from snapcache.llama.fingerprint_notes import FingerprintNotes
+    from snapcache.llama.host_memory import PINNED_MEMORY_ENV, device_host_buffer_type, pinned_limit
+    from snapcache.llama.loader import (
+        DEFAULT_SWA_CACHE,
+        FLASH_ATTN_MODES,
+        KV_CACHE_TYPES,
+        SWA_CACHES,
+        check_gguf_file,
+        default_gpu_layers,
+        route_llama_cpp_log,
+    )
+    from snapcache.store import DirectoryReport, RemoteStats
+
+__all__ = [
+    "BLOCK_TOKENS",
+    "DEFAULT_SWA_CACHE",
+    "DEMO_MODEL_NAME",
+    "DEMO_PACKAGE",
+    "FLASH_ATTN_MODES",
+    "KV_CACHE_TYPES",
+    "PINNED_MEMORY_ENV",
+    "SWA_CACHES",
+    "DirectoryReport",
+    "ExportReport",
+    "FingerprintNotes",
+    "ImportReport",
+    "LibraryLinkage",
+    "RemoteStats",
+    "amx_condition",
+    "amx_rebuild_command",
+    "block_keys",
+    "check_gguf_file",
+    "choose_exactness",
+    "cxx_runtime_rebuild_command",
+    "default_gpu_layers",
+    "default_model_path",
+    "device_host_buffer_type",
+    "installed_libraries",
+    "llama_cpp_build",
+    "pinned_limit",
+    "read_cpu_flags",
+    "route_llama_cpp_log",
+]
+
+# name -> (module, attribute there)
+_LAZY: dict[str, tuple[str, str]] = {
+    "DirectoryReport": ("snapcache.store", "DirectoryReport"),
+    "RemoteStats": ("snapcache.store", "RemoteStats"),
+    "BLOCK_TOKENS": ("snapcache.key", "BLOCK_TOKENS"),
+    "block_keys": ("snapcache.key", "block_keys"),
+    "check_gguf_file": ("snapcache.llama.loader", "check_gguf_file"),
+    "route_llama_cpp_log": ("snapcache.llama.loader", "route_llama_cpp_log"),
+    "default_gpu_layers": ("snapcache.llama.loader", "default_gpu_layers"),
+    "DEFAULT_SWA_CACHE": ("snapcache.llama.loader", "DEFAULT_SWA_CACHE"),
+    "SWA_CACHES": ("snapcache.llama.loader", "SWA_CACHES"),
+    "KV_CACHE_TYPES": ("snapcache.llama.loader", "KV_CACHE_TYPES"),
+    "FLASH_ATTN_MODES": ("snapcache.llama.loader", "FLASH_ATTN_MODES"),
+    "default_model_path": ("snapcache.llama.demo_model", "default_model_path"),
+    "DEMO_MODEL_NAME": ("snapcache.llama.demo_model", "DEMO_MODEL_NAME"),
+    "DEMO_PACKAGE": ("snapcache.llama.demo_model", "DEMO_PACKAGE"),
+    "choose_exactness": ("snapcache.llama.exactness", "choose_exactness"),
+    "FingerprintNotes": ("snapcache.llama.fingerprint_notes", "FingerprintNotes"),
+    "ExportReport": ("snapcache.llama.bundle", "ExportReport"),
+    "ImportReport": ("snapcache.llama.bundle", "ImportReport"),
+    "llama_cpp_build": ("snapcache.llama.build_info", "llama_cpp_build"),
+    "read_cpu_flags": ("snapcache.llama.build_flags", "read_cpu_flags"),
+    "amx_condition": ("snapcache.llama.amx", "amx_condition"),
+    "amx_rebuild_command": ("snapcache.llama.amx", "rebuild_command"),
+    "LibraryLinkage": ("snapcache.llama.cxx_runtime", "LibraryLinkage"),
+    "installed_libraries": ("snapcache.llama.cxx_runtime", "installed_libraries"),
+    "cxx_runtime_rebuild_command": ("snapcache.llama.cxx_runtime", "rebuild_command"),
+    "PINNED_MEMORY_ENV": ("snapcache.llama.host_memory", "PINNED_MEMORY_ENV"),
+    "device_host_buffer_type": ("snapcache.llama.host_memory", "device_host_buffer_type"),
+    "pinned_limit": ("snapcache.llama.host_memory", "pinned_limit"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    found = _LAZY.get(name)
+    if found is None:
+        raise AttributeError(f"module 'snapcache.admin' has no attribute {name!r}")
+    module, attribute = found
+    return getattr(import_module(module), attribute)
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

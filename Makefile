@@ -9,17 +9,17 @@ STAMP := $(VENV)/.installed
 # llama-cpp-python is built first, by build_flags.py: llama.cpp's native build, except on an x86-64
 # CPU with AMX, whose AMX kernels crash (there: GGML_NATIVE=OFF and every other instruction set the
 # CPU has). A CMAKE_ARGS you set wins. The wheel is kept per flags, never reused across them.
-$(STAMP): pyproject.toml snapcache/llama/build_flags.py
+$(STAMP): pyproject.toml snapcache/llama/setup/build_flags.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python snapcache/llama/build_flags.py install
+	$(BIN)/python snapcache/llama/setup/build_flags.py install
 	@echo "Installing snapcache and its dependencies..."
 	$(BIN)/python -m pip install --quiet -e ".[dev,demo,server]"
 	touch $(STAMP)
 
 # Runs every time: a CMAKE_ARGS or CPU other than the installed build's rebuilds (or reuses) the wheel.
 install: $(STAMP)
-	@$(BIN)/python snapcache/llama/build_flags.py install
+	@$(BIN)/python snapcache/llama/setup/build_flags.py install
 
 test: install
 	$(BIN)/python -m pytest

@@ -259,7 +259,7 @@ class ModelChoice:
 def choose_model(quick: bool, workdir: Path) -> ModelChoice:
     """Gemma-3-270M for a full run; the tiny test model for --quick or when Gemma is not installed."""
     if not quick:
-        from snapcache.llama.demo_model import DEMO_MODEL_NAME, default_model_path
+        from snapcache.llama.setup.demo_model import DEMO_MODEL_NAME, default_model_path
 
         path = default_model_path()
         if path is not None:

@@ -644,7 +644,7 @@ def build_tables(sessions: list[Session], agents: list[Agent], model_name: str, 
 
 def quick_model(workdir: Path) -> tuple[Path, str]:
     """The suite's tiny llama carrying Gemma-3-270M's vocabulary (tests/tiny_model.py)."""
-    from snapcache.llama.demo_model import DEMO_MODEL_NAME, default_model_path
+    from snapcache.llama.setup.demo_model import DEMO_MODEL_NAME, default_model_path
 
     gemma = default_model_path()
     if gemma is None:

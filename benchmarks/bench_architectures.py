@@ -107,7 +107,7 @@ class _RestoreClock:
 def model_for(arch: str, workdir: Path, *, quick: bool) -> Model | None:
     """The model file of `arch`, written into `workdir` (None: Gemma-3-270M is not installed)."""
     if arch == GEMMA3:
-        from snapcache.llama.demo_model import DEMO_MODEL_NAME, default_model_path
+        from snapcache.llama.setup.demo_model import DEMO_MODEL_NAME, default_model_path
 
         path = default_model_path()
         if path is None:

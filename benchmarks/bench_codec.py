@@ -85,7 +85,7 @@ def cached_state(name: str, model_path: Path, n_tokens: int, fresh: bool, **kwar
 
 
 def gemma_path() -> Path | None:
-    from snapcache.llama.demo_model import default_model_path
+    from snapcache.llama.setup.demo_model import default_model_path
 
     return default_model_path()
 

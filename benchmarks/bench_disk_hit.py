@@ -42,11 +42,11 @@ from snapcache.formats import codec, snapshot_file
 from snapcache.formats.codec import ZSTD
 from snapcache.formats.threads import map_in_parallel
 from snapcache.key import BLOCK_TOKENS, SnapshotKey, TokenArray, block_keys
-from snapcache.llama._state_layout import pad_window, parse_sections
-from snapcache.llama.assembly import Assembly
-from snapcache.llama.blocks import KIND_PREFIX, SplitState, split_state
-from snapcache.llama.state import CapturedState
-from snapcache.llama.stored_states import RestorePoint, StoredStates
+from snapcache.llama.state._state_layout import pad_window, parse_sections
+from snapcache.llama.state.assembly import Assembly
+from snapcache.llama.state.blocks import KIND_PREFIX, SplitState, split_state
+from snapcache.llama.state.sequences import CapturedState
+from snapcache.llama.stored.stored_states import RestorePoint, StoredStates
 from snapcache.snapshot import Snapshot
 from snapcache.store import SnapshotStore
 
@@ -224,7 +224,7 @@ _FIRST_FIND = """
 import json, os, sys, time
 import numpy as np
 from pathlib import Path
-from snapcache.llama.stored_states import StoredStates
+from snapcache.llama.stored.stored_states import StoredStates
 from snapcache.store import SnapshotStore
 import blosc2  # its import, under way on a thread, is not what this measures
 
@@ -333,7 +333,7 @@ os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:cores])  # before snapc
 import numpy as np
 from pathlib import Path
 from snapcache.formats import codec
-from snapcache.llama.stored_states import StoredStates
+from snapcache.llama.stored.stored_states import StoredStates
 from snapcache.store import SnapshotStore
 
 assert codec.DEFAULT_THREADS == cores

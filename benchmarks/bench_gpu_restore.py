@@ -20,13 +20,13 @@ prompt's state with `CachedLlama` from a RAM store and from a store on disk (reo
 so the disk is read); the restore's own share (`RestoreInfo.restore_seconds`) and the state's bytes
 a second it moved; llama.cpp's own copy of the state out of and back into the context
 (`llama_state_seq_get_data` / `set_data` with a reused host buffer: the floor of any restore), from
-plain memory and from the device's pinned host memory (`snapcache.llama.host_memory`, what snapcache
+plain memory and from the device's pinned host memory (`snapcache.llama.state.host_memory`, what snapcache
 copies through); what saving the prompt's state costs the request (capture and put, the store's
 copy deferred as in a completion) beside llama.cpp's copy into pinned memory; and whether 32 greedy
 tokens after the restore equal a cold run's (else the first that differs). `auto` is the default
 exactness (exact where this build keeps a split prompt bit for bit, inexact where it cannot: its
 choice is in the notes); `exact` restores only where a split point keeps results bit for bit
-(measured per model and build, see `snapcache.llama.alignment`); `inexact` caches with
+(measured per model and build, see `snapcache.llama.exactness.alignment`); `inexact` caches with
 `exact=False`. The note under each table gives the break-even prompt size: where restoring from RAM
 starts to beat reading.
 """
@@ -134,7 +134,7 @@ def _llama_copies(llm: Any, prompt: str, pinned: bool = False) -> tuple[int, flo
     device's pinned host memory as snapcache allocates it (None where there is none)."""
     import llama_cpp
 
-    from snapcache.llama.host_memory import PinnedMemory, device_host_buffer_type
+    from snapcache.llama.state.host_memory import PinnedMemory, device_host_buffer_type
 
     _emptied(llm).eval(llm.tokenize(prompt.encode()))
     size = int(llama_cpp.llama_state_seq_get_size_ext(llm.ctx, 0, 0))
@@ -163,11 +163,11 @@ def _capture_and_put(llm: Any, prompt: str, exact: Any) -> float:
     """What saving the state of `prompt`, just read, costs a request: snapcache's capture and the
     put it defers (the store's own copy runs after, off the request's path, as in a completion)."""
     from snapcache import SnapshotStore
-    from snapcache.llama.blocks import KIND_PROMPT_END
-    from snapcache.llama.cached import CachedLlama
-    from snapcache.llama.checkpoints import RestorePoint
-    from snapcache.llama.prefix_cache import PrefixCache
-    from snapcache.llama.prefix_loader import PrefixLoader
+    from snapcache.llama.hook.cached import CachedLlama
+    from snapcache.llama.hook.prefix_loader import PrefixLoader
+    from snapcache.llama.state.blocks import KIND_PROMPT_END
+    from snapcache.llama.stored.checkpoints import RestorePoint
+    from snapcache.llama.stored.prefix_cache import PrefixCache
 
     tokens = llm.tokenize(prompt.encode())
     _emptied(llm).eval(tokens)

@@ -110,13 +110,17 @@ def _restored_turn(args: argparse.Namespace) -> None:
 
 # What a profiled restart reports: (label, module file suffix, function name), cumulative seconds.
 PHASES = [
-    ("restore, all of it (before llama.cpp reads the rest)", "snapcache/llama/completion.py", "prepare"),
+    ("restore, all of it (before llama.cpp reads the rest)", "snapcache/llama/hook/completion.py", "prepare"),
     ("  record lookup", "snapcache/store/snapshot_store.py", "lookup_with_tier"),
     ("  blocks read, verified, decompressed, placed", "snapcache/store/snapshot_store.py", "copy_blocks"),
-    ("  blob finished (what the threads left of its own writes)", "snapcache/llama/assembly.py", "finish"),
-    ("  llama.cpp takes the state", "snapcache/llama/state.py", "restore_sequence"),
-    ("  is the system part restored? (decode)", "snapcache/llama/chat_prefix.py", "reached"),
-    ("chat template probes", "snapcache/llama/chat_prefix.py", "shared"),
+    (
+        "  blob finished (what the threads left of its own writes)",
+        "snapcache/llama/state/assembly.py",
+        "finish",
+    ),
+    ("  llama.cpp takes the state", "snapcache/llama/state/sequences.py", "restore_sequence"),
+    ("  is the system part restored? (decode)", "snapcache/llama/chat/chat_prefix.py", "reached"),
+    ("chat template probes", "snapcache/llama/chat/chat_prefix.py", "shared"),
     ("tokenizing (prompt, and any system part)", "llama_cpp/llama.py", "tokenize"),
     ("llama.cpp evaluating (the question, then 7 tokens)", "llama_cpp/llama.py", "eval"),
 ]

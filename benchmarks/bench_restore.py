@@ -17,7 +17,8 @@ import _common
 from _common import Table, choose_model, fmt_bytes, fmt_ratio, fmt_seconds, make_parser, new_llama, report
 
 from snapcache.key import SnapshotKey
-from snapcache.llama import capture_sequence, fingerprint, model_fingerprint, restore_sequence
+from snapcache.llama import capture_sequence, model_fingerprint, restore_sequence
+from snapcache.llama.exactness import model_files
 from snapcache.snapshot import Snapshot
 
 SYSTEM_PROMPT = _common.ROOT / "examples" / "system_prompt.txt"
@@ -54,12 +55,12 @@ def _run(args: Any, workdir: Path) -> tuple[list[Table], dict[str, Any]]:
     model = choose_model(args.quick, workdir)
     text = SYSTEM_PROMPT.read_text(encoding="utf-8")
 
-    fingerprint._file_cache.clear()
+    model_files._file_cache.clear()
     started = time.perf_counter()
-    fingerprint.file_fingerprint(model.path)
+    model_files.file_fingerprint(model.path)
     fp_first = time.perf_counter() - started
     started = time.perf_counter()
-    fingerprint.file_fingerprint(model.path)
+    model_files.file_fingerprint(model.path)
     fp_cached = time.perf_counter() - started
 
     probe = new_llama(model.path, n_ctx=512)

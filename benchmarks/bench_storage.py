@@ -273,9 +273,9 @@ def _fill_context(llm: Any, first: bytes, prompt: list[int]) -> None:
     take minutes of 2 cores (its attention alone). Greedy output after it means nothing."""
     from snapcache import Snapshot, SnapshotKey
     from snapcache.llama import restore_sequence
-    from snapcache.llama.assembly import assemble
-    from snapcache.llama.blocks import split_state
-    from snapcache.llama.prefix_loader import _CONTEXT_PROMPT_ATTRIBUTE
+    from snapcache.llama.hook.prefix_loader import _CONTEXT_PROMPT_ATTRIBUTE
+    from snapcache.llama.state.assembly import assemble
+    from snapcache.llama.state.blocks import split_state
 
     split = split_state(first)
     assert split is not None

@@ -65,9 +65,9 @@ def _greedy(target: Any, prompt: list[int], n_tokens: int) -> list[npt.NDArray[n
 def _blob(store: Any, fingerprint: str, llm: Any, prompt: list[int]) -> tuple[int, int]:
     """The blob a restore of `prompt`'s longest stored prefix hands llama.cpp: its size, and the
     first position its window cache holds a cell for."""
-    from snapcache.llama._state_layout import parse_sections, window_start
-    from snapcache.llama.state import pads_windows
-    from snapcache.llama.stored_states import StoredStates
+    from snapcache.llama.state._state_layout import parse_sections, window_start
+    from snapcache.llama.state.sequences import pads_windows
+    from snapcache.llama.stored.stored_states import StoredStates
 
     tokens = np.asarray(prompt, dtype=np.int32)
     found = StoredStates(store, fingerprint).find(
@@ -81,7 +81,7 @@ def _blob(store: Any, fingerprint: str, llm: Any, prompt: list[int]) -> tuple[in
 
 
 def measure(model_path: Path, sizes: list[int], n_tokens: int, repeat: int) -> list[dict[str, Any]]:
-    import snapcache.llama._state_layout as layout
+    import snapcache.llama.state._state_layout as layout
     from snapcache import CachedLlama, SnapshotStore
 
     default = layout.WINDOW_PAD_CELLS

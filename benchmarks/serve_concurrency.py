@@ -164,7 +164,7 @@ def find_llama_server(
     if shutil.which("cmake") is None:
         return None, "building llama-server needs cmake (not found on PATH)"
     sys.path.insert(0, str(_common.ROOT))
-    from snapcache.llama import build_flags
+    from snapcache.llama.setup import build_flags
 
     flags = build_flags.chosen_cmake_args(os.environ, platform.machine(), build_flags.read_cpu_flags())
     say(f"building llama-server from {how} with {flags or 'the native build'} (about 10 minutes)...")

@@ -29,9 +29,11 @@ class Settings:
     verbose: bool = False
     remote: str | None = None  # a redis:// URL; None: $SNAPCACHE_REMOTE, else no remote tier
     remote_budget: int | None = None  # bytes the remote tier may hold; None: the library's default
-    kv_cache: str | None = None  # the models' K/V cache type (`snapcache.llama.loader.KV_CACHE_TYPES`)
-    swa_cache: str | None = None  # full or window (`snapcache.llama.loader.SWA_CACHES`); None: window
-    flash_attn: str | None = None  # auto, on or off (`snapcache.llama.loader.FLASH_ATTN_MODES`); None: auto
+    kv_cache: str | None = None  # the models' K/V cache type (`snapcache.llama.setup.loader.KV_CACHE_TYPES`)
+    swa_cache: str | None = None  # full or window (`snapcache.llama.setup.loader.SWA_CACHES`); None: window
+    flash_attn: str | None = (
+        None  # auto, on or off (`snapcache.llama.setup.loader.FLASH_ATTN_MODES`); None: auto
+    )
     compression: str | None = None  # auto, zstd or none; None: $SNAPCACHE_COMPRESSION, else auto
     gpu_layers: int | None = None  # layers on the GPU, -1 all; None: all on a GPU build, else none
 

@@ -21,7 +21,7 @@ from llama_cpp import Llama
 
 from snapcache import CachedLlama, ModelError, SnapshotStore, load_llama
 from snapcache.llama import route_llama_cpp_log
-from snapcache.llama.demo_model import default_model_path
+from snapcache.llama.setup.demo_model import default_model_path
 
 HERE = Path(__file__).resolve().parent
 SCOPE = "desktop-agent"

@@ -16,7 +16,7 @@ from typing import Any
 
 from snapcache import CachedLlama, SnapshotStore, load_llama
 from snapcache.llama import route_llama_cpp_log
-from snapcache.llama.demo_model import DEMO_MODEL_NAME, DEMO_PACKAGE, default_model_path
+from snapcache.llama.setup.demo_model import DEMO_MODEL_NAME, DEMO_PACKAGE, default_model_path
 
 HERE = Path(__file__).resolve().parent
 SCOPE = "demo"

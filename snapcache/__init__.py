@@ -19,18 +19,18 @@ from snapcache.formats.snapshot_file import FORMAT_VERSION as SNAPSHOT_FILE_FORM
 from snapcache.key import DEFAULT_SCOPE, SnapshotKey, prefix_hash
 from snapcache.snapshot import Snapshot
 from snapcache.tier import EntryInfo
+from snapcache.version import __version__ as __version__
 
 if TYPE_CHECKING:
-    from snapcache.llama.bundle import export_bundle, import_bundle
-    from snapcache.llama.cached import CachedLlama, attach, detach
-    from snapcache.llama.fingerprint import model_fingerprint
-    from snapcache.llama.hook import CacheHook
-    from snapcache.llama.loader import load_llama
-    from snapcache.llama.miss import MissExplanation
-    from snapcache.llama.reports import RestoreInfo
+    from snapcache.llama.exactness.fingerprint import model_fingerprint
+    from snapcache.llama.hook.cache_hook import CacheHook
+    from snapcache.llama.hook.cached import CachedLlama, attach, detach
+    from snapcache.llama.hook.miss import MissExplanation
+    from snapcache.llama.setup.loader import load_llama
+    from snapcache.llama.stored.bundle import export_bundle, import_bundle
+    from snapcache.llama.stored.reports import RestoreInfo
     from snapcache.store import SavingsLedger, ScopeSavings, SnapshotStore, StoreStats
 
-__version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_SCOPE",
@@ -69,16 +69,16 @@ _LAZY = {
     "StoreStats": "snapcache.store",
     "SavingsLedger": "snapcache.store",
     "ScopeSavings": "snapcache.store",
-    "CachedLlama": "snapcache.llama.cached",
-    "attach": "snapcache.llama.cached",
-    "detach": "snapcache.llama.cached",
-    "CacheHook": "snapcache.llama.hook",
-    "RestoreInfo": "snapcache.llama.reports",
-    "MissExplanation": "snapcache.llama.miss",
-    "model_fingerprint": "snapcache.llama.fingerprint",
-    "load_llama": "snapcache.llama.loader",
-    "export_bundle": "snapcache.llama.bundle",
-    "import_bundle": "snapcache.llama.bundle",
+    "CachedLlama": "snapcache.llama.hook.cached",
+    "attach": "snapcache.llama.hook.cached",
+    "detach": "snapcache.llama.hook.cached",
+    "CacheHook": "snapcache.llama.hook.cache_hook",
+    "RestoreInfo": "snapcache.llama.stored.reports",
+    "MissExplanation": "snapcache.llama.hook.miss",
+    "model_fingerprint": "snapcache.llama.exactness.fingerprint",
+    "load_llama": "snapcache.llama.setup.loader",
+    "export_bundle": "snapcache.llama.stored.bundle",
+    "import_bundle": "snapcache.llama.stored.bundle",
 }
 
 

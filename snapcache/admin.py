@@ -16,18 +16,16 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from snapcache.key import BLOCK_TOKENS, block_keys
-    from snapcache.llama.amx import amx_condition
-    from snapcache.llama.amx import rebuild_command as amx_rebuild_command
-    from snapcache.llama.build_flags import read_cpu_flags
-    from snapcache.llama.build_info import llama_cpp_build
-    from snapcache.llama.bundle import ExportReport, ImportReport
-    from snapcache.llama.cxx_runtime import LibraryLinkage, installed_libraries
-    from snapcache.llama.cxx_runtime import rebuild_command as cxx_runtime_rebuild_command
-    from snapcache.llama.demo_model import DEMO_MODEL_NAME, DEMO_PACKAGE, default_model_path
-    from snapcache.llama.exactness import choose_exactness
-    from snapcache.llama.fingerprint_notes import FingerprintNotes
-    from snapcache.llama.host_memory import PINNED_MEMORY_ENV, device_host_buffer_type, pinned_limit
-    from snapcache.llama.loader import (
+    from snapcache.llama.exactness.choice import choose_exactness
+    from snapcache.llama.exactness.fingerprint_notes import FingerprintNotes
+    from snapcache.llama.setup.amx import amx_condition
+    from snapcache.llama.setup.amx import rebuild_command as amx_rebuild_command
+    from snapcache.llama.setup.build_flags import read_cpu_flags
+    from snapcache.llama.setup.build_info import llama_cpp_build
+    from snapcache.llama.setup.cxx_runtime import LibraryLinkage, installed_libraries
+    from snapcache.llama.setup.cxx_runtime import rebuild_command as cxx_runtime_rebuild_command
+    from snapcache.llama.setup.demo_model import DEMO_MODEL_NAME, DEMO_PACKAGE, default_model_path
+    from snapcache.llama.setup.loader import (
         DEFAULT_SWA_CACHE,
         FLASH_ATTN_MODES,
         KV_CACHE_TYPES,
@@ -36,6 +34,12 @@ if TYPE_CHECKING:
         default_gpu_layers,
         route_llama_cpp_log,
     )
+    from snapcache.llama.state.host_memory import (
+        PINNED_MEMORY_ENV,
+        device_host_buffer_type,
+        pinned_limit,
+    )
+    from snapcache.llama.stored.bundle import ExportReport, ImportReport
     from snapcache.store import DirectoryReport, RemoteStats
 
 __all__ = [
@@ -75,30 +79,30 @@ _LAZY: dict[str, tuple[str, str]] = {
     "RemoteStats": ("snapcache.store", "RemoteStats"),
     "BLOCK_TOKENS": ("snapcache.key", "BLOCK_TOKENS"),
     "block_keys": ("snapcache.key", "block_keys"),
-    "check_gguf_file": ("snapcache.llama.loader", "check_gguf_file"),
-    "route_llama_cpp_log": ("snapcache.llama.loader", "route_llama_cpp_log"),
-    "default_gpu_layers": ("snapcache.llama.loader", "default_gpu_layers"),
-    "DEFAULT_SWA_CACHE": ("snapcache.llama.loader", "DEFAULT_SWA_CACHE"),
-    "SWA_CACHES": ("snapcache.llama.loader", "SWA_CACHES"),
-    "KV_CACHE_TYPES": ("snapcache.llama.loader", "KV_CACHE_TYPES"),
-    "FLASH_ATTN_MODES": ("snapcache.llama.loader", "FLASH_ATTN_MODES"),
-    "default_model_path": ("snapcache.llama.demo_model", "default_model_path"),
-    "DEMO_MODEL_NAME": ("snapcache.llama.demo_model", "DEMO_MODEL_NAME"),
-    "DEMO_PACKAGE": ("snapcache.llama.demo_model", "DEMO_PACKAGE"),
-    "choose_exactness": ("snapcache.llama.exactness", "choose_exactness"),
-    "FingerprintNotes": ("snapcache.llama.fingerprint_notes", "FingerprintNotes"),
-    "ExportReport": ("snapcache.llama.bundle", "ExportReport"),
-    "ImportReport": ("snapcache.llama.bundle", "ImportReport"),
-    "llama_cpp_build": ("snapcache.llama.build_info", "llama_cpp_build"),
-    "read_cpu_flags": ("snapcache.llama.build_flags", "read_cpu_flags"),
-    "amx_condition": ("snapcache.llama.amx", "amx_condition"),
-    "amx_rebuild_command": ("snapcache.llama.amx", "rebuild_command"),
-    "LibraryLinkage": ("snapcache.llama.cxx_runtime", "LibraryLinkage"),
-    "installed_libraries": ("snapcache.llama.cxx_runtime", "installed_libraries"),
-    "cxx_runtime_rebuild_command": ("snapcache.llama.cxx_runtime", "rebuild_command"),
-    "PINNED_MEMORY_ENV": ("snapcache.llama.host_memory", "PINNED_MEMORY_ENV"),
-    "device_host_buffer_type": ("snapcache.llama.host_memory", "device_host_buffer_type"),
-    "pinned_limit": ("snapcache.llama.host_memory", "pinned_limit"),
+    "check_gguf_file": ("snapcache.llama.setup.loader", "check_gguf_file"),
+    "route_llama_cpp_log": ("snapcache.llama.setup.loader", "route_llama_cpp_log"),
+    "default_gpu_layers": ("snapcache.llama.setup.loader", "default_gpu_layers"),
+    "DEFAULT_SWA_CACHE": ("snapcache.llama.setup.loader", "DEFAULT_SWA_CACHE"),
+    "SWA_CACHES": ("snapcache.llama.setup.loader", "SWA_CACHES"),
+    "KV_CACHE_TYPES": ("snapcache.llama.setup.loader", "KV_CACHE_TYPES"),
+    "FLASH_ATTN_MODES": ("snapcache.llama.setup.loader", "FLASH_ATTN_MODES"),
+    "default_model_path": ("snapcache.llama.setup.demo_model", "default_model_path"),
+    "DEMO_MODEL_NAME": ("snapcache.llama.setup.demo_model", "DEMO_MODEL_NAME"),
+    "DEMO_PACKAGE": ("snapcache.llama.setup.demo_model", "DEMO_PACKAGE"),
+    "choose_exactness": ("snapcache.llama.exactness.choice", "choose_exactness"),
+    "FingerprintNotes": ("snapcache.llama.exactness.fingerprint_notes", "FingerprintNotes"),
+    "ExportReport": ("snapcache.llama.stored.bundle", "ExportReport"),
+    "ImportReport": ("snapcache.llama.stored.bundle", "ImportReport"),
+    "llama_cpp_build": ("snapcache.llama.setup.build_info", "llama_cpp_build"),
+    "read_cpu_flags": ("snapcache.llama.setup.build_flags", "read_cpu_flags"),
+    "amx_condition": ("snapcache.llama.setup.amx", "amx_condition"),
+    "amx_rebuild_command": ("snapcache.llama.setup.amx", "rebuild_command"),
+    "LibraryLinkage": ("snapcache.llama.setup.cxx_runtime", "LibraryLinkage"),
+    "installed_libraries": ("snapcache.llama.setup.cxx_runtime", "installed_libraries"),
+    "cxx_runtime_rebuild_command": ("snapcache.llama.setup.cxx_runtime", "rebuild_command"),
+    "PINNED_MEMORY_ENV": ("snapcache.llama.state.host_memory", "PINNED_MEMORY_ENV"),
+    "device_host_buffer_type": ("snapcache.llama.state.host_memory", "device_host_buffer_type"),
+    "pinned_limit": ("snapcache.llama.state.host_memory", "pinned_limit"),
 }
 
 

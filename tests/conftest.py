@@ -121,7 +121,7 @@ def tiny_model_path_other_seed(tmp_path_factory: pytest.TempPathFactory) -> Path
 def gemma_model_path() -> Path:
     """The Gemma-3-270M demo model; skips when its optional package is not installed (a failure under
     SNAPCACHE_REQUIRE_ALL=1)."""
-    from snapcache.llama.demo_model import DEMO_MODEL_NAME, default_model_path
+    from snapcache.llama.setup.demo_model import DEMO_MODEL_NAME, default_model_path
 
     path = default_model_path()
     if path is None:
@@ -170,7 +170,7 @@ def cached(make_llama: Any, tiny_model_path: Path, store: SnapshotStore) -> Any:
     """Factory: a CachedLlama over a fresh tiny Llama (n_ctx 2048) and the test's store."""
     from chat_support import N_CTX
 
-    from snapcache.llama.cached import CachedLlama
+    from snapcache.llama.hook.cached import CachedLlama
 
     def factory(scope: str = "default", **kwargs: Any) -> CachedLlama:
         return CachedLlama(make_llama(tiny_model_path, n_ctx=N_CTX), store, scope, **kwargs)

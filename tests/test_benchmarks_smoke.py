@@ -122,8 +122,9 @@ def test_serve_vs_peers_quick(tmp_path: Path) -> None:
         if column == "snapcache-batched":
             # llama_cpp.server's streams drop a character whose bytes come in two tokens; the batched
             # path keeps it: the answers agree but for such characters.
-            ascii_only = [[re.sub(r"[^\x00-\x7f]", "", a["text"]) for a in requests[key]]
-                          for key in ("none", column)]
+            ascii_only = [
+                [re.sub(r"[^\x00-\x7f]", "", a["text"]) for a in requests[key]] for key in ("none", column)
+            ]
             assert ascii_only[0] == ascii_only[1]
         else:
             assert payload["answers_equal_to_cold"][column] == 8, column

@@ -49,7 +49,12 @@ def built_site(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
     proc = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
     )
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output
@@ -60,8 +65,13 @@ def test_site_builds_strict_without_warnings(built_site: tuple[Path, str]) -> No
     site, output = built_site
     problems = [line for line in output.splitlines() if re.match(r"\s*(WARNING|ERROR)\b", line)]
     assert problems == [], output
-    for page in ("index.html", "getting-started/index.html", "reference/api/index.html",
-                 "how-it-works/architecture/index.html", "benchmarks/index.html"):
+    for page in (
+        "index.html",
+        "getting-started/index.html",
+        "reference/api/index.html",
+        "how-it-works/architecture/index.html",
+        "benchmarks/index.html",
+    ):
         assert (site / page).is_file(), page
 
 
@@ -168,10 +178,18 @@ def test_pages_of_results_no_longer_present_are_kept_and_indexed(tmp_path: Path)
 def test_a_result_of_another_shape_is_paged_with_what_it_lacks_said(tmp_path: Path) -> None:
     results = tmp_path / "results"
     results.mkdir()
-    (results / "bench_codec.json").write_text(json.dumps({
-        "cpu_count": 2,
-        "codec": [{"state": "gemma f16 KV", "ratio": 1.159}, {"state": "gemma q8_0 KV", "ratio": 1.044}],
-    }), encoding="utf-8")
+    (results / "bench_codec.json").write_text(
+        json.dumps(
+            {
+                "cpu_count": 2,
+                "codec": [
+                    {"state": "gemma f16 KV", "ratio": 1.159},
+                    {"state": "gemma q8_0 KV", "ratio": 1.044},
+                ],
+            }
+        ),
+        encoding="utf-8",
+    )
     (results / "broken.json").write_text("{not json", encoding="utf-8")
     docs = tmp_path / "docs"
     written = write_reports.write_reports(results, docs)
@@ -193,9 +211,22 @@ def test_run_all_writes_the_pages_of_its_results(tmp_path: Path) -> None:
     before = index.read_text(encoding="utf-8")
     results, pages = tmp_path / "results", tmp_path / "pages"
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "run_all.py"), "--quick", "--only", "lookup_scaling",
-         "--results", str(results), "--pages", str(pages)],
-        cwd=ROOT, capture_output=True, text=True, timeout=600, check=False,
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "run_all.py"),
+            "--quick",
+            "--only",
+            "lookup_scaling",
+            "--results",
+            str(results),
+            "--pages",
+            str(pages),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     page = (pages / "lookup_scaling.md").read_text(encoding="utf-8")
@@ -204,9 +235,20 @@ def test_run_all_writes_the_pages_of_its_results(tmp_path: Path) -> None:
     assert "[lookup_scaling](lookup_scaling.md)" in (pages / "index.md").read_text(encoding="utf-8")
     # Results written elsewhere leave the published pages alone.
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "run_all.py"), "--quick", "--only", "lookup_scaling",
-         "--results", str(tmp_path / "other")],
-        cwd=ROOT, capture_output=True, text=True, timeout=600, check=False,
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "run_all.py"),
+            "--quick",
+            "--only",
+            "lookup_scaling",
+            "--results",
+            str(tmp_path / "other"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert index.read_text(encoding="utf-8") == before
@@ -267,11 +309,17 @@ def test_a_table_of_times_gets_a_chart_whose_bars_follow_the_values(tmp_path: Pa
     write_reports.write_reports(path.parent, docs)
     page = (docs / "bench_restore.md").read_text(encoding="utf-8")
     # The image comes right after its table, its alt text naming the table and the series.
-    assert "| fast | 250 ms | yes | RAM |\n\n![Bar chart of restore time (median): restore (s), by case]" \
+    assert (
+        "| fast | 250 ms | yes | RAM |\n\n![Bar chart of restore time (median): restore (s), by case]"
         "(bench_restore-1.svg)\n" in page
+    )
     bars = _bars(docs / "bench_restore-1.svg")
-    assert set(bars) == {"one: restore = 1.00 s", "two: restore = 2.00 s", "half: restore = 500 ms",
-                         "fast: restore = 250 ms"}
+    assert set(bars) == {
+        "one: restore = 1.00 s",
+        "two: restore = 2.00 s",
+        "half: restore = 500 ms",
+        "fast: restore = 250 ms",
+    }
     one = bars["one: restore = 1.00 s"]
     assert one > 0
     assert bars["two: restore = 2.00 s"] == pytest.approx(2 * one, rel=1e-3)

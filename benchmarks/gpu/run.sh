@@ -69,7 +69,7 @@ fi
 export PYTHONPATH="$root:$site${PYTHONPATH:+:$PYTHONPATH}"
 "$python" - <<'PY'
 import llama_cpp
-from snapcache.llama.host_memory import device_host_buffer_type
+from snapcache.llama.state.host_memory import device_host_buffer_type
 assert llama_cpp.llama_supports_gpu_offload(), "this llama-cpp-python has no GPU backend"
 print("llama.cpp:", llama_cpp.llama_print_system_info().decode().strip())
 print("pinned host memory:", device_host_buffer_type())

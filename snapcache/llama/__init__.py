@@ -5,11 +5,12 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-from snapcache.llama.adapters import set_control_vector, set_lora_adapters
-from snapcache.llama.chat_templates import GEMMA3_TEMPLATE, gemma3_chat_handler
-from snapcache.llama.fingerprint import file_fingerprint, model_fingerprint
-from snapcache.llama.loader import check_gguf_file, load_llama, route_llama_cpp_log
-from snapcache.llama.state import (
+from snapcache.llama.chat.chat_templates import GEMMA3_TEMPLATE, gemma3_chat_handler
+from snapcache.llama.exactness.adapters import set_control_vector, set_lora_adapters
+from snapcache.llama.exactness.fingerprint import file_fingerprint, model_fingerprint
+from snapcache.llama.exactness.support import unsupported_reason
+from snapcache.llama.setup.loader import check_gguf_file, load_llama, route_llama_cpp_log
+from snapcache.llama.state.sequences import (
     CapturedState,
     can_truncate,
     can_truncate_to,
@@ -17,10 +18,9 @@ from snapcache.llama.state import (
     restore_sequence,
     truncate_sequence,
 )
-from snapcache.llama.support import unsupported_reason
 
 if TYPE_CHECKING:
-    from snapcache.llama.cached import CachedLlama, attach, detach
+    from snapcache.llama.hook.cached import CachedLlama, attach, detach
 
 __all__ = [
     "GEMMA3_TEMPLATE",
@@ -47,5 +47,5 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name in ("CachedLlama", "attach", "detach"):
-        return getattr(import_module("snapcache.llama.cached"), name)
+        return getattr(import_module("snapcache.llama.hook.cached"), name)
     raise AttributeError(f"module 'snapcache.llama' has no attribute {name!r}")

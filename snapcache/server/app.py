@@ -28,11 +28,11 @@ from llama_cpp.server.settings import ServerSettings
 import snapcache
 from snapcache.key import DEFAULT_SCOPE
 from snapcache.llama.batch import Mode
-from snapcache.llama.cached import attach, detach
-from snapcache.llama.exactness import AUTO, Exactness, choose_exactness
-from snapcache.llama.fingerprint import model_fingerprint
-from snapcache.llama.fingerprint_notes import FingerprintNotes
-from snapcache.llama.hook import CacheHook
+from snapcache.llama.exactness.choice import AUTO, Exactness, choose_exactness
+from snapcache.llama.exactness.fingerprint import model_fingerprint
+from snapcache.llama.exactness.fingerprint_notes import FingerprintNotes
+from snapcache.llama.hook.cache_hook import CacheHook
+from snapcache.llama.hook.cached import attach, detach
 from snapcache.server.chat import ChatEngine, PromptRules, install_dialects
 from snapcache.server.checks import ModelLimits, RequestChecks
 from snapcache.server.errors import answer_client_errors

@@ -25,7 +25,7 @@ import anyio
 
 from snapcache.errors import InvalidArgument
 from snapcache.key import DEFAULT_SCOPE, validate_scope
-from snapcache.llama.request_streams import RequestStreams
+from snapcache.llama.hook.request_streams import RequestStreams
 from snapcache.server.chat.chat_completions import ON_ENGINE, runs_on_engine
 from snapcache.server.chat.rules import PromptRules
 from snapcache.server.checks import CHAT_PATH, COMPLETION_PATHS, RequestChecks, parse_body

@@ -21,9 +21,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, Info
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from snapcache.llama.exactness import ExactnessChoice
-from snapcache.llama.host_memory import pinned_report
-from snapcache.llama.reports import CompletionReport, RestoreInfo
+from snapcache.llama.exactness.choice import ExactnessChoice
+from snapcache.llama.state.host_memory import pinned_report
+from snapcache.llama.stored.reports import CompletionReport, RestoreInfo
 from snapcache.server.request import current_record
 from snapcache.store import MIN_TIMED_TOKENS, SavingsLedger, ScopeSavings, SnapshotStore
 

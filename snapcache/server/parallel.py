@@ -24,11 +24,11 @@ from llama_cpp.server import app as llama_server
 from starlette.concurrency import run_in_threadpool
 
 from snapcache.llama.batch import BatchedLlama, Mode, Scheduler, unbatched_reason
-from snapcache.llama.exactness import ExactnessChoice
-from snapcache.llama.fingerprint_notes import FingerprintNotes
-from snapcache.llama.miss import MissExplanation, explain_prompt
-from snapcache.llama.reports import CompletionListener
-from snapcache.llama.request_streams import current_streams
+from snapcache.llama.exactness.choice import ExactnessChoice
+from snapcache.llama.exactness.fingerprint_notes import FingerprintNotes
+from snapcache.llama.hook.miss import MissExplanation, explain_prompt
+from snapcache.llama.hook.request_streams import current_streams
+from snapcache.llama.stored.reports import CompletionListener
 from snapcache.server.request import current_scope
 from snapcache.store import SnapshotStore
 
@@ -126,7 +126,7 @@ def parallel_model(
 @contextlib.asynccontextmanager
 async def _stopping_streams() -> AsyncIterator[None]:
     """The model's use by one request: the streams it started and left unread (its client gone)
-    are closed before the model is given back (see `snapcache.llama.request_streams`)."""
+    are closed before the model is given back (see `snapcache.llama.hook.request_streams`)."""
     try:
         yield
     finally:

@@ -12,7 +12,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 
 from snapcache.key import DEFAULT_SCOPE
-from snapcache.llama.reports import RestoreInfo
+from snapcache.llama.stored.reports import RestoreInfo
 
 __all__ = ["RequestRecord", "current_record", "current_scope", "serving"]
 

@@ -21,8 +21,8 @@ from starlette.concurrency import run_in_threadpool
 
 from snapcache.errors import InvalidArgument
 from snapcache.key import DEFAULT_SCOPE, MAX_PRIORITY
-from snapcache.llama.hook import CacheHook
-from snapcache.llama.reports import WarmResult
+from snapcache.llama.hook.cache_hook import CacheHook
+from snapcache.llama.stored.reports import WarmResult
 from snapcache.server.chat.rules import PromptRules
 from snapcache.server.checks import AS_JSON_INTEGER, DETOKENIZE_PATH
 from snapcache.server.errors import error_document

@@ -284,7 +284,7 @@ def test_stats_counts_scopes_and_bytes(three, snapcache_dir):
 def runtime_kept_to_itself(monkeypatch):
     """doctor given a llama.cpp whose libraries keep their C++ runtime to themselves: a GPU build that
     exports it fails doctor (tests/llama/test_cxx_runtime.py), whatever the cache directory holds."""
-    from snapcache.llama import cxx_runtime
+    from snapcache.llama.setup import cxx_runtime
 
     monkeypatch.setattr(cxx_runtime, "installed_libraries", lambda: [])
 
@@ -350,7 +350,7 @@ def test_doctor_reports_llama_cpp_versions_and_the_cache_directory(snapcache_dir
 def test_doctor_says_how_states_reach_a_gpu(monkeypatch, buffer_type, setting, status, detail):
     """A GPU build's backend check (stood in for here: the device and its host buffer type are
     injected) names the pinned memory states go through, and a limit setting that is no size."""
-    from snapcache.llama import host_memory
+    from snapcache.llama.state import host_memory
     from snapcache_cli.commands import doctor
 
     found = None if buffer_type is None else host_memory.HostBufferType(0, buffer_type)
@@ -543,7 +543,7 @@ def test_unwritable_cache_directory_for_warm(tmp_path):
 
 
 def test_no_model_anywhere_names_the_three_ways(tmp_path, monkeypatch):
-    from snapcache.llama import demo_model
+    from snapcache.llama.setup import demo_model
 
     monkeypatch.delenv("SNAPCACHE_MODEL", raising=False)
     monkeypatch.setattr(demo_model, "default_model_path", lambda: None)  # the optional package is absent

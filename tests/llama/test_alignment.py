@@ -10,9 +10,9 @@ import pytest
 from chat_support import GREEDY, N_CTX, SYSTEM, chat, chat_reply, cold_chat, context_of
 
 import snapcache
-from snapcache.llama import alignment
-from snapcache.llama.alignment import measure_alignment
-from snapcache.llama.checkpoints import FINAL_TAIL_TOKENS
+from snapcache.llama.exactness import alignment
+from snapcache.llama.exactness.alignment import measure_alignment
+from snapcache.llama.stored.checkpoints import FINAL_TAIL_TOKENS
 
 pytestmark = pytest.mark.model
 

@@ -21,14 +21,14 @@ import pytest
 from typer.testing import CliRunner
 
 from snapcache import CachedLlama, SnapshotStore, load_llama, model_fingerprint
-from snapcache.llama import amx, build_flags, loader
-from snapcache.llama.amx import AmxCondition, amx_condition, rebuild_command
-from snapcache.llama.fingerprint import llama_system_info
+from snapcache.llama.exactness.fingerprint import llama_system_info
+from snapcache.llama.setup import amx, build_flags, loader
+from snapcache.llama.setup.amx import AmxCondition, amx_condition, rebuild_command
 from snapcache_cli.app import app
 from snapcache_cli.commands.doctor import amx_check
 
 REPO = Path(__file__).resolve().parents[2]
-BUILD_FLAGS = REPO / "snapcache" / "llama" / "build_flags.py"
+BUILD_FLAGS = REPO / "snapcache" / "llama" / "setup" / "build_flags.py"
 
 # Flags of the two kinds of machine seen: an Intel Sapphire Rapids Xeon and an AMD EPYC (Zen 4).
 SAPPHIRE_RAPIDS = (

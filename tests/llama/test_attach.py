@@ -10,7 +10,7 @@ from llama_cpp import llama_chat_format
 
 import snapcache
 from snapcache import InvalidArgument
-from snapcache.llama.cached import attached_hook
+from snapcache.llama.hook.cached import attached_hook
 
 pytestmark = pytest.mark.model
 

@@ -10,11 +10,11 @@ import pytest
 from chat_support import GREEDY, N_CTX, SYSTEM, chat, chat_reply, context_of
 
 from snapcache.key import BLOCK_TOKENS, SnapshotKey, as_token_array, block_keys
-from snapcache.llama.assembly import Assembly, _blob_start, assemble
-from snapcache.llama.blocks import KIND_PROMPT_END, read_record, split_state
-from snapcache.llama.cached import CachedLlama
-from snapcache.llama.capture_buffer import CaptureBuffer
-from snapcache.llama.state import capture_sequence
+from snapcache.llama.hook.cached import CachedLlama
+from snapcache.llama.state.assembly import Assembly, _blob_start, assemble
+from snapcache.llama.state.blocks import KIND_PROMPT_END, read_record, split_state
+from snapcache.llama.state.capture_buffer import CaptureBuffer
+from snapcache.llama.state.sequences import capture_sequence
 from snapcache.store import SnapshotStore
 
 RAW = "Report: the quick brown fox jumps over the lazy dog near the river bank today. " * 12
@@ -323,10 +323,10 @@ def test_a_window_assembled_padded_is_the_padded_assembly_byte_for_byte(
 
     import numpy as np
 
-    from snapcache.llama import assembly as assembly_module
-    from snapcache.llama._state_layout import pad_window, parse_sections
-    from snapcache.llama.assembly import _Layout
-    from snapcache.llama.blocks import pads_window
+    from snapcache.llama.state import assembly as assembly_module
+    from snapcache.llama.state._state_layout import pad_window, parse_sections
+    from snapcache.llama.state.assembly import _Layout
+    from snapcache.llama.state.blocks import pads_window
 
     gemma = make_llama(gemma_model_path, n_ctx=1024)
     gemma.eval(gemma.tokenize((RAW * 4).encode())[:700])  # past the 512-token window: it starts at 188
@@ -375,7 +375,7 @@ def test_a_window_is_padded_only_down_to_the_multiple_of_256_below_it(make_llama
     position modulo 256 (here from 256 on, not from 0); a window padded so needs no more."""
     import numpy as np
 
-    from snapcache.llama._state_layout import pad_window, parse_sections, window_start
+    from snapcache.llama.state._state_layout import pad_window, parse_sections, window_start
 
     gemma = make_llama(gemma_model_path, n_ctx=1024)
     gemma.eval(gemma.tokenize((RAW * 6).encode())[:900])
@@ -424,8 +424,8 @@ def test_a_warm_shorter_than_a_block_is_stored_whole_and_restores_as_cold(
 
 
 def test_a_point_before_the_first_block_ends_is_not_stored(make_llama, tiny_model_path, store):
-    from snapcache.llama.blocks import KIND_PREFIX
-    from snapcache.llama.stored_states import RestorePoint, StoredStates
+    from snapcache.llama.state.blocks import KIND_PREFIX
+    from snapcache.llama.stored.stored_states import RestorePoint, StoredStates
 
     llm = make_llama(tiny_model_path, n_ctx=N_CTX)
     tokens = llm.tokenize(RAW.encode())[:80]
@@ -439,8 +439,8 @@ def test_a_point_before_the_first_block_ends_is_not_stored(make_llama, tiny_mode
 
 
 def test_a_record_whose_token_count_differs_from_its_key_is_not_assembled(make_llama, tiny_model_path, store):
-    from snapcache.llama.blocks import KIND_PREFIX
-    from snapcache.llama.stored_states import StoredStates
+    from snapcache.llama.state.blocks import KIND_PREFIX
+    from snapcache.llama.stored.stored_states import StoredStates
 
     llm = make_llama(tiny_model_path, n_ctx=N_CTX)
     tokens = llm.tokenize(RAW.encode())[:200]
@@ -458,7 +458,7 @@ def test_a_record_whose_token_count_differs_from_its_key_is_not_assembled(make_l
 
 
 def test_find_on_a_closed_store_is_a_miss(make_llama, tiny_model_path, tmp_path):
-    from snapcache.llama.stored_states import StoredStates
+    from snapcache.llama.stored.stored_states import StoredStates
 
     llm = make_llama(tiny_model_path, n_ctx=N_CTX)
     tokens = llm.tokenize(RAW.encode())[:300]
@@ -477,8 +477,8 @@ def test_a_prefix_no_longer_than_the_one_held_is_a_miss_and_never_assembled(
 ):
     """`find(longer_than=n)`: a caller that holds n tokens of the prompt (a live sequence) gets
     only a longer prefix, and the store's shorter one is not read and assembled for nothing."""
-    from snapcache.llama.blocks import KIND_PREFIX
-    from snapcache.llama.stored_states import RestorePoint, StoredStates
+    from snapcache.llama.state.blocks import KIND_PREFIX
+    from snapcache.llama.stored.stored_states import RestorePoint, StoredStates
 
     llm = make_llama(tiny_model_path, n_ctx=N_CTX)
     tokens = llm.tokenize(RAW.encode())[:192]

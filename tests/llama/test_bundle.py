@@ -18,9 +18,9 @@ from chat_support import GREEDY, N_CTX, SYSTEM, chat, chat_reply, cold_chat, con
 
 from snapcache import export_bundle, import_bundle
 from snapcache.key import BLOCK_TOKENS, block_keys
-from snapcache.llama.bundle import BundleError, BundleRefused, CorruptBundle
-from snapcache.llama.cached import CachedLlama
-from snapcache.llama.fingerprint import model_fingerprint
+from snapcache.llama.exactness.fingerprint import model_fingerprint
+from snapcache.llama.hook.cached import CachedLlama
+from snapcache.llama.stored.bundle import BundleError, BundleRefused, CorruptBundle
 from snapcache.store import SnapshotStore
 
 pytestmark = pytest.mark.model

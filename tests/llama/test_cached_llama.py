@@ -27,9 +27,9 @@ from chat_support import (
 
 from snapcache.errors import InvalidArgument
 from snapcache.key import SnapshotKey, as_token_array
-from snapcache.llama.cached import CachedLlama
-from snapcache.llama.checkpoints import CHECKPOINT_ALIGN, final_point, ladder_points
-from snapcache.llama.fingerprint import model_fingerprint
+from snapcache.llama.exactness.fingerprint import model_fingerprint
+from snapcache.llama.hook.cached import CachedLlama
+from snapcache.llama.stored.checkpoints import CHECKPOINT_ALIGN, final_point, ladder_points
 from snapcache.store import SnapshotStore
 
 pytestmark = pytest.mark.model
@@ -205,7 +205,7 @@ def test_new_process_restores_from_the_disk_store(tmp_path, tiny_model_path):
         import json, sys
         from llama_cpp import Llama
         from snapcache.store import SnapshotStore
-        from snapcache.llama.cached import CachedLlama
+        from snapcache.llama.hook.cached import CachedLlama
 
         model, cache, step, system = sys.argv[1:5]
         llm = Llama(model_path=model, n_ctx=2048, n_threads=2, verbose=False)

@@ -15,8 +15,8 @@ from chat_support import chat as chat_with
 from chat_support import chat_reply as reply_of
 from chat_support import common_prefix, context_of
 
-from snapcache.llama.cached import CachedLlama
-from snapcache.llama.checkpoints import CHECKPOINT_ALIGN
+from snapcache.llama.hook.cached import CachedLlama
+from snapcache.llama.stored.checkpoints import CHECKPOINT_ALIGN
 
 pytestmark = [pytest.mark.model, pytest.mark.gemma, pytest.mark.slow]
 
@@ -226,7 +226,7 @@ def test_a_chat_restored_to_its_warmed_system_part_tokenizes_only_its_prompt(cac
 
 def test_decoding_at_once_gives_what_detokenize_gives_token_by_token(make_llama, gemma_model_path):
     from snapcache.key import as_token_array
-    from snapcache.llama.chat_prefix import _decode_at_once
+    from snapcache.llama.chat.chat_prefix import _decode_at_once
 
     llm = make_llama(gemma_model_path, n_ctx=N_CTX)
     rendered = f"<start_of_turn>user\n{SYSTEM}\n\n¿Qué tal? 1 + 1 = ?<end_of_turn>\n<start_of_turn>model\n"

@@ -6,7 +6,7 @@ import threading
 
 import numpy as np
 
-from snapcache.llama.capture_buffer import CaptureBuffer, capture_buffer
+from snapcache.llama.state.capture_buffer import CaptureBuffer, capture_buffer
 
 
 class Owner:

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from snapcache.key import SnapshotKey, as_token_array
-from snapcache.llama.blocks import KIND_PREFIX, KIND_PROMPT_END
-from snapcache.llama.checkpoints import CHECKPOINT_ALIGN, RestorePoint, checkpoint_plan, head_point
-from snapcache.llama.stored_states import StoredStates
+from snapcache.llama.state.blocks import KIND_PREFIX, KIND_PROMPT_END
+from snapcache.llama.stored.checkpoints import CHECKPOINT_ALIGN, RestorePoint, checkpoint_plan, head_point
+from snapcache.llama.stored.stored_states import StoredStates
 from snapcache.store import SnapshotStore
 
 FINGERPRINT = "f" * 64

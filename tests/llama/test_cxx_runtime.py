@@ -22,8 +22,8 @@ import llama_cpp
 import pytest
 from typer.testing import CliRunner
 
-from snapcache.llama import amx, build_flags, cxx_runtime
-from snapcache.llama.cxx_runtime import (
+from snapcache.llama.setup import amx, build_flags, cxx_runtime
+from snapcache.llama.setup.cxx_runtime import (
     EXCLUDE_LIBS,
     LibraryLinkage,
     exporting_libraries,

@@ -22,10 +22,10 @@ import pytest
 from conftest import LLAMA_THREADS
 from tiny_model import ARCHITECTURES, control_vector, write_tiny_lora, write_tiny_model
 
-from snapcache.llama.adapters import set_control_vector, set_lora_adapters
-from snapcache.llama.cached import CachedLlama
-from snapcache.llama.exactness import Exactness
-from snapcache.llama.support import FLASH_ATTN_REASON, unsupported_reason
+from snapcache.llama.exactness.adapters import set_control_vector, set_lora_adapters
+from snapcache.llama.exactness.choice import Exactness
+from snapcache.llama.exactness.support import FLASH_ATTN_REASON, unsupported_reason
+from snapcache.llama.hook.cached import CachedLlama
 from snapcache.store import SnapshotStore
 
 pytestmark = pytest.mark.model

@@ -19,9 +19,10 @@ from tiny_model import control_vector, write_tiny_llama, write_tiny_lora, write_
 
 from snapcache.errors import InvalidArgument, ModelError
 from snapcache.key import SnapshotKey
-from snapcache.llama import capture_sequence, fingerprint, model_fingerprint
-from snapcache.llama.adapters import set_control_vector, set_lora_adapters
-from snapcache.llama.fingerprint import file_fingerprint, shard_paths
+from snapcache.llama import capture_sequence, model_fingerprint
+from snapcache.llama.exactness import fingerprint, model_files
+from snapcache.llama.exactness.adapters import set_control_vector, set_lora_adapters
+from snapcache.llama.exactness.fingerprint import file_fingerprint, shard_paths
 
 _HEX = re.compile(r"[0-9a-f]{1,64}")
 
@@ -77,12 +78,12 @@ def test_sampled_mode_reads_every_small_tensor_and_pieces_of_large_ones(
     """Past the header, each tensor is read whole up to 3 samples, else as its head, middle and tail."""
     size = tiny_model_path.stat().st_size
     with open(tiny_model_path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        layout = fingerprint._parse_layout(data, size)
+        layout = model_files._parse_layout(data, size)
     assert 0 < layout.header_end <= layout.data_start < size
     assert len(layout.tensor_offsets) == 2 + 9 * 2 + 1  # embeddings, 9 per layer, output norm and matrix
-    ranges = fingerprint._sampled_ranges(layout, size)
+    ranges = model_files._sampled_ranges(layout, size)
     assert ranges[0] == (0, layout.header_end)
-    piece = fingerprint.TENSOR_SAMPLE_BYTES
+    piece = model_files.TENSOR_SAMPLE_BYTES
     assert all(end - start in (piece,) or end - start <= 3 * piece for start, end in ranges[1:])
     assert ranges[-1][1] == size
 
@@ -91,13 +92,13 @@ def test_file_part_is_computed_once_per_file_identity(
     tiny_model_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls: list[Path] = []
-    real_hash = fingerprint._hash_file
+    real_hash = model_files._hash_file
 
-    def counting(path: Path, size: int, mode: fingerprint.Content) -> bytes:
+    def counting(path: Path, size: int, mode: model_files.Content) -> bytes:
         calls.append(path)
         return real_hash(path, size, mode)
 
-    monkeypatch.setattr(fingerprint, "_hash_file", counting)
+    monkeypatch.setattr(model_files, "_hash_file", counting)
     copy = _copy(tiny_model_path, tmp_path / "cached.gguf")
     first = file_fingerprint(copy)
     assert file_fingerprint(copy) == first
@@ -382,6 +383,6 @@ def test_repeated_model_fingerprint_reads_no_file_again(
     def no_reading(*args: Any) -> Any:
         raise AssertionError("the model file was read again")
 
-    monkeypatch.setattr(fingerprint, "_hash_file", no_reading)
-    monkeypatch.setattr(fingerprint, "_read_layout", no_reading)
+    monkeypatch.setattr(model_files, "_hash_file", no_reading)
+    monkeypatch.setattr(model_files, "_read_layout", no_reading)
     assert model_fingerprint(tiny_llama) == first

@@ -12,9 +12,9 @@ from conftest import MakeLlama
 from test_sparse_memory import _kernel_maps_ahead, _resident_bytes
 from tiny_model import write_geometry_model
 
-from snapcache.llama.assembly import Assembly, _Layout
-from snapcache.llama.blocks import KIND_PROMPT_END, read_record, split_state
-from snapcache.llama.state import capture_sequence
+from snapcache.llama.state.assembly import Assembly, _Layout
+from snapcache.llama.state.blocks import KIND_PROMPT_END, read_record, split_state
+from snapcache.llama.state.sequences import capture_sequence
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 

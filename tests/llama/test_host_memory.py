@@ -20,13 +20,18 @@ from test_scheduler import GREEDY, N_CTX, SYSTEM, prompts, solo
 
 from snapcache.errors import InvalidArgument
 from snapcache.formats import threads
-from snapcache.llama import capture_buffer as capture_buffer_module
-from snapcache.llama import host_memory
 from snapcache.llama.batch import Scheduler
 from snapcache.llama.batch import _context as context_module
-from snapcache.llama.cached import CachedLlama, attach, detach
-from snapcache.llama.capture_buffer import CaptureBuffer, capture_buffer
-from snapcache.llama.host_memory import PinnedMemory, cpu_buffer_type, parse_byte_size, pinned_limit
+from snapcache.llama.hook.cached import CachedLlama, attach, detach
+from snapcache.llama.state import capture_buffer as capture_buffer_module
+from snapcache.llama.state import host_memory
+from snapcache.llama.state.capture_buffer import CaptureBuffer, capture_buffer
+from snapcache.llama.state.host_memory import (
+    PinnedMemory,
+    cpu_buffer_type,
+    parse_byte_size,
+    pinned_limit,
+)
 from snapcache.store import SnapshotStore
 
 

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from snapcache.llama.cached import CachedLlama
-from snapcache.llama.fingerprint import model_fingerprint
-from snapcache.llama.support import FLASH_ATTN_REASON
+from snapcache.llama.exactness.fingerprint import model_fingerprint
+from snapcache.llama.exactness.support import FLASH_ATTN_REASON
+from snapcache.llama.hook.cached import CachedLlama
 from snapcache.store import SnapshotStore
 
 pytestmark = pytest.mark.model
@@ -119,7 +119,7 @@ def test_serve_options_carry_exact_false_to_the_hook(
     make_llama: Any, tiny_model_path: Path, store: SnapshotStore
 ) -> None:
     pytest.importorskip("fastapi")
-    from snapcache.llama.cached import attached_hook, detach
+    from snapcache.llama.hook.cached import attached_hook, detach
     from snapcache.server import ServeOptions, create_app
 
     llm = make_llama(tiny_model_path, n_ctx=N_CTX)
@@ -155,7 +155,7 @@ def test_states_follow_the_fingerprint_when_a_control_vector_is_set_after_the_ho
 ) -> None:
     from tiny_model import N_EMBD, control_vector
 
-    from snapcache.llama.adapters import set_control_vector
+    from snapcache.llama.exactness.adapters import set_control_vector
 
     llm = make_llama(tiny_model_path, n_ctx=N_CTX)
     cached = CachedLlama(llm, store)
@@ -216,7 +216,7 @@ def test_auto_restores_inexactly_where_the_probe_finds_no_split_point(
     make_llama: Any, tiny_model_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """What a CUDA build measures (no split point keeps its results bit for bit), injected."""
-    from snapcache.llama import alignment
+    from snapcache.llama.exactness import alignment
 
     monkeypatch.setattr(alignment, "_measured", {})
     monkeypatch.setattr(alignment, "measure_alignment", lambda llm: None)

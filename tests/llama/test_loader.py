@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from snapcache import InvalidArgument, ModelError, SnapcacheError, load_llama
-from snapcache.llama.chat_templates import GEMMA3_TEMPLATE
-from snapcache.llama.loader import usable_cores
+from snapcache.llama.chat.chat_templates import GEMMA3_TEMPLATE
+from snapcache.llama.setup.loader import usable_cores
 
 SYSTEM = "You are Desk, a careful assistant. Never delete files."
 QUESTION = "Where is the plumber's invoice?"
@@ -243,7 +243,7 @@ def test_llama_cpp_log_goes_to_logging_only_when_asked(tiny_model_path):
 def test_kv_cache_sets_the_cache_type_and_flash_attention_together(wide_heads_model_path):
     import llama_cpp
 
-    from snapcache.llama.support import unsupported_reason
+    from snapcache.llama.exactness.support import unsupported_reason
 
     disabled = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
     for name, cache_type, flash_attn in [
@@ -272,8 +272,8 @@ def test_kv_cache_refuses_an_unknown_name_and_the_keywords_it_sets(wide_heads_mo
 def test_swa_cache_sizes_the_window_cache_and_the_fingerprint_tells_them_apart(tmp_path):
     from tiny_model import write_tiny_model
 
-    from snapcache.llama.fingerprint import model_fingerprint
-    from snapcache.llama.state import pads_windows
+    from snapcache.llama.exactness.fingerprint import model_fingerprint
+    from snapcache.llama.state.sequences import pads_windows
 
     model = write_tiny_model(tmp_path / "tiny-gemma2.gguf", "gemma2")
     fingerprints = {}

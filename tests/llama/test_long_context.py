@@ -22,7 +22,7 @@ import pytest
 from conftest import MakeLlama
 from tiny_model import write_tiny_llama
 
-from snapcache.llama.cached import CachedLlama
+from snapcache.llama.hook.cached import CachedLlama
 from snapcache.store import SnapshotStore
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]

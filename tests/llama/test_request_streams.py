@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import pytest
 
 from snapcache.llama.batch._detached import DetachedStream
-from snapcache.llama.request_streams import RequestStreams, current_streams, stop_with_request
+from snapcache.llama.hook.request_streams import RequestStreams, current_streams, stop_with_request
 
 _LABEL: contextvars.ContextVar[str] = contextvars.ContextVar("label", default="none")
 

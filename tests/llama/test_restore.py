@@ -23,11 +23,11 @@ from snapcache.llama import (
     restore_sequence,
     truncate_sequence,
 )
-from snapcache.llama import capture_buffer as capture_buffer_module
-from snapcache.llama.capture_buffer import capture_buffer
-from snapcache.llama.checkpoints import CHECKPOINT_ALIGN
-from snapcache.llama.host_memory import PinnedMemory, cpu_buffer_type
-from snapcache.llama.state import can_truncate_to
+from snapcache.llama.state import capture_buffer as capture_buffer_module
+from snapcache.llama.state.capture_buffer import capture_buffer
+from snapcache.llama.state.host_memory import PinnedMemory, cpu_buffer_type
+from snapcache.llama.state.sequences import can_truncate_to
+from snapcache.llama.stored.checkpoints import CHECKPOINT_ALIGN
 from snapcache.snapshot import Snapshot
 
 pytestmark = pytest.mark.model

@@ -17,7 +17,7 @@ from snapcache.llama import capture_sequence
 from snapcache.llama.batch import SamplingParams, Scheduler
 from snapcache.llama.batch._context import SequenceContext
 from snapcache.llama.batch._streams import to_one_stream, to_streams
-from snapcache.llama.cached import CachedLlama
+from snapcache.llama.hook.cached import CachedLlama
 from snapcache.store import SnapshotStore
 
 pytestmark = pytest.mark.model
@@ -167,7 +167,7 @@ def test_a_quantized_cache_crosses_layouts_and_answers_as_cold(
 ) -> None:
     """`load_llama(kv_cache=...)`'s flash attention over a quantized cache: a state warmed on the
     Llama's own context serves a request in a sequence of the scheduler's, and the answer is cold's."""
-    from snapcache.llama.loader import KV_CACHE_TYPES
+    from snapcache.llama.setup.loader import KV_CACHE_TYPES
 
     cache_type, _ = KV_CACHE_TYPES[kv_cache]
     quantized = make_llama(
@@ -217,7 +217,7 @@ def test_an_inexact_scheduler_reuses_prompts_at_any_token_under_its_own_fingerpr
 ) -> None:
     """`exact=False`: a later request reuses every token it shares with the prompt a sequence holds
     (not cut down to the split alignment), and what it saves is kept apart from exact states."""
-    from snapcache.llama.fingerprint import model_fingerprint
+    from snapcache.llama.exactness.fingerprint import model_fingerprint
 
     asks = [llm.tokenize(f"{SYSTEM}Question {i}: where is the fox?".encode()) for i in range(2)]
     shared = next(i for i, (a, b) in enumerate(zip(*asks, strict=False)) if a != b)
@@ -262,7 +262,7 @@ def test_a_stored_prompt_end_supersedes_the_one_its_conversation_stored_before(
 ) -> None:
     """As on a single sequence: the next turn of a chat (reusing its sequence) stores its own prompt
     end, and the previous turn's goes; another conversation's stays."""
-    from snapcache.llama.checkpoints import align_down, final_point
+    from snapcache.llama.stored.checkpoints import align_down, final_point
 
     s = scheduler(n_seq=2)
     turn = prompts(llm, 3, SYSTEM)[2]

@@ -15,7 +15,7 @@ import pytest
 from test_scheduler import solo
 
 from snapcache.llama.batch import BatchedLlama, SamplingParams, Scheduler
-from snapcache.llama.cached import CachedLlama
+from snapcache.llama.hook.cached import CachedLlama
 from snapcache.store import SnapshotStore
 
 pytestmark = [pytest.mark.model, pytest.mark.gemma, pytest.mark.slow]
@@ -135,7 +135,7 @@ def test_every_request_of_a_burst_stores_its_prompt_end(
     stops there: each request of a burst stops at its prompt-end point and stores it, also while
     another waits for its first token (the next turn of its chat restores it). Both answer as cold."""
     from snapcache.key import SnapshotKey
-    from snapcache.llama.checkpoints import final_point
+    from snapcache.llama.stored.checkpoints import final_point
 
     system = list(gemma.tokenize(SYSTEM.encode()))
     CachedLlama(gemma, store, "agents").warm(system)

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from tiny_model import write_tiny_model
 
 from snapcache.llama.batch import BatchedLlama, Scheduler
-from snapcache.llama.cached import CachedLlama
+from snapcache.llama.hook.cached import CachedLlama
 from snapcache.store import SnapshotStore
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]

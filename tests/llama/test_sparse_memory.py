@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from snapcache.llama._sparse_memory import empty_in_pieces, populate_for_reading, sparse_zeros
+from snapcache.llama.state._sparse_memory import empty_in_pieces, populate_for_reading, sparse_zeros
 
 
 def _smaps_field(address: int, name: str) -> list[str]:

@@ -7,7 +7,7 @@ from chat_support import DOCUMENT, GREEDY, N_CTX, SYSTEM, chat, chat_reply, cold
 from llama_cpp import llama_chat_format
 
 from snapcache.errors import InvalidArgument
-from snapcache.llama.cached import CachedLlama
+from snapcache.llama.hook.cached import CachedLlama
 
 pytestmark = pytest.mark.model
 
@@ -150,7 +150,7 @@ def test_a_chat_handler_that_tokenizes_something_else_first_still_warms_its_syst
 
 def test_a_chat_handler_that_hands_over_text_warms_the_tokens_create_completion_reads(cached):
     from snapcache.key import as_token_array
-    from snapcache.llama.chat_prefix import text_prompt_tokens
+    from snapcache.llama.chat.chat_prefix import text_prompt_tokens
 
     warmer = cached(scope="text")
     llm = warmer.llm

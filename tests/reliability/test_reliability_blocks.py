@@ -43,8 +43,8 @@ from snapcache.formats.pack_file import decode_member, encode_pack, read_pack_he
 from snapcache.formats.snapshot_file import FLAG_MAC, decode, encode, mac_key
 from snapcache.key import BLOCK_TOKENS, as_token_array, block_keys
 from snapcache.llama import capture_sequence
-from snapcache.llama.blocks import split_state
-from snapcache.llama.stored_states import StoredStates
+from snapcache.llama.state.blocks import split_state
+from snapcache.llama.stored.stored_states import StoredStates
 
 pytestmark = pytest.mark.model
 

@@ -448,7 +448,7 @@ def open_store(directory, url, **kwargs):
 def test_second_machine_restores_from_redis_like_cold(server, tmp_path, make_llama, tiny_model_path):
     from chat_support import DOCUMENT, GREEDY, N_CTX, context_of
 
-    from snapcache.llama.cached import CachedLlama
+    from snapcache.llama.hook.cached import CachedLlama
 
     prompt = DOCUMENT + "Question: what does the fox do?\nAnswer:"
     with open_store(tmp_path / "machine-a", server.url) as first:
@@ -490,7 +490,7 @@ def test_second_machine_restores_from_redis_like_cold(server, tmp_path, make_lla
 def test_a_machine_with_another_secret_reads_the_prompt_itself(server, tmp_path, make_llama, tiny_model_path):
     from chat_support import DOCUMENT, GREEDY, N_CTX, context_of
 
-    from snapcache.llama.cached import CachedLlama
+    from snapcache.llama.hook.cached import CachedLlama
     from snapcache.store import SnapshotStore
 
     prompt = DOCUMENT + "Question: where is the dog?\nAnswer:"
@@ -557,7 +557,7 @@ def test_a_record_whose_blocks_were_evicted_is_a_shorter_prefix_not_an_error(
 ):
     from chat_support import DOCUMENT, GREEDY, N_CTX, context_of
 
-    from snapcache.llama.cached import CachedLlama
+    from snapcache.llama.hook.cached import CachedLlama
 
     prompt = DOCUMENT + "Question: is the dog lazy?\nAnswer:"
     with open_store(tmp_path / "machine-a", server.url) as first:

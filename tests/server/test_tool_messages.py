@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from snapcache.llama.chat_templates import GEMMA3_TEMPLATE
+from snapcache.llama.chat.chat_templates import GEMMA3_TEMPLATE
 from snapcache.server.chat.request import text_of
 from snapcache.server.errors import BadRequest
 from snapcache.server.tools import (

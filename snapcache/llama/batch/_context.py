@@ -28,9 +28,9 @@ from snapcache.errors import ModelError
 from snapcache.formats.threads import RESTORE_THREADS
 from snapcache.key import TokenArray
 from snapcache.llama.batch._streams import to_one_stream, to_streams
-from snapcache.llama.capture_buffer import CaptureBuffer
-from snapcache.llama.host_memory import pinned_memory_for
-from snapcache.llama.state import CapturedState, _checked_blob
+from snapcache.llama.state.capture_buffer import CaptureBuffer
+from snapcache.llama.state.host_memory import pinned_memory_for
+from snapcache.llama.state.sequences import CapturedState, _checked_blob
 from snapcache.snapshot import Snapshot
 
 __all__ = ["Chunk", "SequenceContext"]

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
-from snapcache.llama.request_streams import RequestStreams
+from snapcache.llama.hook.request_streams import RequestStreams
 
 __all__ = ["DetachedStream"]
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from snapcache.key import SnapshotKey, TokenArray
 from snapcache.llama.batch._context import SequenceContext
-from snapcache.llama.checkpoints import align_down
+from snapcache.llama.stored.checkpoints import align_down
 
 __all__ = ["Held", "LivePrefixes"]
 

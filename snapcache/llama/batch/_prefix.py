@@ -21,17 +21,16 @@ import llama_cpp
 from snapcache.errors import SnapcacheError
 from snapcache.key import BLOCK_TOKENS, SnapshotKey, TokenArray
 from snapcache.llama.batch._context import SequenceContext
-from snapcache.llama.blocks import KIND_PROMPT_END
-from snapcache.llama.checkpoints import RestorePoint
-from snapcache.llama.exactness import AUTO, Exactness, ExactnessChoice, choose_exactness
-from snapcache.llama.fingerprint import model_fingerprint
-from snapcache.llama.fingerprint_notes import FingerprintNotes
-from snapcache.llama.prefix_cache import PrefixCache
-from snapcache.llama.prefix_loader import PrefixLoader
-from snapcache.llama.readiness import Readiness
-from snapcache.llama.reports import Source
-from snapcache.llama.state import CapturedState
-from snapcache.llama.stored_states import Found
+from snapcache.llama.exactness.choice import AUTO, Exactness, ExactnessChoice, choose_exactness
+from snapcache.llama.exactness.fingerprint import model_fingerprint
+from snapcache.llama.exactness.fingerprint_notes import FingerprintNotes
+from snapcache.llama.exactness.readiness import Readiness
+from snapcache.llama.state.blocks import KIND_PROMPT_END
+from snapcache.llama.state.sequences import CapturedState
+from snapcache.llama.stored.checkpoints import RestorePoint
+from snapcache.llama.stored.prefix_cache import PrefixCache
+from snapcache.llama.stored.reports import Source
+from snapcache.llama.stored.stored_states import Found
 from snapcache.prompt_tokens import PromptTokens
 from snapcache.store import SnapshotStore
 
@@ -97,7 +96,7 @@ class SequenceCache:
             prefix_reuse=prefix_reuse,
             exact=exact,
         )
-        readiness = Readiness(llm, PrefixLoader(llm, cache), notes, exact=exact)
+        readiness = Readiness(llm, cache, notes, exact=exact)
         self.uncacheable = readiness.reason_not(saving=save)
         if self.uncacheable is not None:
             _log.warning("%s", self.uncacheable)

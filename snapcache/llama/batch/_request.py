@@ -11,7 +11,7 @@ from typing import Literal
 from snapcache.errors import SnapcacheError
 from snapcache.key import TokenArray
 from snapcache.llama.batch._sampling import SamplingParams
-from snapcache.llama.reports import RestoreInfo
+from snapcache.llama.stored.reports import RestoreInfo
 
 __all__ = ["FinishReason", "Request", "SchedulerError"]
 

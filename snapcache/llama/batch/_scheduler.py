@@ -59,14 +59,16 @@ import numpy as np
 
 from snapcache.errors import InvalidArgument
 from snapcache.key import BLOCK_TOKENS, DEFAULT_SCOPE, SnapshotKey, Tokens, as_token_array, validate_scope
-from snapcache.llama.adapters import adapter_settings
 from snapcache.llama.batch._context import Chunk, SequenceContext
 from snapcache.llama.batch._live import Held, LivePrefixes
 from snapcache.llama.batch._prefix import PendingSave, Restored, SequenceCache
 from snapcache.llama.batch._request import FinishReason, Request, SchedulerError
 from snapcache.llama.batch._sampling import SamplerChain, SamplingParams
-from snapcache.llama.blocks import KIND_PROMPT_END
-from snapcache.llama.checkpoints import (
+from snapcache.llama.exactness.adapters import adapter_settings
+from snapcache.llama.exactness.choice import AUTO, Exactness, ExactnessChoice
+from snapcache.llama.state.blocks import KIND_PROMPT_END
+from snapcache.llama.state.sequences import can_truncate
+from snapcache.llama.stored.checkpoints import (
     CHECKPOINT_ALIGN,
     DEFAULT_PREFIX_REUSE,
     MIN_PREFIX_TOKENS,
@@ -74,9 +76,7 @@ from snapcache.llama.checkpoints import (
     align_down,
     head_point,
 )
-from snapcache.llama.exactness import AUTO, Exactness, ExactnessChoice
-from snapcache.llama.reports import RestoreInfo
-from snapcache.llama.state import can_truncate
+from snapcache.llama.stored.reports import RestoreInfo
 from snapcache.store import SnapshotStore
 
 __all__ = ["Mode", "Scheduler"]

@@ -18,7 +18,12 @@ from collections.abc import Callable
 import numpy as np
 import numpy.typing as npt
 
-from snapcache.llama._state_layout import BLOB_HEADER_BYTES, CELL_META_BYTES, parse_layers, read_header
+from snapcache.llama.state._state_layout import (
+    BLOB_HEADER_BYTES,
+    CELL_META_BYTES,
+    parse_layers,
+    read_header,
+)
 
 __all__ = ["to_one_stream", "to_streams"]
 

@@ -27,10 +27,11 @@ from typing import Any, Literal, TypeVar
 import anyio
 from llama_cpp.server import app as llama_server
 
+from snapcache.server.chat.generic_tools import GenericTools
 from snapcache.server.chat.native_tools import NativeTools
 from snapcache.server.chat.request import ChatRequest, ToolCallRequest
 from snapcache.server.chat.rules import PromptRules
-from snapcache.server.chat.tool_format import ToolFormat, tool_format_for
+from snapcache.server.chat.tool_format import ToolFormat
 from snapcache.server.errors import BadRequest, client_error
 from snapcache.server.request import RequestRecord, serving
 from snapcache.server.tools import StreamItem, ToolCall
@@ -341,3 +342,10 @@ def _overlap(text: str, stop: str) -> int:
         if text.endswith(stop[:i]):
             return i
     return 0
+
+
+def tool_format_for(request: ChatRequest, llm: Any) -> ToolFormat:
+    """The format for `request` on `llm` (the loaded `llama_cpp.Llama`): the model's own where its
+    template renders tools, else the generic one."""
+    native = NativeTools.for_model(llm)
+    return native if native is not None else GenericTools.for_model(llm)

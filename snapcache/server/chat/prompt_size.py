@@ -6,7 +6,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from snapcache.llama.chat_prefix import ChatPrefixFinder
+from snapcache.llama.chat.chat_prefix import ChatPrefixFinder
 from snapcache.server.chat.engine import ChatEngine
 from snapcache.server.chat.request import ChatRequest
 from snapcache.server.errors import BadRequest

@@ -7,7 +7,7 @@ ends with the answer's last event (`Final`): what the events do after it (the mo
 runs after the client has its whole answer, so a client that closes on that event closes a finished
 response. The whole answer runs in the task that serves the request (the model's turn is taken and
 given back there), and a client gone cancels it: the model's work for it too, even before its first
-event (see `snapcache.llama.request_streams`). A whole (not streamed) answer is watched the same way
+event (see `snapcache.llama.hook.request_streams`). A whole (not streamed) answer is watched the same way
 (`until_disconnect`).
 """
 
@@ -23,7 +23,7 @@ import anyio
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from snapcache.llama.request_streams import RequestStreams
+from snapcache.llama.hook.request_streams import RequestStreams
 from snapcache.server.errors import BadRequest
 
 __all__ = ["EventStream", "Final", "as_failure", "until_disconnect"]

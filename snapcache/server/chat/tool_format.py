@@ -1,6 +1,6 @@
 """The seam between a chat request's tools and a model: how to render them, constrain the answer, read it.
 
-`tool_format_for` picks the format for a request and a model: the model's own (`native_tools`) where
+`engine.tool_format_for` picks the format for a request and a model: the model's own (`native_tools`) where
 the chat template it renders with (its GGUF's `tokenizer.chat_template`) writes calls in a format
 `snapcache.server.tools` reads and places the tools itself; else the generic format
 (`generic_tools`), which works with any template.
@@ -18,7 +18,7 @@ from llama_cpp.llama_grammar import LlamaGrammar
 from snapcache.server.chat.request import ChatRequest
 from snapcache.server.tools import StreamItem
 
-__all__ = ["PlainReader", "ReplyReader", "ToolFormat", "chat_template", "checked_grammar", "tool_format_for"]
+__all__ = ["PlainReader", "ReplyReader", "ToolFormat", "chat_template", "checked_grammar"]
 
 _log = logging.getLogger("snapcache")
 
@@ -94,15 +94,6 @@ def chat_template(llm: Any) -> str | None:
         return None
     template = getattr(llm, "metadata", {}).get("tokenizer.chat_template")
     return template if isinstance(template, str) and template else None
-
-
-def tool_format_for(request: ChatRequest, llm: Any) -> ToolFormat:
-    """The format for `request` on `llm` (the loaded `llama_cpp.Llama`)."""
-    from snapcache.server.chat.generic_tools import GenericTools
-    from snapcache.server.chat.native_tools import NativeTools
-
-    native = NativeTools.for_model(llm)
-    return native if native is not None else GenericTools.for_model(llm)
 
 
 @functools.lru_cache(maxsize=32)

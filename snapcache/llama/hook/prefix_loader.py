@@ -1,0 +1,196 @@
+"""Put the longest available prefix of a prompt into a Llama's context, and save what it holds.
+
+The Llama's own context is reused when it already holds a prefix it can be cut back to, and belongs
+to the same scope (a scope never reuses another's prompt, not even the one left in the context);
+otherwise the store's longest stored prefix is restored (`PrefixCache.restore_longest`, as the
+batched path restores its sequences).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import llama_cpp
+import numpy as np
+
+from snapcache.errors import SnapcacheError
+from snapcache.key import SnapshotKey, TokenArray
+from snapcache.llama.chat.chat_prefix import common_prefix
+from snapcache.llama.state.blocks import KIND_PREFIX, KIND_PROMPT_END
+from snapcache.llama.state.capture_buffer import capture_buffer
+from snapcache.llama.state.sequences import (
+    can_truncate_to,
+    capture_sequence,
+    restore_sequence,
+    truncate_sequence,
+)
+from snapcache.llama.stored.checkpoints import RestorePoint, align_down
+from snapcache.llama.stored.prefix_cache import PrefixCache
+from snapcache.llama.stored.reports import Source, WarmResult
+from snapcache.llama.stored.stored_states import Found, StoredStates
+from snapcache.prompt_tokens import PromptTokens
+
+__all__ = ["PrefixLoader", "Progress"]
+
+Progress = Callable[[int, int], None]
+
+_log = logging.getLogger("snapcache")
+
+# The (fingerprint, scope) whose completion last filled the Llama's context: no other reuses it.
+_CONTEXT_SCOPE_ATTRIBUTE = "_snapcache_context_scope"
+# How many leading tokens of the context were read as a prompt: the generated ones after them were
+# read one at a time, which is not what a cold read of the same text computes.
+_CONTEXT_PROMPT_ATTRIBUTE = "_snapcache_context_prompt"
+
+
+class PrefixLoader:
+    """Moves states between one Llama's context (sequence 0) and the store, by `cache`'s rules."""
+
+    def __init__(self, llm: llama_cpp.Llama, cache: PrefixCache) -> None:
+        self._llm = llm
+        self.cache = cache
+        # The record the last `load` restored, when it was the end of a prompt: the next turn of that
+        # conversation stores its own end and may supersede it.
+        self.restored_prompt_end: SnapshotKey | None = None
+
+    @property
+    def states(self) -> StoredStates:
+        return self.cache.states
+
+    @property
+    def fingerprint(self) -> str:
+        """The fingerprint states are saved and found under: set again when adapters change it."""
+        return self.cache.fingerprint
+
+    @fingerprint.setter
+    def fingerprint(self, value: str) -> None:
+        self.cache.fingerprint = value
+
+    def load(
+        self, tokens: TokenArray | PromptTokens, scope: str, alignment: int
+    ) -> tuple[int, Source | None]:
+        """Make the context hold the longest available prefix of `tokens`; return its length and source.
+
+        The Llama's own context wins when it already holds at least as long a prefix that it read as
+        a prompt and can be cut back to, at a multiple of `alignment` (a cut elsewhere would not read
+        on as a cold read does); otherwise the store's longest prefix is restored.
+        """
+        llm = self._llm
+        self.restored_prompt_end = None
+        prompt = PromptTokens.of(tokens)
+        tokens = prompt.array
+        live = self._reusable(tokens, scope, alignment)
+        setattr(llm, _CONTEXT_SCOPE_ATTRIBUTE, (self.fingerprint, scope))
+        held = int(llm.n_tokens)
+
+        def restore(found: Found) -> bool | None:
+            if restore_sequence(llm, found.snapshot, tokens, window_padded=found.window_padded):
+                return True
+            # Refused: by llama.cpp, which cleared the sequence (nothing more to try), or before any
+            # byte reached it (no room, say: the context is as it was and a shorter prefix may fit).
+            return None if held > 0 and int(llm.n_tokens) == 0 else False
+
+        # Assembled in the Llama's own touched buffer, which llama.cpp then copies from (pinned on a
+        # GPU, where a restore may use more threads: llama.cpp's own are idle while it waits).
+        buffer = capture_buffer(llm)
+        found = self.cache.restore_longest(
+            prompt, scope, restore, longer_than=live, buffer=buffer, workers=buffer.workers
+        )
+        if found is not None:
+            if found.kind == KIND_PROMPT_END:
+                self.restored_prompt_end = found.record_key
+            return found.snapshot.key.token_count, found.source
+        if held > 0 and int(llm.n_tokens) == 0:
+            return 0, None  # empty: llama.cpp refused a state and the sequence was cleared
+        if live < int(llm.n_tokens) and not truncate_sequence(llm, live):
+            truncate_sequence(llm, 0)  # _reusable_context said it could; llama.cpp disagreed
+            live = 0
+        return live, "context" if live > 0 else None
+
+    def mark_read(self, n_tokens: int) -> None:
+        """The context's first `n_tokens` were read as a prompt (what `load` may reuse later)."""
+        setattr(self._llm, _CONTEXT_PROMPT_ATTRIBUTE, n_tokens)
+
+    def _reusable(self, tokens: TokenArray, scope: str, alignment: int) -> int:
+        """How many tokens of `tokens` the context holds for `scope`, read as a prompt, and can be
+        cut back to at a multiple of `alignment`."""
+        llm = self._llm
+        held = int(llm.n_tokens)
+        owner = (self.fingerprint, scope)
+        if held == 0 or vars(llm).get(_CONTEXT_SCOPE_ATTRIBUTE, owner) != owner:
+            return 0  # another scope's prompt, or one read under another fingerprint (exact=False, adapters)
+        read = min(held, int(vars(llm).get(_CONTEXT_PROMPT_ATTRIBUTE, 0)))
+        cut = align_down(common_prefix(np.asarray(llm.input_ids[:read]), tokens), alignment)
+        return cut if can_truncate_to(llm, cut) else 0
+
+    def save(
+        self,
+        scope: str,
+        points: list[RestorePoint],
+        *,
+        blocks_upto: int = 0,
+        prompt: PromptTokens | None = None,
+    ) -> int:
+        """Capture the context's state into the store for `points` (and its blocks up to
+        `blocks_upto` tokens); return how many points were stored, 0 (logged) when that fails.
+        `prompt`: tokens the context starts with (or that start with what it holds), whose hashes
+        are reused."""
+        try:
+            held = int(self._llm.n_tokens)
+            if prompt is not None and held <= len(prompt):
+                prompt = prompt.head(held)  # the very tokens it holds: compared, not copied
+                captured = capture_sequence(self._llm, tokens=prompt.array, reuse=True)
+            else:
+                captured = capture_sequence(self._llm, reuse=True)
+        except (SnapcacheError, OSError) as exc:
+            _log.warning("could not save the state of %d tokens: %s", int(self._llm.n_tokens), exc)
+            return 0
+        return self.cache.save(captured, scope, points, blocks_upto=blocks_upto, prompt=prompt)
+
+    def store_prefix(
+        self,
+        tokens: TokenArray | PromptTokens,
+        scope: str,
+        priority: int,
+        alignment: int,
+        progress: Progress | None,
+        started: float,
+    ) -> WarmResult:
+        """Make sure the state of exactly `tokens` is stored (at `priority`): found, or read and saved.
+
+        `progress(done, total)` is called as tokens are read, ending with done == total.
+        """
+        # Validated once: the lookups and the save below share its hashes and keys.
+        prompt = PromptTokens.of(tokens)
+        tokens = prompt.array
+        total = len(tokens)
+        key = prompt.key(self.fingerprint, scope)
+        existing = self.cache.states.complete(key, prompt)
+        if existing is not None:
+            if existing.priority != priority:
+                self.cache.states.raise_priority(key, priority, prompt)
+            if progress is not None:
+                progress(total, total)
+            state_bytes = memoryview(existing.state).nbytes
+            return WarmResult(key, total, state_bytes, time.perf_counter() - started, True)
+
+        llm = self._llm
+        self.load(prompt, scope, alignment)
+        done = int(llm.n_tokens)
+        if progress is not None:
+            progress(done, total)
+        batch = max(1, int(llm.n_batch))
+        while done < total:
+            end = min(done + batch, total)
+            llm.eval(tokens[done:end].tolist())
+            done = end
+            if progress is not None:
+                progress(done, total)
+        self.mark_read(total)
+        captured = capture_sequence(llm, tokens=tokens, reuse=True)
+        state_bytes = captured.state.nbytes  # read before the save gives the buffer back
+        point = RestorePoint(total, priority, KIND_PREFIX)
+        self.cache.states.save(captured, scope, [point], blocks_upto=total, prompt=prompt)
+        return WarmResult(key, total, state_bytes, time.perf_counter() - started, False)

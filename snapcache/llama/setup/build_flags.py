@@ -1,0 +1,198 @@
+"""How to build llama-cpp-python on this machine so that it runs: the CMake flags, and a wheel kept per flags.
+
+llama.cpp's default build (`GGML_NATIVE`, `-march=native`) compiles its AMX kernels on an Intel CPU
+that has AMX (Sapphire Rapids and later), and `ggml_backend_amx_mul_mat` segfaults on the first
+decode of a Q4_K model there (llama.cpp issue #20824). On such a CPU the build turns `GGML_NATIVE`
+off and names every instruction set the CPU has except AMX, so AVX2, AVX-512 and the repacked
+kernels stay. Every other machine keeps llama.cpp's native build. A `CMAKE_ARGS` the user set
+(`-DGGML_CUDA=on`, `-DGGML_METAL=on`, ...) wins over both.
+
+pip's wheel cache keys a source build by name and version alone, so a wheel built with other flags
+would come back. `install` builds with `--no-cache-dir` and keeps the wheel in a folder named by a
+hash of everything the build depended on (version, flags, Python, and the CPU for a native build).
+
+Standard library only: the Makefile runs it (`python snapcache/llama/setup/build_flags.py install`) before
+anything else is installed. `python snapcache/llama/setup/build_flags.py` prints the flags it would use
+(`--cpuinfo` and `--machine` ask about another machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+LLAMA_CPP_PYTHON_VERSION = "0.3.36"
+CPUINFO = Path("/proc/cpuinfo")
+AMX_FLAGS = frozenset({"amx_tile", "amx_int8", "amx_bf16"})
+
+# /proc/cpuinfo flag -> ggml's CMake option, for a build with GGML_NATIVE=OFF.
+GGML_OPTIONS = (
+    ("sse4_2", "GGML_SSE42"),
+    ("avx", "GGML_AVX"),
+    ("avx2", "GGML_AVX2"),
+    ("fma", "GGML_FMA"),
+    ("f16c", "GGML_F16C"),
+    ("bmi2", "GGML_BMI2"),
+    ("avx_vnni", "GGML_AVX_VNNI"),
+    ("avx512f", "GGML_AVX512"),
+    ("avx512vbmi", "GGML_AVX512_VBMI"),
+    ("avx512_vnni", "GGML_AVX512_VNNI"),
+    ("avx512_bf16", "GGML_AVX512_BF16"),
+)
+_X86_64 = frozenset({"x86_64", "amd64"})
+
+
+def cpu_flags(cpuinfo: str) -> frozenset[str]:
+    """The feature flags of the first processor in a /proc/cpuinfo text (empty where it has none)."""
+    for line in cpuinfo.splitlines():
+        name, colon, value = line.partition(":")
+        if colon and name.strip() == "flags":
+            return frozenset(value.split())
+    return frozenset()
+
+
+def read_cpu_flags(path: Path = CPUINFO) -> frozenset[str]:
+    """This machine's CPU flags, or none where /proc/cpuinfo cannot be read (not Linux)."""
+    try:
+        return cpu_flags(path.read_text(errors="replace"))
+    except OSError:
+        return frozenset()
+
+
+def has_amx(flags: frozenset[str]) -> bool:
+    """Whether the CPU reports any of Intel's AMX extensions."""
+    return bool(flags & AMX_FLAGS)
+
+
+def cmake_args_for(machine: str, flags: frozenset[str]) -> str:
+    """The CMAKE_ARGS snapcache builds llama.cpp with: none (native) unless an x86-64 CPU has AMX."""
+    if machine.lower() not in _X86_64 or not has_amx(flags):
+        return ""
+    return " ".join(
+        [*instruction_set_options(flags), "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"]
+    )
+
+
+def instruction_set_options(flags: frozenset[str]) -> list[str]:
+    """A build without GGML_NATIVE that turns on exactly the instruction sets in `flags` (AMX aside)."""
+    options = ["-DGGML_NATIVE=OFF"]
+    options += [f"-D{option}={'ON' if flag in flags else 'OFF'}" for flag, option in GGML_OPTIONS]
+    return options
+
+
+def chosen_cmake_args(environ: Mapping[str, str], machine: str, flags: frozenset[str]) -> str:
+    """The user's CMAKE_ARGS when set, else `cmake_args_for` this machine."""
+    explicit = environ.get("CMAKE_ARGS", "").strip()
+    return explicit if explicit else cmake_args_for(machine, flags)
+
+
+def build_key(version: str, cmake_args: str, python_tag: str, machine: str, flags: frozenset[str]) -> str:
+    """A name for one build: what went into it; a native build depends on the CPU as well."""
+    native = "GGML_NATIVE=OFF" not in cmake_args
+    parts = {
+        "version": version,
+        "cmake_args": cmake_args,
+        "python": python_tag,
+        "machine": machine,
+        "cpu": sorted(flags) if native else None,
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def wheel_cache_root(environ: Mapping[str, str]) -> Path | None:
+    """Where built wheels are kept; None when the user turned pip's cache off (PIP_NO_CACHE_DIR)."""
+    if environ.get("PIP_NO_CACHE_DIR", "").strip().lower() not in ("", "0", "false", "no", "off"):
+        return None
+    base = environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "snapcache" / "llama-cpp-python-wheels"
+
+
+def install(python: str, environ: Mapping[str, str], *, quiet: bool = True) -> str:
+    """Build (or take from the kept wheels) llama-cpp-python for this machine and install it into `python`."""
+    flags = read_cpu_flags()
+    machine = platform.machine()
+    cmake_args = chosen_cmake_args(environ, machine, flags)
+    python_tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    key = build_key(LLAMA_CPP_PYTHON_VERSION, cmake_args, python_tag, machine, flags)
+    marker = Path(sys.prefix) / ".llama-cpp-python-build"
+    if marker.exists() and marker.read_text().strip() == key:
+        return key
+    root = wheel_cache_root(environ)
+    wheel = _kept_wheel(root / key) if root is not None else None
+    with tempfile.TemporaryDirectory(prefix="snapcache-llama-build-") as scratch:
+        if wheel is None:
+            wheel = _build_wheel(python, environ, cmake_args, Path(scratch), quiet=quiet)
+            if root is not None:
+                wheel = _keep(wheel, root / key)
+        pip_quiet = ["--quiet"] if quiet else []
+        subprocess.run(
+            [python, "-m", "pip", "install", *pip_quiet, "--no-deps", "--force-reinstall", str(wheel)],
+            check=True,
+        )
+    marker.write_text(key + "\n")
+    return key
+
+
+def _kept_wheel(folder: Path) -> Path | None:
+    wheels = sorted(folder.glob("llama_cpp_python-*.whl")) if folder.is_dir() else []
+    return wheels[0] if wheels else None
+
+
+def _build_wheel(
+    python: str, environ: Mapping[str, str], cmake_args: str, scratch: Path, *, quiet: bool
+) -> Path:
+    described = cmake_args or "llama.cpp's native build"
+    print(f"Building llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} ({described}); it takes several minutes...")
+    env = dict(environ)
+    env["CMAKE_ARGS"] = cmake_args
+    env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 1))
+    command = [python, "-m", "pip", "wheel", "--no-deps", "--no-cache-dir", "-w", str(scratch)]
+    command += [*(["--quiet"] if quiet else []), f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}"]
+    subprocess.run(command, check=True, env=env)
+    wheel = _kept_wheel(scratch)
+    if wheel is None:
+        raise SystemExit("pip wheel finished without a llama-cpp-python wheel")
+    return wheel
+
+
+def _keep(wheel: Path, folder: Path) -> Path:
+    """Move a built wheel into its folder whole (copy, then rename), so a reader never sees half of it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    partial = folder / (wheel.name + ".partial")
+    shutil.copyfile(wheel, partial)
+    kept = folder / wheel.name
+    os.replace(partial, kept)
+    return kept
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    sub = parser.add_subparsers(dest="command")
+    flags_parser = sub.add_parser("flags", help="print the CMAKE_ARGS this machine builds with (the default)")
+    flags_parser.add_argument("--cpuinfo", type=Path, default=CPUINFO, help="read the CPU's flags from here")
+    flags_parser.add_argument(
+        "--machine", default=platform.machine(), help="the architecture, as platform.machine() names it"
+    )
+    installer = sub.add_parser("install", help="build or reuse the wheel for these flags and install it")
+    installer.add_argument("--verbose", action="store_true", help="show pip's and CMake's output")
+    args = parser.parse_args(argv)
+    if args.command == "install":
+        install(sys.executable, os.environ, quiet=not args.verbose)
+    else:
+        cpuinfo = getattr(args, "cpuinfo", CPUINFO)
+        machine = getattr(args, "machine", platform.machine())
+        print(chosen_cmake_args(os.environ, machine, read_cpu_flags(cpuinfo)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -282,6 +282,15 @@ BAD_REQUESTS = [
         400,
     ),
     ("lone surrogate", "/v1/completions", b'{"prompt": "\\ud800"}', {}, 400),
+    # the engine's Chat Completions route, through the dialects' one skeleton
+    (
+        "lone surrogate, tools",
+        "/v1/chat/completions",
+        b'{"messages": [{"role": "user", "content": "\\ud800"}], "tools": [{"type": "function", '
+        b'"function": {"name": "f", "parameters": {}}}]}',
+        {},
+        400,
+    ),
     ("NaN", "/v1/completions", b'{"prompt": "hi", "temperature": NaN}', {}, 400),
     (
         "no such tool",

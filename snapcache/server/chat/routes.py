@@ -1,6 +1,6 @@
 """The dialect routes: Anthropic Messages (`/v1/messages`, `/v1/messages/count_tokens`), OpenAI
 Responses (`/v1/responses`) and OpenAI Chat Completions with tools (`/v1/chat/completions`), each a
-translation over `ChatEngine`.
+`Dialect` over `ChatEngine` served by one skeleton (`serve`).
 
 The Chat Completions route shares its path with llama-cpp-python's, which keeps plain chats: it sits
 before that route and matches only the requests the middleware marked as the engine's (see
@@ -29,9 +29,10 @@ from starlette.types import Scope
 
 from snapcache.errors import InvalidArgument
 from snapcache.key import DEFAULT_SCOPE, validate_scope
-from snapcache.server.chat import anthropic, chat_completions, responses, responses_output
+from snapcache.server.chat import chat_completions
 from snapcache.server.chat.anthropic_protocol import CountTokensRequest, MessagesRequest
 from snapcache.server.chat.chat_completions_protocol import parsed
+from snapcache.server.chat.dialect import CHAT_COMPLETIONS, MESSAGES, RESPONSES, Body, Dialect
 from snapcache.server.chat.engine import ChatEngine, ChatEvent
 from snapcache.server.chat.prompt_size import PromptCounter
 from snapcache.server.chat.responses_protocol import ResponsesRequest
@@ -55,22 +56,32 @@ class Unauthorized(Exception):
     """A request without the server's API key."""
 
 
-def _anthropic_failure(exc: BaseException) -> JSONResponse:
+def _failure(dialect: Dialect[Any], exc: BaseException) -> JSONResponse:
+    """What went wrong, in `dialect`'s error shape."""
     failure = as_failure(exc)
-    return JSONResponse(anthropic.error_body(failure), status_code=failure.status)
+    return JSONResponse(dialect.error_body(failure), status_code=failure.status)
 
 
-def _openai_failure(exc: BaseException) -> JSONResponse:
-    failure = as_failure(exc)
-    return JSONResponse(failure.document(), status_code=failure.status)
+def _error(dialect: Dialect[Any], status: int, message: str) -> JSONResponse:
+    return _failure(dialect, BadRequest(message, status=status))
 
 
-def _anthropic_error(status: int, message: str) -> JSONResponse:
-    return _anthropic_failure(BadRequest(message, status=status))
-
-
-def _openai_error(status: int, message: str) -> JSONResponse:
-    return _openai_failure(BadRequest(message, status=status))
+async def serve(dialect: Dialect[Body], body: Body, request: Request, engine: ChatEngine) -> Response:
+    """Every dialect route: `body` becomes the engine's request, which runs; its events become the
+    dialect's answer, streamed or whole, or its error when it cannot be served."""
+    try:
+        chat = dialect.chat_request(body, _scope(request))
+        _check_text(body)
+    except BadRequest as exc:
+        return _failure(dialect, exc)
+    if chat.stream:
+        return EventStream(dialect.stream(body, engine.events(chat)), dialect.error_body, dialect.error_event)
+    return await _answered(
+        request,
+        engine.events(chat),
+        lambda events: dialect.whole(body, events),
+        lambda exc: _failure(dialect, exc),
+    )
 
 
 async def _answered(
@@ -143,33 +154,34 @@ def install_dialects(app: FastAPI, engine: ChatEngine, api_key: str | None) -> N
     app.include_router(_messages_router(engine, PromptCounter(engine)), dependencies=guard)
     app.include_router(_responses_router(engine), dependencies=guard)
     _install_chat_completions(app, engine, guard)
-    error_bodies: dict[frozenset[str], Callable[[int, str], JSONResponse]] = {
-        MESSAGES_PATHS: _anthropic_error,
-        frozenset({RESPONSES_PATH}): _openai_error,
+    # The paths whose errors FastAPI raises before a route runs (a body it cannot parse or
+    # validate) get their dialect's shape; the engine's Chat Completions path answers its own.
+    dialects: dict[frozenset[str], Dialect[Any]] = {
+        MESSAGES_PATHS: MESSAGES,
+        frozenset({RESPONSES_PATH}): RESPONSES,
     }
 
-    def dialect_error(request: Request) -> Callable[[int, str], JSONResponse] | None:
-        for paths, answer in error_bodies.items():
+    def dialect_of(request: Request) -> Dialect[Any] | None:
+        for paths, dialect in dialects.items():
             if request.url.path in paths:
-                return answer
+                return dialect
         return None
 
     async def on_invalid(request: Request, exc: Exception) -> Response:
-        answer = dialect_error(request)
-        if answer is None or not isinstance(exc, RequestValidationError):
+        dialect = dialect_of(request)
+        if dialect is None or not isinstance(exc, RequestValidationError):
             return await request_validation_exception_handler(request, exc)  # type: ignore[arg-type]
-        return answer(400, _validation_message(exc))
+        return _error(dialect, 400, _validation_message(exc))
 
     async def on_unauthorized(request: Request, exc: Exception) -> Response:
-        answer = dialect_error(request) or _openai_error  # Chat Completions with tools
-        return answer(401, str(exc))
+        return _error(dialect_of(request) or CHAT_COMPLETIONS, 401, str(exc))
 
     async def on_http_error(request: Request, exc: Exception) -> Response:
         # FastAPI's own, such as a body it cannot parse.
-        answer = dialect_error(request)
-        if answer is None or not isinstance(exc, HTTPException):
+        dialect = dialect_of(request)
+        if dialect is None or not isinstance(exc, HTTPException):
             return await http_exception_handler(request, exc)  # type: ignore[arg-type]
-        answered = answer(exc.status_code, str(exc.detail))
+        answered = _error(dialect, exc.status_code, str(exc.detail))
         answered.headers.update(exc.headers or {})  # a 405's Allow
         return answered
 
@@ -187,29 +199,16 @@ def _messages_router(engine: ChatEngine, counter: PromptCounter) -> APIRouter:
         responses={200: _EVENTS, **_ANTHROPIC_ERRORS},
     )
     async def messages(body: MessagesRequest, request: Request) -> Response:
-        try:
-            chat = anthropic.chat_request(body, _scope(request))
-            _check_text(body)
-        except BadRequest as exc:
-            return _anthropic_failure(exc)
-        if chat.stream:
-            events = anthropic.message_events(engine.events(chat), body.model)
-            return EventStream(events, anthropic.error_body, anthropic.error_event)
-        return await _answered(
-            request,
-            engine.events(chat),
-            lambda events: anthropic.message_of(events, body.model),
-            _anthropic_failure,
-        )
+        return await serve(MESSAGES, body, request, engine)
 
     @router.post(COUNT_TOKENS_PATH, summary="Anthropic Messages: count tokens", responses=_ANTHROPIC_ERRORS)
     async def count_tokens(body: CountTokensRequest, request: Request) -> Response:
         try:
-            chat = anthropic.chat_request(body, _scope(request))
+            chat = MESSAGES.chat_request(body, _scope(request))
             _check_text(body)
             count = await run_in_threadpool(counter.count, chat)
         except Exception as exc:
-            return _anthropic_failure(exc)
+            return _failure(MESSAGES, exc)
         return JSONResponse({"input_tokens": count})
 
     return router
@@ -220,20 +219,7 @@ def _responses_router(engine: ChatEngine) -> APIRouter:
 
     @router.post(RESPONSES_PATH, summary="OpenAI Responses", responses={200: _EVENTS, **_OPENAI_ERRORS})
     async def create_response(body: ResponsesRequest, request: Request) -> Response:
-        try:
-            chat = responses.chat_request(body, _scope(request))
-            _check_text(body)
-        except BadRequest as exc:
-            return _openai_failure(exc)
-        if chat.stream:
-            events = responses_output.ResponseEvents(body).events(engine.events(chat))
-            return EventStream(events, BadRequest.document, responses.error_event)
-        return await _answered(
-            request,
-            engine.events(chat),
-            lambda events: responses_output.response_of(events, body),
-            _openai_failure,
-        )
+        return await serve(RESPONSES, body, request, engine)
 
     return router
 
@@ -257,18 +243,9 @@ def _install_chat_completions(app: FastAPI, engine: ChatEngine, guard: list[Depe
     async def create_chat_completion(request: Request) -> Response:
         try:
             body = parsed(parse_body(await request.body()))
-            chat = chat_completions.chat_request(body, _scope(request))
         except BadRequest as exc:
-            return _openai_failure(exc)
-        if chat.stream:
-            events = chat_completions.CompletionChunks(body).events(engine.events(chat))
-            return EventStream(events, BadRequest.document, chat_completions.error_event)
-        return await _answered(
-            request,
-            engine.events(chat),
-            lambda events: chat_completions.completion_of(events, body),
-            _openai_failure,
-        )
+            return _failure(CHAT_COMPLETIONS, exc)
+        return await serve(CHAT_COMPLETIONS, body, request, engine)
 
     app.router.add_api_route(
         CHAT_PATH,

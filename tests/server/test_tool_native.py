@@ -14,13 +14,12 @@ import pytest
 from llama_cpp.server import app as llama_server
 from tool_models import MISTRAL_SPECIALS, QWEN_SPECIALS, write_template_model
 
-from snapcache.server.chat.engine import ChatEngine, Finished, Started, TextDelta, ToolCalled
+from snapcache.server.chat.engine import ChatEngine, Finished, Started, TextDelta, ToolCalled, tool_format_for
 from snapcache.server.chat.engine import ToolCallDelta as EngineDelta
 from snapcache.server.chat.generic_tools import GenericTools
 from snapcache.server.chat.native_tools import NativeTools
 from snapcache.server.chat.request import ChatMessage, ChatRequest, NamedTool, ToolCallRequest, ToolSpec
 from snapcache.server.chat.rules import PromptRules
-from snapcache.server.chat.tool_format import tool_format_for
 from snapcache.server.tools import ToolCall, ToolCallDelta
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "data" / "chat_templates"

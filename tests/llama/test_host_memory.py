@@ -113,6 +113,18 @@ def test_a_capture_buffer_on_host_memory_uses_it_until_the_limit() -> None:
     assert int(larger.nbytes) == 1_800
 
 
+@pytest.mark.model
+def test_detach_keeps_a_plain_buffer_with_its_llama(tiny_llama: Any, store: SnapshotStore) -> None:
+    """On a CPU build the buffer a restore is assembled in stays with the Llama across attach and
+    detach: a new one would fault its pages in again on every restore."""
+    attach(tiny_llama, store)
+    tiny_llama.create_completion("You are a careful assistant. " * 8, max_tokens=2, temperature=0)
+    buffer = capture_buffer(tiny_llama)
+    assert buffer.nbytes > 0
+    assert detach(tiny_llama)
+    assert capture_buffer(tiny_llama) is buffer
+
+
 def test_copies_run_on_the_threads_wider_allows() -> None:
     seen: set[str] = set()
 

@@ -61,8 +61,8 @@ def attach(
 
 
 def detach(llm: llama_cpp.Llama) -> bool:
-    """Undo `attach`: the Llama completes without the store again, and the buffer its states went
-    through (pinned memory, on a GPU) is let go. False if it was not attached."""
+    """Undo `attach`: the Llama completes without the store again, and the pinned memory its states
+    went through on a GPU is let go. False if it was not attached."""
     hook = attached_hook(llm)
     if hook is None:
         return False

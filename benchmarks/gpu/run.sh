@@ -75,7 +75,7 @@ print("llama.cpp:", llama_cpp.llama_print_system_info().decode().strip())
 print("pinned host memory:", device_host_buffer_type())
 PY
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-bench=("$python" benchmarks/bench_gpu_restore.py --modes auto exact "${quick[@]}")
+bench=("$python" benchmarks/bench_gpu_restore.py --modes auto exact ${quick[@]+"${quick[@]}"})
 stamp "8B shape, f16 K/V, flash attention on"
 "${bench[@]}" --shapes 8b --json "$out/8b-f16.json"
 stamp "8B shape, q8_0 K/V, flash attention on"

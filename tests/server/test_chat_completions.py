@@ -17,8 +17,9 @@ from snapcache.server.chat.chat_completions import (
 )
 from snapcache.server.chat.chat_completions_protocol import parsed
 from snapcache.server.chat.engine import ChatEvent, Finished, Started, TextDelta, ToolCalled, Usage
-from snapcache.server.chat.request import NamedTool, ToolCallRequest
+from snapcache.server.chat.request import NamedTool
 from snapcache.server.errors import BadRequest
+from snapcache.server.tools import ToolCall
 
 TOOL = {"type": "function", "function": {"name": "read", "parameters": {"type": "object"}}}
 USER = {"role": "user", "content": "hi"}
@@ -26,8 +27,8 @@ CALLED = {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "fun
 USAGE = Usage(prompt_tokens=300, cached_tokens=256, completion_tokens=20)
 TWO_CALLS: list[ChatEvent] = [
     Started(Usage(300, 256, 0)),
-    ToolCalled(ToolCallRequest("call_a", "read", '{"path": "a"}')),
-    ToolCalled(ToolCallRequest("call_b", "read", '{"path": "b"}')),
+    ToolCalled(ToolCall("call_a", "read", '{"path": "a"}')),
+    ToolCalled(ToolCall("call_b", "read", '{"path": "b"}')),
     Finished("tool_calls", USAGE),
 ]
 
@@ -71,7 +72,7 @@ def test_a_request_becomes_one_chat_request() -> None:
     chat = chat_request(body, "agent")
     assert [m.role for m in chat.messages] == ["system", "user", "assistant", "tool"]
     assert chat.messages[0].content == "Be brief.\n\nUse tools."
-    assert chat.messages[2].tool_calls == (ToolCallRequest("c1", "read", "{}"),)
+    assert chat.messages[2].tool_calls == (ToolCall("c1", "read", "{}"),)
     assert [tool.name for tool in chat.tools] == ["read"]
     assert (chat.tool_choice, chat.parallel_tool_calls, chat.max_tokens) == (NamedTool("read"), False, 12)
     assert (chat.stop, chat.scope) == (("END",), "agent")

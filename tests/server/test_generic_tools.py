@@ -12,8 +12,8 @@ from llama_cpp.llama_grammar import LlamaGrammar
 from snapcache.server.chat.chat_completions import chat_request
 from snapcache.server.chat.chat_completions_protocol import ChatCompletionRequest
 from snapcache.server.chat.generic_tools import GenericTools
-from snapcache.server.chat.request import ChatMessage, ChatRequest, NamedTool, ToolCallRequest, ToolSpec
-from snapcache.server.tools import ToolCall, ToolCallDelta, ToolCallDropped
+from snapcache.server.chat.request import ChatMessage, ChatRequest, NamedTool
+from snapcache.server.tools import ToolCall, ToolCallDelta, ToolCallDropped, ToolSpec
 
 WEATHER = ToolSpec(
     "get_weather",
@@ -44,8 +44,8 @@ def streamed(reply: str, chat: ChatRequest, size: int) -> list[object]:
 @pytest.mark.parametrize("parallel", [True, False])
 def test_tools_go_into_the_system_text_and_history_into_plain_turns(parallel: bool) -> None:
     calls = (
-        ToolCallRequest("call_1", "get_weather", '{"city": "Paris"}'),
-        ToolCallRequest("call_2", "get_time", '{"city": "Paris"}'),
+        ToolCall("call_1", "get_weather", '{"city": "Paris"}'),
+        ToolCall("call_2", "get_time", '{"city": "Paris"}'),
     )
     chat = request(
         ChatMessage("system", "You help."),

@@ -14,13 +14,19 @@ import pytest
 from llama_cpp.server import app as llama_server
 from tool_models import MISTRAL_SPECIALS, QWEN_SPECIALS, write_template_model
 
-from snapcache.server.chat.engine import ChatEngine, Finished, Started, TextDelta, ToolCalled, tool_format_for
-from snapcache.server.chat.engine import ToolCallDelta as EngineDelta
+from snapcache.server.chat.engine import (
+    ChatEngine,
+    Finished,
+    Started,
+    TextDelta,
+    ToolCalled,
+    tool_channel_for,
+)
 from snapcache.server.chat.generic_tools import GenericTools
 from snapcache.server.chat.native_tools import NativeTools
-from snapcache.server.chat.request import ChatMessage, ChatRequest, NamedTool, ToolCallRequest, ToolSpec
+from snapcache.server.chat.request import ChatMessage, ChatRequest, NamedTool
 from snapcache.server.chat.rules import PromptRules
-from snapcache.server.tools import ToolCall, ToolCallDelta
+from snapcache.server.tools import ToolCall, ToolCallDelta, ToolSpec
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "data" / "chat_templates"
 WEATHER = ToolSpec("get_weather", "Weather.", {"type": "object", "properties": {"city": {"type": "string"}}})
@@ -67,17 +73,17 @@ def read(tools: NativeTools, request: ChatRequest, reply: str, size: int = 3) ->
 @pytest.mark.model
 def test_a_template_with_its_own_format_gets_it_and_others_the_generic_one(qwen, tiny_llama) -> None:
     request = chat(ChatMessage("user", "Hi"))
-    native = tool_format_for(request, qwen)
+    native = tool_channel_for(request, qwen)
     assert isinstance(native, NativeTools)
     assert native.format.name == "hermes"
-    assert isinstance(tool_format_for(request, tiny_llama), GenericTools)  # its template knows no tools
+    assert isinstance(tool_channel_for(request, tiny_llama), GenericTools)  # its template knows no tools
 
 
 @pytest.mark.model
 def test_the_template_gets_the_tools_and_the_history_in_its_own_shape(qwen) -> None:
     tools = NativeTools.for_model(qwen)
     assert tools is not None
-    call = ToolCallRequest("call_1", "get_weather", '{"city": "Oslo"}')
+    call = ToolCall("call_1", "get_weather", '{"city": "Oslo"}')
     request = chat(
         ChatMessage("system", "Be brief."),
         ChatMessage("user", "Weather?"),
@@ -183,7 +189,7 @@ def test_the_engine_reads_calls_from_the_special_tokens_of_its_answer(
     whole = engine_events(monkeypatch, llm, request)
     events = engine_events(monkeypatch, llm, request, live=True)
     # By default a call comes whole: the same calls, none of their deltas.
-    assert not [event for event in whole if isinstance(event, EngineDelta)]
+    assert not [event for event in whole if isinstance(event, ToolCallDelta)]
     assert [(e.call.name, e.call.arguments) for e in whole if isinstance(e, ToolCalled)] == [
         (e.call.name, e.call.arguments) for e in events if isinstance(e, ToolCalled)
     ]
@@ -194,7 +200,7 @@ def test_the_engine_reads_calls_from_the_special_tokens_of_its_answer(
     ]
     assert not [event for event in events if isinstance(event, TextDelta)]
     assert events[-1] == Finished("tool_calls", events[-1].usage)
-    deltas = [event for event in events if isinstance(event, EngineDelta)]
+    deltas = [event for event in events if isinstance(event, ToolCallDelta)]
     if qwen:  # Hermes names the tool first: the arguments stream before the call is whole
         assert deltas[0].name == "get_weather"
         assert deltas[0].arguments == ""

@@ -8,9 +8,10 @@ its own answer; the engine is the one place a chat runs on the model (see `engin
 from __future__ import annotations
 
 from snapcache.server.chat.engine import ChatEngine
-from snapcache.server.chat.request import ChatMessage, ChatRequest, ToolSpec
+from snapcache.server.chat.request import ChatMessage, ChatRequest
 from snapcache.server.chat.routes import install_dialects
 from snapcache.server.chat.rules import BILLING_HEADER_RULE, PromptRules
+from snapcache.server.tools import ToolSpec
 
 __all__ = [
     "BILLING_HEADER_RULE",

@@ -35,16 +35,14 @@ from snapcache.server.chat.request import (
     ChatMessage,
     ChatRequest,
     NamedTool,
-    ToolCallRequest,
     ToolChoice,
-    ToolSpec,
-    arguments_text,
     normalized_messages,
     text_of,
 )
 from snapcache.server.chat.streaming import Final
 from snapcache.server.checks import schema_problem
 from snapcache.server.errors import BadRequest
+from snapcache.server.tools import ToolCall, ToolSpec, arguments_json
 
 __all__ = ["chat_request", "error_body", "error_event", "message_events", "message_of"]
 
@@ -140,13 +138,13 @@ def _messages_of(message: MessageParam, where: str) -> list[ChatMessage]:
     if isinstance(message.content, str):
         return [ChatMessage(message.role, message.content)]
     texts: list[str] = []
-    calls: list[ToolCallRequest] = []
+    calls: list[ToolCall] = []
     results: list[ChatMessage] = []
     for j, block in enumerate(message.content):
         if isinstance(block, TextBlock):
             texts.append(block.text)
         elif isinstance(block, ToolUseBlock):
-            calls.append(ToolCallRequest(block.id, block.name, arguments_text(block.input)))
+            calls.append(ToolCall(block.id, block.name, arguments_json(block.input)))
         elif isinstance(block, ToolResultBlock):
             content = (
                 block.content
@@ -305,7 +303,7 @@ def _usage(usage: Usage) -> dict[str, Any]:
     }
 
 
-def _tool_use(call: ToolCallRequest) -> dict[str, Any]:
+def _tool_use(call: ToolCall) -> dict[str, Any]:
     return {"type": "tool_use", "id": _tool_use_id(call.id), "name": call.name, "input": _tool_input(call)}
 
 
@@ -313,7 +311,7 @@ def _tool_use_id(call_id: str) -> str:
     return "toolu_" + call_id.removeprefix("call_")
 
 
-def _tool_input(call: ToolCallRequest) -> dict[str, Any]:
+def _tool_input(call: ToolCall) -> dict[str, Any]:
     try:
         value = json.loads(call.arguments)
     except ValueError:

@@ -36,15 +36,13 @@ from snapcache.server.chat.request import (
     ChatMessage,
     ChatRequest,
     NamedTool,
-    ToolCallRequest,
     ToolChoice,
-    ToolSpec,
-    arguments_text,
     normalized_messages,
 )
 from snapcache.server.chat.streaming import Final
 from snapcache.server.checks import schema_problem
 from snapcache.server.errors import BadRequest
+from snapcache.server.tools import ToolCall, ToolSpec, arguments_json
 
 __all__ = [
     "ON_ENGINE",
@@ -139,7 +137,7 @@ def _message_of(message: Message, where: str) -> ChatMessage:
         return ChatMessage("user", text)
     if message.role == "assistant":
         calls = tuple(
-            ToolCallRequest(call.id, call.function.name, arguments_text(call.function.arguments))
+            ToolCall(call.id, call.function.name, arguments_json(call.function.arguments))
             for call in message.tool_calls or ()
         )
         return ChatMessage("assistant", text, calls)
@@ -191,7 +189,7 @@ class _Answer:
         self.created = int(time.time())
         self.model = body.model or ""
         self.text = ""
-        self.calls: list[ToolCallRequest] = []
+        self.calls: list[ToolCall] = []
         self.finished: Finished | None = None
         self.usage = Usage()
 
@@ -300,7 +298,7 @@ class CompletionChunks:
         return _sse(chunk)
 
 
-def _call(call: ToolCallRequest) -> dict[str, Any]:
+def _call(call: ToolCall) -> dict[str, Any]:
     return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
 
 

@@ -6,7 +6,7 @@ Every dialect's request runs here against the model llama-cpp-python's routes us
 in its turn (`get_llama_proxy`: llama-cpp-python's lock when requests run one at a time), its chat
 stream read on worker threads under the request's `RequestRecord` (where the hook's listener leaves
 what it restored). Stop sequences are matched here, on the text, so the reply says which one ended
-it; tools are rendered and their calls read by the request's `ToolFormat`: the model's own format
+it; tools are rendered and their calls read by the request's `ToolChannel`: the model's own format
 where its template has one (the answer then read with its special tokens as text, where call markers
 such as `[TOOL_CALLS]` live), else the generic one. A call comes as `ToolCalled` once it is whole;
 with `live_tool_calls`, `ToolCallDelta`s announce it first and carry its arguments as written, and
@@ -29,14 +29,12 @@ from llama_cpp.server import app as llama_server
 
 from snapcache.server.chat.generic_tools import GenericTools
 from snapcache.server.chat.native_tools import NativeTools
-from snapcache.server.chat.request import ChatRequest, ToolCallRequest
+from snapcache.server.chat.request import ChatRequest
 from snapcache.server.chat.rules import PromptRules
-from snapcache.server.chat.tool_format import ToolFormat
+from snapcache.server.chat.tool_channel import ToolChannel
 from snapcache.server.errors import BadRequest, client_error
 from snapcache.server.request import RequestRecord, serving
-from snapcache.server.tools import StreamItem, ToolCall
-from snapcache.server.tools import ToolCallDelta as CallPiece
-from snapcache.server.tools import ToolCallDropped as DroppedCall
+from snapcache.server.tools import StreamItem, ToolCall, ToolCallDelta, ToolCallDropped
 
 __all__ = [
     "ChatEngine",
@@ -84,39 +82,11 @@ class TextDelta:
 
 
 @dataclass(frozen=True, slots=True)
-class ToolCallDelta:
-    """A call being written, as the model writes it (where its format names the tool first).
-
-    The first delta of a call (`index`: its place among the answer's calls) names it with empty
-    `arguments`; the next ones add the text of its JSON arguments. `ToolCalled` with the same `id`
-    follows once the call is whole (its arguments normalized: the same object); a `ToolCallDropped`
-    with the same `id` where it is not made.
-    """
-
-    index: int
-    id: str
-    name: str
-    arguments: str
-
-
-@dataclass(frozen=True, slots=True)
-class ToolCallDropped:
-    """A call announced by `ToolCallDelta`s that the answer did not make: the answer ended inside it
-    (max_tokens), it turned out malformed, or it repeated a call made before, written differently
-    (a repeat written the same way is held back and never announced).
-
-    A whole answer shows `text` in its place, as content ("" for a repeat, left out); a stream, which
-    cannot take back what it sent, ends the call where it was cut.
-    """
-
-    index: int
-    id: str
-    text: str
-
-
-@dataclass(frozen=True, slots=True)
 class ToolCalled:
-    call: ToolCallRequest
+    """A call the answer made, whole (a `ToolCallDelta` with its `id` may have announced it; see
+    `snapcache.server.tools` for those and for `ToolCallDropped`: a call announced and not made)."""
+
+    call: ToolCall
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,18 +124,18 @@ class ChatEngine:
 
     def rendered_messages(self, request: ChatRequest) -> list[dict[str, Any]]:
         """The messages the model's chat template gets for `request` (tools included)."""
-        return tool_format_for(request, self.llm).messages(request)
+        return tool_channel_for(request, self.llm).messages(request)
 
     def template_options(self, request: ChatRequest) -> dict[str, Any]:
         """What the model's chat template gets for `request` besides the messages (the tools, where
         the template places them itself): `create_chat_completion`'s keyword arguments."""
-        return tool_format_for(request, self.llm).options(request)
+        return tool_channel_for(request, self.llm).options(request)
 
     async def events(self, request: ChatRequest) -> AsyncIterator[ChatEvent]:
         """The request's events: `Started`, text and calls, `Finished`; BadRequest (before `Started`)
         for a request the model cannot run. Iterate it in one task, to its end or `aclose`."""
         request = self.prepared(request)
-        tools = tool_format_for(request, self.llm)
+        tools = tool_channel_for(request, self.llm)
         context = contextvars.copy_context()
         context.run(serving.set, RequestRecord(scope=request.scope))
         context.run(_SPECIAL_TEXT.set, tools.special_text(request))
@@ -189,7 +159,7 @@ class ChatEngine:
                 with anyio.CancelScope(shield=True):
                     await in_thread(run.close)
 
-    def _run(self, model: Any, request: ChatRequest, tools: ToolFormat) -> Generator[ChatEvent, None, None]:
+    def _run(self, model: Any, request: ChatRequest, tools: ToolChannel) -> Generator[ChatEvent, None, None]:
         """The events of one request, on worker threads (one at a time) in the request's context."""
         limit = request.max_tokens if request.max_tokens is not None else self._max_tokens_default
         kwargs: dict[str, Any] = {"stream": True, "max_tokens": limit, **tools.options(request)}
@@ -273,11 +243,9 @@ def _event(item: StreamItem) -> ChatEvent:
     """The event of what a reply's reader found."""
     if isinstance(item, str):
         return TextDelta(item)
-    if isinstance(item, CallPiece):
-        return ToolCallDelta(item.index, item.id, item.name, item.arguments)
-    if isinstance(item, DroppedCall):
-        return ToolCallDropped(item.index, item.id, item.text)
-    return ToolCalled(ToolCallRequest(item.id, item.name, item.arguments))
+    if isinstance(item, ToolCall):
+        return ToolCalled(item)
+    return item
 
 
 def _keep_special_text_when_asked(llm: Any) -> None:
@@ -344,7 +312,7 @@ def _overlap(text: str, stop: str) -> int:
     return 0
 
 
-def tool_format_for(request: ChatRequest, llm: Any) -> ToolFormat:
+def tool_channel_for(request: ChatRequest, llm: Any) -> ToolChannel:
     """The format for `request` on `llm` (the loaded `llama_cpp.Llama`): the model's own where its
     template renders tools, else the generic one."""
     native = NativeTools.for_model(llm)

@@ -21,9 +21,16 @@ from typing import Any
 
 from llama_cpp.llama_grammar import LlamaGrammar
 
-from snapcache.server.chat.request import ChatMessage, ChatRequest, NamedTool, ToolCallRequest, ToolSpec
-from snapcache.server.chat.tool_format import PlainReader, ReplyReader, checked_grammar
-from snapcache.server.tools import GenericCallStream, parse_generic, schema_gbnf
+from snapcache.server.chat.request import ChatMessage, ChatRequest, NamedTool
+from snapcache.server.chat.tool_channel import PlainReader, ReplyReader, checked_grammar
+from snapcache.server.tools import (
+    GenericCallStream,
+    ToolCall,
+    ToolSpec,
+    arguments_object,
+    parse_generic,
+    schema_gbnf,
+)
 
 __all__ = ["GenericTools"]
 
@@ -109,14 +116,14 @@ class GenericTools:
         names = [tool.name for tool in request.tools]
         return GenericCallStream(names, parallel=request.parallel_tool_calls)
 
-    def parse(self, text: str, request: ChatRequest) -> tuple[str, list[ToolCallRequest]]:
+    def parse(self, text: str, request: ChatRequest) -> tuple[str, list[ToolCall]]:
         """A whole answer's text and calls."""
         if not request.uses_tools:
             return text, []
         reply = parse_generic(
             text, [tool.name for tool in request.tools], parallel=request.parallel_tool_calls
         )
-        return reply.content, [ToolCallRequest(call.id, call.name, call.arguments) for call in reply.calls]
+        return reply.content, list(reply.calls)
 
 
 def _as_plain(message: ChatMessage, names: Mapping[str, str], parallel: bool) -> tuple[str, str]:
@@ -125,20 +132,15 @@ def _as_plain(message: ChatMessage, names: Mapping[str, str], parallel: bool) ->
         name = names.get(message.tool_call_id or "", message.name or "a tool")
         return "user", f"Result of {name} (call {message.tool_call_id}):\n{message.content}"
     if message.role == "assistant" and message.tool_calls:
-        made = [{"name": call.name, "arguments": _loaded(call.arguments)} for call in message.tool_calls]
+        made = [
+            {"name": call.name, "arguments": arguments_object(call.arguments)} for call in message.tool_calls
+        ]
         if parallel:
             calls = [json.dumps({"tool_calls": made})]
         else:
             calls = [json.dumps({"tool_call": call}) for call in made]
         return "assistant", "\n".join([message.content, *calls] if message.content else calls)
     return message.role, message.content
-
-
-def _loaded(arguments: str) -> Any:
-    try:
-        return json.loads(arguments)
-    except ValueError:
-        return arguments
 
 
 def _describe(tool: ToolSpec) -> str:

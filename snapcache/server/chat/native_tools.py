@@ -22,14 +22,15 @@ from __future__ import annotations
 from typing import Any
 
 from snapcache.llama.batch import LazyGrammar
-from snapcache.server.chat.request import ChatRequest, NamedTool, ToolSpec
-from snapcache.server.chat.tool_format import PlainReader, ReplyReader, chat_template, checked_grammar
+from snapcache.server.chat.request import ChatRequest, NamedTool
+from snapcache.server.chat.tool_channel import PlainReader, ReplyReader, chat_template, checked_grammar
 from snapcache.server.tools import (
     StreamItem,
     ToolCall,
     ToolCallDelta,
     ToolCallDropped,
     ToolCallStream,
+    ToolSpec,
     render_messages,
 )
 from snapcache.server.tools import ToolFormat as CallFormat

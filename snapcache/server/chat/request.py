@@ -4,27 +4,24 @@ Anthropic Messages and OpenAI Responses are translated into a `ChatRequest` (see
 `ChatEngine` runs it. Its messages are OpenAI chat messages, normalized so that a template written
 for plain chats renders them: text only (content-part lists joined), one leading system message
 (`developer` messages and system messages anywhere folded into it, in order), assistant tool calls
-as OpenAI `tool_calls` and their results as `tool` messages.
+as OpenAI `tool_calls` and their results as `tool` messages. Tools and calls are the values of
+`snapcache.server.tools` (`ToolSpec`, `ToolCall`).
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from snapcache.server.errors import BadRequest
-from snapcache.server.tools import UnsupportedContent, content_text
+from snapcache.server.tools import ToolCall, ToolSpec, UnsupportedContent, content_text
 
 __all__ = [
     "ChatMessage",
     "ChatRequest",
     "NamedTool",
-    "ToolCallRequest",
     "ToolChoice",
-    "ToolSpec",
-    "arguments_text",
     "normalized_messages",
     "text_of",
 ]
@@ -45,40 +42,19 @@ ToolChoice = Literal["auto", "none", "required"] | NamedTool
 
 
 @dataclass(frozen=True, slots=True)
-class ToolSpec:
-    """A function the model may call: its name, what it does, and a JSON schema of its arguments."""
-
-    name: str
-    description: str = ""
-    parameters: Mapping[str, Any] = field(default_factory=lambda: {"type": "object"})
-
-
-@dataclass(frozen=True, slots=True)
-class ToolCallRequest:
-    """A call the model made: its id, the tool's name and the arguments as JSON text."""
-
-    id: str
-    name: str
-    arguments: str
-
-
-@dataclass(frozen=True, slots=True)
 class ChatMessage:
     """One message: a role, its text, and for an assistant its calls, for a tool result the call's id."""
 
     role: Role
     content: str
-    tool_calls: tuple[ToolCallRequest, ...] = ()
+    tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str | None = None
     name: str | None = None
 
     def as_openai(self) -> dict[str, Any]:
         message: dict[str, Any] = {"role": self.role, "content": self.content}
         if self.tool_calls:
-            message["tool_calls"] = [
-                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                for c in self.tool_calls
-            ]
+            message["tool_calls"] = [call.openai() for call in self.tool_calls]
         if self.tool_call_id is not None:
             message["tool_call_id"] = self.tool_call_id
         if self.name is not None:
@@ -142,8 +118,3 @@ def normalized_messages(messages: Iterable[ChatMessage]) -> tuple[ChatMessage, .
         raise BadRequest("the request holds no message besides system text", param="messages")
     head = (ChatMessage("system", "\n\n".join(system)),) if system else ()
     return (*head, *rest)
-
-
-def arguments_text(arguments: Any) -> str:
-    """Tool-call arguments as JSON text, whether given as an object or already as text."""
-    return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)

@@ -14,9 +14,7 @@ from snapcache.server.chat.request import (
     ChatMessage,
     ChatRequest,
     NamedTool,
-    ToolCallRequest,
     ToolChoice,
-    ToolSpec,
     normalized_messages,
 )
 from snapcache.server.chat.responses_output import sse
@@ -31,6 +29,7 @@ from snapcache.server.chat.responses_protocol import (
 )
 from snapcache.server.checks import schema_problem
 from snapcache.server.errors import BadRequest
+from snapcache.server.tools import ToolCall, ToolSpec
 
 __all__ = ["chat_request", "error_event"]
 
@@ -100,7 +99,7 @@ def _messages_of(item: Any, where: str) -> list[ChatMessage]:
         role = "system" if item.role == "developer" else item.role
         return [ChatMessage(role, _text(item.content, f"{where}.content"))]
     if isinstance(item, FunctionCallItem):
-        return [ChatMessage("assistant", "", (ToolCallRequest(item.call_id, item.name, item.arguments),))]
+        return [ChatMessage("assistant", "", (ToolCall(item.call_id, item.name, item.arguments),))]
     if isinstance(item, FunctionCallOutputItem):
         return [ChatMessage("tool", _text(item.output, f"{where}.output"), tool_call_id=item.call_id)]
     return []

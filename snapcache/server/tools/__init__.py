@@ -4,7 +4,9 @@
 Llama 3.x, Mistral, FunctionGemma, Gemma 4, or none); `ToolFormat.parse` and `ToolFormat.stream`
 read replies detokenized with special tokens; `ToolFormat.grammar` holds a reply to calls;
 `render_prompt` renders a conversation with tools through the template. `GenericCallStream` and
-`parse_generic` read the generic JSON answer of templates without a format of their own.
+`parse_generic` read the generic JSON answer of templates without a format of their own. The values
+(`ToolSpec`, `ToolCall`, `ToolCallDelta`, `ToolCallDropped`) are the server's one set: its dialects
+and its chat engine pass these.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from snapcache.server.tools._values import (
     ToolCallDelta,
     ToolCallDropped,
     ToolSpec,
+    arguments_json,
+    arguments_object,
     new_call_id,
 )
 
@@ -43,6 +47,8 @@ __all__ = [
     "ToolFormat",
     "ToolSpec",
     "UnsupportedContent",
+    "arguments_json",
+    "arguments_object",
     "content_of",
     "content_text",
     "default_calls_as_text",

@@ -19,8 +19,8 @@ from snapcache.server.tools._values import (
     ToolCall,
     ToolCallDelta,
     ToolCallDropped,
-    arguments_text,
     new_call_id,
+    normalized_arguments,
 )
 
 _TEXT_ANSWER = re.compile(r'\s*\{\s*"response"\s*:\s*"')
@@ -41,7 +41,7 @@ def parse_generic(text: str, names: Collection[str], *, parallel: bool = True) -
     listed = answer.get("tool_calls")
     for call in ([answer.get("tool_call")] if listed is None else listed) or ():
         if isinstance(call, Mapping) and call.get("name") in names:
-            arguments = arguments_text(call.get("arguments", {}))
+            arguments = normalized_arguments(call.get("arguments", {}))
             if arguments is not None:
                 calls.append(ToolCall(new_call_id(), str(call["name"]), arguments))
     if not parallel:
@@ -201,7 +201,7 @@ class GenericCallStream:
         if ending is None:
             return False
         arguments = text[self._arguments_at : preview.sent]
-        made = ToolCall(preview.id, preview.name, arguments_text(arguments) or arguments)
+        made = ToolCall(preview.id, preview.name, normalized_arguments(arguments) or arguments)
         self._open = None
         if any((call.name, call.arguments) == (made.name, made.arguments) for call in self._made):
             self._held.clear()

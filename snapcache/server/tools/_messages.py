@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
-from snapcache.server.tools._values import ToolCall, compact_json
+from snapcache.server.tools._values import ToolCall, arguments_json, arguments_object
 
 # Renders an assistant's calls as plain text, for a template that has no place for calls.
 CallsAsText = Callable[[Sequence[ToolCall]], str]
@@ -80,26 +80,20 @@ def _text_part(part: object, strict: bool) -> TypeGuard[Mapping[str, Any]]:
 
 def default_calls_as_text(calls: Sequence[ToolCall]) -> str:
     """`{"tool_calls": [{"name": ..., "arguments": {...}}]}`, the generic JSON form llama-server uses."""
-    listed = [{"name": call.name, "arguments": _arguments_object(call.arguments)} for call in calls]
+    listed = [{"name": call.name, "arguments": arguments_object(call.arguments)} for call in calls]
     return json.dumps({"tool_calls": listed}, ensure_ascii=False)
-
-
-def _arguments_object(arguments: str) -> Any:
-    try:
-        return json.loads(arguments) if arguments.strip() else {}
-    except ValueError:
-        return arguments  # not JSON: the template gets the text as the model wrote it
 
 
 def _call(raw: Any) -> ToolCall:
     """A call from an OpenAI `tool_calls` entry or an object with `id`, `name` and `arguments`."""
     if not isinstance(raw, Mapping):
-        arguments = raw.arguments if isinstance(raw.arguments, str) else compact_json(raw.arguments)
-        return ToolCall(str(raw.id), str(raw.name), arguments)
+        return ToolCall(str(raw.id), str(raw.name), arguments_json(raw.arguments))
     function = raw.get("function") or {}
-    arguments = function.get("arguments", "{}")
-    text = arguments if isinstance(arguments, str) else compact_json(arguments)
-    return ToolCall(str(raw.get("id") or ""), str(function.get("name", "")), text)
+    return ToolCall(
+        str(raw.get("id") or ""),
+        str(function.get("name", "")),
+        arguments_json(function.get("arguments", "{}")),
+    )
 
 
 def _nine(call_id: str) -> str:
@@ -167,7 +161,7 @@ def _map_one(
                 {
                     "id": ids(call.id),
                     "type": "function",
-                    "function": {"name": call.name, "arguments": _arguments_object(call.arguments)},
+                    "function": {"name": call.name, "arguments": arguments_object(call.arguments)},
                 }
                 for call in calls
             ]

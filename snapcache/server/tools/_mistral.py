@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 from snapcache.server.tools._syntax import Opening, Step, call_from_object, decode_json, opening_match
-from snapcache.server.tools._values import ToolCall, arguments_text, new_call_id
+from snapcache.server.tools._values import ToolCall, new_call_id, normalized_arguments
 
 _MARKER = "[TOOL_CALLS]"
 _ARGS = "[ARGS]"
@@ -60,7 +60,7 @@ class MistralSyntax:
         decoded = decode_json(body, match.end())
         if decoded is None:
             return Step((), len(body), malformed=True) if final else None
-        arguments = arguments_text(decoded[0])
+        arguments = normalized_arguments(decoded[0])
         if arguments is None:
             return Step((), decoded[1], malformed=True)
         call_id = match.group("id") or new_call_id()

@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from snapcache.server.tools._values import ToolCall, arguments_text, new_call_id
+from snapcache.server.tools._values import ToolCall, new_call_id, normalized_arguments
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +66,7 @@ def call_from_object(value: Any) -> ToolCall | None:
     name = value.get("name")
     if not isinstance(name, str) or not name:
         return None
-    arguments = arguments_text(value.get("arguments", value.get("parameters")))
+    arguments = normalized_arguments(value.get("arguments", value.get("parameters")))
     if arguments is None:
         return None
     given_id = value.get("id")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,14 +15,12 @@ class ToolSpec:
 
     name: str
     description: str = ""
-    parameters: dict[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
+    parameters: Mapping[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
 
     def openai(self) -> dict[str, Any]:
         """The tool in the shape chat templates iterate: `{"type": "function", "function": {...}}`."""
-        return {
-            "type": "function",
-            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
-        }
+        function = {"name": self.name, "description": self.description, "parameters": dict(self.parameters)}
+        return {"type": "function", "function": function}
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +88,21 @@ def compact_json(value: object) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
-def arguments_text(arguments: object) -> str | None:
+def arguments_json(arguments: object) -> str:
+    """A call's arguments as a client sent them, as JSON text: text as it is, an object as compact JSON."""
+    return arguments if isinstance(arguments, str) else compact_json(arguments)
+
+
+def arguments_object(arguments: str) -> Any:
+    """The value a call's JSON arguments hold, for a template that expects an object: empty text is
+    an empty object; text that is not JSON stays the text, as the model wrote it."""
+    try:
+        return json.loads(arguments) if arguments.strip() else {}
+    except ValueError:
+        return arguments
+
+
+def normalized_arguments(arguments: object) -> str | None:
     """The compact JSON of a call's arguments (an object, or JSON text of one); None when not an object.
 
     Missing arguments are an empty object; some models encode the object once more as a JSON string.

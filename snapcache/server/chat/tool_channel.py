@@ -1,9 +1,10 @@
-"""The seam between a chat request's tools and a model: how to render them, constrain the answer, read it.
+"""The channel between a chat request's tools and a model: how to render them, hold the answer to
+them, read it.
 
-`engine.tool_format_for` picks the format for a request and a model: the model's own (`native_tools`) where
-the chat template it renders with (its GGUF's `tokenizer.chat_template`) writes calls in a format
-`snapcache.server.tools` reads and places the tools itself; else the generic format
-(`generic_tools`), which works with any template.
+`engine.tool_channel_for` picks the channel for a request and a model: the model's own call format
+(`native_tools`) where the chat template it renders with (its GGUF's `tokenizer.chat_template`)
+writes calls in a format `snapcache.server.tools` reads (its `ToolFormat`) and places the tools
+itself; else the generic one (`generic_tools`), which works with any template.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from llama_cpp.llama_grammar import LlamaGrammar
 from snapcache.server.chat.request import ChatRequest
 from snapcache.server.tools import StreamItem
 
-__all__ = ["PlainReader", "ReplyReader", "ToolFormat", "chat_template", "checked_grammar"]
+__all__ = ["PlainReader", "ReplyReader", "ToolChannel", "chat_template", "checked_grammar"]
 
 _log = logging.getLogger("snapcache")
 
@@ -45,7 +46,7 @@ class ReplyReader(Protocol):
         ...
 
 
-class ToolFormat(Protocol):
+class ToolChannel(Protocol):
     """How one request's tools and tool history reach a model, and how its calls come back."""
 
     def messages(self, request: ChatRequest) -> list[dict[str, Any]]:

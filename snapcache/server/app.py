@@ -42,6 +42,7 @@ from snapcache.server.openapi import describe_api
 from snapcache.server.parallel import ModelTurns, parallel_model, unlock_routes
 from snapcache.server.request import current_scope
 from snapcache.server.routes import extras_router, snapcache_router
+from snapcache.server.served_model import ServedModel
 from snapcache.store import SavingsLedger, SnapshotStore
 
 __all__ = ["DEFAULT_MAX_TOKENS", "ServeOptions", "create_app", "serve"]
@@ -148,6 +149,7 @@ def create_app(llm: llama_cpp.Llama, store: SnapshotStore, options: ServeOptions
     install_dialects(
         app,
         ChatEngine(llm, rules, options.max_tokens_default, live_tool_calls=options.live_tool_calls),
+        ServedModel.of(llm, alias, fingerprint),
         options.api_key,
     )
     unlock_routes(app, parallel is not None)

@@ -4,6 +4,7 @@ In: the `X-Snapcache-Scope` header picks the request's scope (a bad one is a 400
 model cannot serve (an empty message list) are answered with a 400 before they queue for it. A chat
 completion with tools is marked for the chat engine's route and passed on as it came (that route
 checks it and reports its usage; see `snapcache.server.chat.chat_completions`).
+Ollama's POST routes read their body as JSON whatever its Content-Type says, as Ollama does.
 Out: `X-Snapcache-Restored-Tokens` and `X-Snapcache-Source` headers, and
 `usage.prompt_tokens_details.cached_tokens` in a JSON response, or in a final usage chunk of a
 stream whose request asked for one (`stream_options.include_usage`), as OpenAI's API does.
@@ -27,6 +28,7 @@ from snapcache.errors import InvalidArgument
 from snapcache.key import DEFAULT_SCOPE, validate_scope
 from snapcache.llama.hook.request_streams import RequestStreams
 from snapcache.server.chat.chat_completions import ON_ENGINE, runs_on_engine
+from snapcache.server.chat.routes import OLLAMA_PATHS
 from snapcache.server.chat.rules import PromptRules
 from snapcache.server.checks import CHAT_PATH, COMPLETION_PATHS, RequestChecks, parse_body
 from snapcache.server.errors import BadRequest, client_error, error_document
@@ -63,6 +65,8 @@ class SnapcacheMiddleware:
             return
         path = scope.get("path")
         if scope.get("method") != "POST" or path not in self.checks.paths:
+            if scope.get("method") == "POST" and path in OLLAMA_PATHS:
+                scope = {**scope, "headers": _as_json(scope.get("headers", []))}  # as Ollama reads them
             await _answered_as_json(self.app, scope, receive, send)
             return
         completion = path in COMPLETION_PATHS
@@ -149,6 +153,14 @@ def _json_headers(headers: list[tuple[bytes, bytes]], length: int) -> list[tuple
         (name, value) for name, value in headers if name.lower() not in (b"content-length", b"content-type")
     ]
     return [*kept, (b"content-type", b"application/json"), (b"content-length", str(length).encode())]
+
+
+def _as_json(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """`headers` saying that the body is JSON, whatever type they said (`curl -d` sends a form's)."""
+    return [
+        *((name, value) for name, value in headers if name.lower() != b"content-type"),
+        (b"content-type", b"application/json"),
+    ]
 
 
 class _Response:

@@ -7,7 +7,8 @@ server answers otherwise. The security schemes appear only when the server runs 
 a body the server refuses for a reason JSON Schema can state is invalid in the schema too (no
 messages, logprobs without the logits they need, two prompts, a logit_bias key that is no token
 id, min_tokens with a grammar, a scope or priority out of range, a warm request without exactly one
-text); a grammar has the `gbnf` format. Every operation documents its 400 in its API's error shape,
+text, an Ollama request with images or what would bypass the chat template); a grammar has the
+`gbnf` format. Every operation documents its 400 in its API's error shape,
 and none documents a 422 where the server answers 400 instead.
 """
 
@@ -158,6 +159,30 @@ def _describe(document: Document, limits: ModelLimits, *, api_key: bool) -> None
             corrected.add(id(schema))
             correct(schema, limits)
     _chat_with_tools(document)
+    _ollama_messages_are_text(document)
+
+
+def _ollama_messages_are_text(document: Document) -> None:
+    """`/api/chat`'s messages carry no images (each a 400: the server reads text only)."""
+    schema = _body_schema(document, "/api/chat")
+    items = (schema or {}).get("properties", {}).get("messages", {}).get("items", {})
+    ref = items.get("$ref")
+    if not isinstance(ref, str):
+        return
+    message = document["components"]["schemas"].get(ref.rsplit("/", 1)[1])
+    if isinstance(message, dict):
+        _refuse(message, "images", _NOTHING, "null or none: text only")
+
+
+def _ollama_generate(schema: Document, _limits: ModelLimits) -> None:
+    """What `/api/generate` refuses: images, and what would bypass the model's chat template."""
+    _refuse(schema, "raw", {"anyOf": [{"const": False}]}, "false: prompts are rendered by the chat template")
+    for name in ("suffix", "template"):
+        _refuse(
+            schema, name, {"anyOf": [{"const": ""}, {"type": "null"}]}, "empty: the chat template renders"
+        )
+    _refuse(schema, "context", _NOTHING, "null or none: send a conversation to /api/chat")
+    _refuse(schema, "images", _NOTHING, "null or none: text only")
 
 
 def _chat_with_tools(document: Document) -> None:
@@ -409,7 +434,9 @@ def _detokenize(schema: Document, limits: ModelLimits) -> None:
         tokens.update(minimum=0, maximum=limits.n_vocab - 1)
 
 
+_NOTHING: Document = {"anyOf": [{"type": "null"}, {"type": "array", "maxItems": 0}]}
 _BODIES: dict[str, Callable[[Document, ModelLimits], None]] = {
+    "/api/generate": _ollama_generate,
     _CHAT_PATH: _chat_completion,
     "/v1/completions": _completion,
     "/v1/engines/copilot-codex/completions": _completion,

@@ -137,6 +137,8 @@ def follow_the_rules(path: str, body: dict[str, Any]) -> None:
             _engine_chat_rules(body)
         else:
             _chosen_tool_among_tools(body)
+    elif path == "/api/chat":
+        _ollama_chat_rules(body)
     elif path == "/snapcache/warm":
         holder, name = next(
             ((body, name) for name in ("system", "prompt") if isinstance(body.get(name), str)),
@@ -205,6 +207,35 @@ def _engine_chat_rules(body: dict[str, Any]) -> None:
             called.add(answered)
         called.update(call["id"] for call in message.get("tool_calls") or [])
         messages.append(message)
+    body["messages"] = messages
+
+
+def _ollama_chat_rules(body: dict[str, Any]) -> None:
+    """An Ollama chat as the server takes it: function names apart, every tool result after a call
+    it answers, and some message besides system text where there are messages."""
+    functions: set[str] = set()
+    tools: list[Any] = []
+    for tool in body.get("tools") or []:
+        function = tool.get("function") if tool.get("type", "function") == "function" else None
+        if function is not None and function["name"] in functions:
+            continue
+        if function is not None:
+            functions.add(function["name"])
+        tools.append(tool)
+    if body.get("tools") is not None:
+        body["tools"] = tools
+    if not body.get("messages"):
+        return
+    messages: list[Any] = []
+    for message in body["messages"]:
+        if message.get("role") == "tool":  # a call of its own just before it, as the result names it
+            call: dict[str, Any] = {"function": {"name": message.get("tool_name") or "f", "arguments": {}}}
+            if message.get("tool_call_id"):
+                call["id"] = message["tool_call_id"]
+            messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        messages.append(message)
+    if messages and all(message.get("role") == "system" for message in messages):
+        messages.append({"role": "user", "content": "hi"})
     body["messages"] = messages
 
 
@@ -332,7 +363,7 @@ def test_with_an_api_key_every_route_asks_for_it_and_answers_401_without_it(
         assert schemes["APIKeyHeader"]["name"] == "x-api-key"
         for path, method, operation in operations(document):
             named = {name for option in operation["security"] for name in option}
-            dialect = path.startswith(("/v1/messages", "/v1/responses"))
+            dialect = path.startswith(("/v1/messages", "/v1/responses", "/api/"))
             assert named == ({"HTTPBearer", "APIKeyHeader"} if dialect else {"HTTPBearer"}), path
             assert "401" in operation["responses"], (method, path)
         # schemathesis's own checks of the credentials: sent, left out, wrong.

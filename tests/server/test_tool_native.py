@@ -24,7 +24,7 @@ from snapcache.server.chat.engine import (
 )
 from snapcache.server.chat.generic_tools import GenericTools
 from snapcache.server.chat.native_tools import NativeTools
-from snapcache.server.chat.request import ChatMessage, ChatRequest, NamedTool
+from snapcache.server.chat.request import ChatMessage, ChatRequest, NamedTool, Sampling
 from snapcache.server.chat.rules import PromptRules
 from snapcache.server.tools import ToolCall, ToolCallDelta, ToolSpec
 
@@ -184,7 +184,7 @@ def test_the_engine_reads_calls_from_the_special_tokens_of_its_answer(
         tools=(ToolSpec("get_weather", "Weather.", city),),
         tool_choice="required",
         parallel_tool_calls=False,
-        temperature=0.0,
+        sampling=Sampling(temperature=0.0),
     )
     whole = engine_events(monkeypatch, llm, request)
     events = engine_events(monkeypatch, llm, request, live=True)

@@ -35,6 +35,7 @@ from snapcache.server.chat.request import (
     ChatMessage,
     ChatRequest,
     NamedTool,
+    Sampling,
     ToolChoice,
     normalized_messages,
     text_of,
@@ -99,9 +100,7 @@ def chat_request(body: ConversationRequest, scope: str) -> ChatRequest:
     if isinstance(body, MessagesRequest):
         extra = {
             "max_tokens": body.max_tokens,
-            "temperature": body.temperature,
-            "top_p": body.top_p,
-            "top_k": body.top_k,
+            "sampling": Sampling.of(body),
             "stop": tuple(body.stop_sequences or ()),
             "stream": body.stream,
         }

@@ -8,8 +8,9 @@ the model's tool format, under a grammar for `tool_choice` `auto`, `required`, a
 `none`. The middleware marks such a request (`ON_ENGINE`) before it reaches the routes.
 
 Usage follows OpenAI's API: `prompt_tokens` counts the whole prompt, `prompt_tokens_details.cached_tokens`
-the part restored. Sampling fields the engine does not take (`seed`, `logit_bias`, penalties, `min_p`)
-are accepted and ignored; `n` above 1, `logprobs` and a `response_format` other than text are 400s.
+the part restored. `seed`, the penalties, `min_p` and `typical_p` sample as on the plain route;
+`logit_bias` is accepted and ignored; `n` above 1, `logprobs` and a `response_format` other than
+text are 400s.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from snapcache.server.chat.request import (
     ChatMessage,
     ChatRequest,
     NamedTool,
+    Sampling,
     ToolChoice,
     normalized_messages,
 )
@@ -101,9 +103,7 @@ def chat_request(body: ChatCompletionRequest, scope: str) -> ChatRequest:
         tools=tools,
         tool_choice=choice,
         parallel_tool_calls=body.parallel_tool_calls is not False,
-        temperature=body.temperature,
-        top_p=body.top_p,
-        top_k=body.top_k,
+        sampling=Sampling.of(body),
         stop=tuple(stop),
         stream=body.stream,
         scope=scope,

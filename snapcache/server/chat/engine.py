@@ -20,8 +20,9 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import re
+import time
 from collections.abc import AsyncIterator, Callable, Generator, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, TypeVar
 
 import anyio
@@ -71,9 +72,11 @@ class Usage:
 
 @dataclass(frozen=True, slots=True)
 class Started:
-    """The prompt is read; what it restored is known."""
+    """The prompt is read; what it restored is known. `elapsed_ns`: since the request began to run
+    (its turn on the model taken), in nanoseconds."""
 
     usage: Usage
+    elapsed_ns: int = field(default=0, compare=False)  # timing, not what happened
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,9 +94,13 @@ class ToolCalled:
 
 @dataclass(frozen=True, slots=True)
 class Finished:
+    """The answer is over: why, its usage, the stop sequence that ended it, and `elapsed_ns` since
+    the request began to run."""
+
     reason: FinishReason
     usage: Usage
     stop_sequence: str | None = None
+    elapsed_ns: int = field(default=0, compare=False)  # timing, not what happened
 
 
 ChatEvent = Started | TextDelta | ToolCallDelta | ToolCalled | ToolCallDropped | Finished
@@ -161,14 +168,15 @@ class ChatEngine:
 
     def _run(self, model: Any, request: ChatRequest, tools: ToolChannel) -> Generator[ChatEvent, None, None]:
         """The events of one request, on worker threads (one at a time) in the request's context."""
+        began = time.monotonic_ns()
         limit = request.max_tokens if request.max_tokens is not None else self._max_tokens_default
         kwargs: dict[str, Any] = {"stream": True, "max_tokens": limit, **tools.options(request)}
-        for name in ("temperature", "top_p", "top_k"):
-            if getattr(request, name) is not None:
-                kwargs[name] = getattr(request, name)
+        kwargs.update(request.sampling.settings())
         grammar = tools.grammar(request)
         if grammar is not None:
             kwargs["grammar"] = grammar
+        elif request.response_format is not None:
+            kwargs["response_format"] = dict(request.response_format)
         if tools.stop(request):
             kwargs["stop"] = list(tools.stop(request))
         chunks = model.create_chat_completion(tools.messages(request), **kwargs)
@@ -179,7 +187,7 @@ class ChatEngine:
             for chunk in chunks:
                 if not started:
                     started = True
-                    yield Started(_usage(generated))
+                    yield Started(_usage(generated), time.monotonic_ns() - began)
                 choice = chunk["choices"][0]
                 piece = choice.get("delta", {}).get("content") or ""
                 if piece:
@@ -200,14 +208,15 @@ class ChatEngine:
             if close is not None:
                 close()  # a stream ended at a stop sequence: its request is cancelled, its state kept
         if not started:
-            yield Started(_usage(generated))
+            yield Started(_usage(generated), time.monotonic_ns() - began)
         rest = stops.flush() if reason != "stop_sequence" else ""
         items = [*(reader.feed(rest) if rest else ()), *reader.finish()]
         called = called or any(isinstance(item, ToolCall) for item in items)
         yield from _events(items, live=self._live_tool_calls)
         if called:
             reason = "tool_calls"
-        yield Finished(reason, _usage(generated), stops.matched)  # type: ignore[arg-type]
+        elapsed = time.monotonic_ns() - began
+        yield Finished(reason, _usage(generated), stops.matched, elapsed)  # type: ignore[arg-type]
 
     def _problem(self, exc: Exception) -> Exception:
         """The BadRequest a failure of the model's is, or the failure itself."""

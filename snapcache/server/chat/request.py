@@ -10,8 +10,8 @@ as OpenAI `tool_calls` and their results as `tool` messages. Tools and calls are
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 from snapcache.server.errors import BadRequest
@@ -21,6 +21,7 @@ __all__ = [
     "ChatMessage",
     "ChatRequest",
     "NamedTool",
+    "Sampling",
     "ToolChoice",
     "normalized_messages",
     "text_of",
@@ -39,6 +40,32 @@ class NamedTool:
 
 # "auto": text or a call; "required": a call; NamedTool: a call of that tool; "none": no tools.
 ToolChoice = Literal["auto", "none", "required"] | NamedTool
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    """How the answer's tokens are drawn, as `create_chat_completion` takes them (None: its default)."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    typical_p: float | None = None
+    repeat_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    seed: int | None = None
+
+    @classmethod
+    def of(cls, source: Any) -> Sampling:
+        """The settings a dialect's request model (pydantic) declares under these names, checked by
+        it; a field it does not declare is never read, even where the client sent one."""
+        declared = getattr(type(source), "model_fields", {})
+        return cls(**{f.name: getattr(source, f.name) for f in fields(cls) if f.name in declared})
+
+    def settings(self) -> dict[str, Any]:
+        """The settings given, as `create_chat_completion`'s keyword arguments."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,10 +98,11 @@ class ChatRequest:
     tools: tuple[ToolSpec, ...] = ()
     tool_choice: ToolChoice = "auto"
     parallel_tool_calls: bool = True
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
+    sampling: Sampling = Sampling()
     stop: tuple[str, ...] = ()
+    # llama-cpp-python's: {"type": "json_object"}, with a JSON "schema" the answer must fit or not;
+    # None for text. A dialect refuses it beside tools, whose grammar holds the answer already.
+    response_format: Mapping[str, Any] | None = None
     stream: bool = False
     scope: str = "default"
 

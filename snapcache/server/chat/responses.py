@@ -14,6 +14,7 @@ from snapcache.server.chat.request import (
     ChatMessage,
     ChatRequest,
     NamedTool,
+    Sampling,
     ToolChoice,
     normalized_messages,
 )
@@ -78,8 +79,7 @@ def chat_request(body: ResponsesRequest, scope: str) -> ChatRequest:
         tools=tools,
         tool_choice=choice,
         parallel_tool_calls=body.parallel_tool_calls is not False,
-        temperature=body.temperature,
-        top_p=body.top_p,
+        sampling=Sampling.of(body),
         stream=body.stream,
         scope=scope,
     )

@@ -1,6 +1,8 @@
 """The dialect routes: Anthropic Messages (`/v1/messages`, `/v1/messages/count_tokens`), OpenAI
-Responses (`/v1/responses`) and OpenAI Chat Completions with tools (`/v1/chat/completions`), each a
-`Dialect` over `ChatEngine` served by one skeleton (`serve`).
+Responses (`/v1/responses`), OpenAI Chat Completions with tools (`/v1/chat/completions`) and
+Ollama's chat and generate (`/api/chat`, `/api/generate`), each a `Dialect` over `ChatEngine` served
+by one skeleton (`serve`); and Ollama's model routes (`/api/tags`, `/api/show`, `/api/ps`,
+`/api/version`: see `ollama_models`).
 
 The Chat Completions route shares its path with llama-cpp-python's, which keeps plain chats: it sits
 before that route and matches only the requests the middleware marked as the engine's (see
@@ -29,23 +31,38 @@ from starlette.types import Scope
 
 from snapcache.errors import InvalidArgument
 from snapcache.key import DEFAULT_SCOPE, validate_scope
-from snapcache.server.chat import chat_completions
+from snapcache.server.chat import anthropic, chat_completions, ollama, ollama_models
 from snapcache.server.chat.anthropic_protocol import CountTokensRequest, MessagesRequest
 from snapcache.server.chat.chat_completions_protocol import parsed
-from snapcache.server.chat.dialect import CHAT_COMPLETIONS, MESSAGES, RESPONSES, Body, Dialect
+from snapcache.server.chat.dialect import (
+    CHAT_COMPLETIONS,
+    MESSAGES,
+    OLLAMA_CHAT,
+    OLLAMA_GENERATE,
+    RESPONSES,
+    Body,
+    Dialect,
+)
 from snapcache.server.chat.engine import ChatEngine, ChatEvent
+from snapcache.server.chat.ollama_protocol import ChatBody, GenerateBody, ShowBody
 from snapcache.server.chat.prompt_size import PromptCounter
 from snapcache.server.chat.responses_protocol import ResponsesRequest
 from snapcache.server.chat.streaming import EventStream, as_failure, until_disconnect
 from snapcache.server.checks import CHAT_PATH, parse_body
 from snapcache.server.errors import BadRequest
+from snapcache.server.served_model import ServedModel
 
-__all__ = ["MESSAGES_PATHS", "RESPONSES_PATH", "install_dialects"]
+__all__ = ["MESSAGES_PATHS", "OLLAMA_PATHS", "RESPONSES_PATH", "install_dialects"]
 
 MESSAGES_PATH = "/v1/messages"
 COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
 MESSAGES_PATHS = frozenset({MESSAGES_PATH, COUNT_TOKENS_PATH})
 RESPONSES_PATH = "/v1/responses"
+OLLAMA_CHAT_PATH = "/api/chat"
+OLLAMA_GENERATE_PATH = "/api/generate"
+OLLAMA_PATHS = frozenset(
+    {OLLAMA_CHAT_PATH, OLLAMA_GENERATE_PATH, "/api/tags", "/api/show", "/api/ps", "/api/version"}
+)
 _SCOPE_HEADER = "x-snapcache-scope"
 
 _API_KEY = Security(APIKeyHeader(name="x-api-key", auto_error=False, description="Anthropic clients' key"))
@@ -75,7 +92,8 @@ async def serve(dialect: Dialect[Body], body: Body, request: Request, engine: Ch
     except BadRequest as exc:
         return _failure(dialect, exc)
     if chat.stream:
-        return EventStream(dialect.stream(body, engine.events(chat)), dialect.error_body, dialect.error_event)
+        events = dialect.stream(body, engine.events(chat))
+        return EventStream(events, dialect.error_body, dialect.error_event, dialect.stream_type)
     return await _answered(
         request,
         engine.events(chat),
@@ -138,7 +156,7 @@ _OPENAI_ERRORS: dict[int | str, dict[str, Any]] = {
 _EVENTS = {"content": {"text/event-stream": {"schema": {"type": "string"}}}}
 
 
-def install_dialects(app: FastAPI, engine: ChatEngine, api_key: str | None) -> None:
+def install_dialects(app: FastAPI, engine: ChatEngine, model: ServedModel, api_key: str | None) -> None:
     """Add the dialect routes to `app`, and the handlers that answer their errors in their shapes."""
 
     async def authenticate(
@@ -153,12 +171,14 @@ def install_dialects(app: FastAPI, engine: ChatEngine, api_key: str | None) -> N
     guard = [Depends(authenticate)] if api_key is not None else []
     app.include_router(_messages_router(engine, PromptCounter(engine)), dependencies=guard)
     app.include_router(_responses_router(engine), dependencies=guard)
+    app.include_router(_ollama_router(engine, model), dependencies=guard)
     _install_chat_completions(app, engine, guard)
     # The paths whose errors FastAPI raises before a route runs (a body it cannot parse or
     # validate) get their dialect's shape; the engine's Chat Completions path answers its own.
     dialects: dict[frozenset[str], Dialect[Any]] = {
         MESSAGES_PATHS: MESSAGES,
         frozenset({RESPONSES_PATH}): RESPONSES,
+        OLLAMA_PATHS: OLLAMA_CHAT,  # one error shape for all of Ollama's routes
     }
 
     def dialect_of(request: Request) -> Dialect[Any] | None:
@@ -204,7 +224,7 @@ def _messages_router(engine: ChatEngine, counter: PromptCounter) -> APIRouter:
     @router.post(COUNT_TOKENS_PATH, summary="Anthropic Messages: count tokens", responses=_ANTHROPIC_ERRORS)
     async def count_tokens(body: CountTokensRequest, request: Request) -> Response:
         try:
-            chat = MESSAGES.chat_request(body, _scope(request))
+            chat = anthropic.chat_request(body, _scope(request))
             _check_text(body)
             count = await run_in_threadpool(counter.count, chat)
         except Exception as exc:
@@ -222,6 +242,73 @@ def _responses_router(engine: ChatEngine) -> APIRouter:
         return await serve(RESPONSES, body, request, engine)
 
     return router
+
+
+_OLLAMA_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {
+        "description": text,
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "required": ["error"],
+                    "properties": {"error": {"type": "string"}},
+                }
+            }
+        },
+    }
+    for status, text in (
+        (400, "The request cannot be served; the message says why"),
+        (401, "The API key is missing or wrong"),
+        (500, "The request failed"),
+    )
+}
+_LINES = {"content": {ollama.NDJSON: {"schema": {"type": "string"}}}}
+
+
+def _ollama_router(engine: ChatEngine, model: ServedModel) -> APIRouter:
+    router = APIRouter(tags=["Ollama"])
+
+    @router.post(OLLAMA_CHAT_PATH, summary="Ollama chat", responses={200: _LINES, **_OLLAMA_ERRORS})
+    async def chat(body: ChatBody, request: Request) -> Response:
+        if not body.messages:
+            return _loaded(body)  # a request that only loads the model: it is loaded
+        return await serve(OLLAMA_CHAT, body, request, engine)
+
+    @router.post(OLLAMA_GENERATE_PATH, summary="Ollama generate", responses={200: _LINES, **_OLLAMA_ERRORS})
+    async def generate(body: GenerateBody, request: Request) -> Response:
+        if not body.prompt:
+            try:
+                ollama.check_generate(body)
+            except BadRequest as exc:
+                return _failure(OLLAMA_GENERATE, exc)
+            return _loaded(body)
+        return await serve(OLLAMA_GENERATE, body, request, engine)
+
+    @router.get("/api/tags", summary="Ollama: the models")
+    async def tags() -> dict[str, Any]:
+        return ollama_models.tags(model)
+
+    @router.post("/api/show", summary="Ollama: a model's details", responses=_OLLAMA_ERRORS)
+    async def show(body: ShowBody) -> dict[str, Any]:
+        return ollama_models.shown(model, body.model or body.name or "")
+
+    @router.get("/api/ps", summary="Ollama: the models loaded")
+    async def running() -> dict[str, Any]:
+        return ollama_models.running(model)
+
+    @router.get("/api/version", summary="Ollama: the API version")
+    async def version() -> dict[str, str]:
+        return {"version": ollama_models.OLLAMA_API_VERSION}
+
+    return router
+
+
+def _loaded(body: ChatBody | GenerateBody) -> Response:
+    document = ollama.loaded(body)
+    if not body.stream:
+        return JSONResponse(document)
+    return Response(json.dumps(document) + "\n", media_type=ollama.NDJSON)
 
 
 class _EngineChatCompletions(APIRoute):

@@ -84,18 +84,18 @@ async def until_disconnect(receive: Receive, events: AsyncIterator[Any]) -> Asyn
 
 
 class EventStream(Response):
-    """Server-sent events made by `events`; `error_body` and `error_event` give the dialect's error
-    before and after the stream began."""
-
-    media_type = "text/event-stream"
+    """A stream of `events` (server-sent events by default; `media_type` says what they are);
+    `error_body` and `error_event` give the dialect's error before and after the stream began."""
 
     def __init__(
         self,
         events: AsyncIterator[bytes],
         error_body: ErrorBody,
         error_event: Callable[[BadRequest], bytes],
+        media_type: str = "text/event-stream",
     ) -> None:
         super().__init__(status_code=200)
+        self.media_type = media_type
         self._events = events
         self._error_body = error_body
         self._error_event = error_event
@@ -123,7 +123,7 @@ class EventStream(Response):
             await send({"type": "http.response.body", "body": body, "more_body": False})
             return
         headers = [
-            (b"content-type", b"text/event-stream; charset=utf-8"),
+            (b"content-type", f"{self.media_type}; charset=utf-8".encode()),
             (b"cache-control", b"no-cache"),
             (b"x-accel-buffering", b"no"),
         ]

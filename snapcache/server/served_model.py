@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -17,6 +18,7 @@ import llama_cpp
 
 __all__ = ["ServedModel"]
 
+_JSON_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?P<fraction>(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)")
 _FTYPE_PREFIXES = ("LLAMA_FTYPE_MOSTLY_", "LLAMA_FTYPE_ALL_")
 # llama.cpp's file types by number (general.file_type), named as quantizations are: Q4_K_M, F16, ...
 _FILE_TYPES = {
@@ -92,17 +94,18 @@ class ServedModel:
         for key, value in self.metadata.items():
             if key == "tokenizer.chat_template" or key.startswith("tokenizer.chat_template."):
                 continue
-            typed[key] = _number(value)
+            typed[key] = value if key.endswith("version") else _number(value)
         typed["general.parameter_count"] = self.n_params
         return typed
 
 
 def _number(value: str) -> Any:
-    """`value` as an int or a finite float where it reads as one, else the text."""
-    with contextlib.suppress(ValueError):
+    """`value` as a number where it is written as a JSON number (an int unless it has a fraction or
+    an exponent, a float where finite), else the text."""
+    found = _JSON_NUMBER.fullmatch(value)
+    if found is None:
+        return value
+    if not found["fraction"]:
         return int(value)
-    with contextlib.suppress(ValueError):
-        number = float(value)
-        if math.isfinite(number):
-            return number
-    return value
+    number = float(value)
+    return number if math.isfinite(number) else value

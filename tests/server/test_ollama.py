@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from snapcache.server.chat import ollama
 from snapcache.server.chat.anthropic_protocol import MessagesRequest
@@ -12,6 +15,7 @@ from snapcache.server.chat.engine import Finished, Started, TextDelta, ToolCalle
 from snapcache.server.chat.ollama_protocol import ChatBody, GenerateBody
 from snapcache.server.chat.request import Sampling
 from snapcache.server.errors import BadRequest
+from snapcache.server.served_model import ServedModel
 from snapcache.server.tools import ToolCall
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
@@ -61,15 +65,76 @@ def test_calls_without_ids_are_named_by_their_place_and_results_find_them() -> N
     [
         {"role": "tool", "content": "x"},
         {"role": "tool", "tool_name": "get_time", "content": "x"},
+        {"role": "tool", "tool_call_id": "call_kept_elsewhere", "content": "x"},
     ],
-    ids=["no call left", "no call of that tool"],
+    ids=["no call left", "no call of that tool", "an id no call has"],
 )
-def test_a_result_that_answers_no_call_is_a_bad_request(result: dict[str, Any]) -> None:
+def test_a_result_with_no_call_left_answers_the_last_call_as_ollama_renders_it(
+    result: dict[str, Any],
+) -> None:
     body = chat_body(
         {"role": "user", "content": "q"}, called("get_weather"), {"role": "tool", "content": "a"}, result
     )
+    last = ollama.chat_request(body, "s").messages[-1]
+    assert (last.role, last.tool_call_id, last.name) == ("tool", "call_1_0", "get_weather")
+
+
+def test_a_result_before_any_call_is_a_bad_request() -> None:
+    body = chat_body(
+        {"role": "user", "content": "q"}, {"role": "tool", "tool_name": "get_time", "content": "x"}
+    )
     with pytest.raises(BadRequest, match="answers no call"):
         ollama.chat_request(body, "s")
+
+
+@pytest.mark.parametrize(
+    ("keep_alive", "reason"), [(None, "load"), ("5m", "load"), (0, "unload"), ("0s", "unload")]
+)
+def test_a_request_without_messages_says_what_it_asked_for(keep_alive: Any, reason: str) -> None:
+    body = ChatBody.model_validate({"model": "m", "keep_alive": keep_alive})
+    assert ollama.loaded(body)["done_reason"] == reason
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"temperature": float("inf")}, {"presence_penalty": float("nan")}, {"repeat_penalty": 0}, {"seed": 1.5}],
+    ids=["infinite temperature", "NaN penalty", "zero repeat penalty", "fractional seed"],
+)
+def test_options_no_sampler_takes_are_refused(options: dict[str, Any]) -> None:
+    with pytest.raises(ValidationError):
+        ChatBody.model_validate(
+            {"model": "m", "messages": [{"role": "user", "content": "q"}], "options": options}
+        )
+
+
+def test_shown_metadata_keeps_numbers_as_numbers_and_text_as_text() -> None:
+    model = ServedModel(
+        "m",
+        Path("m.gguf"),
+        1,
+        datetime.now(timezone.utc),
+        "f",
+        2048,
+        268_098_176,
+        metadata={
+            "general.file_type": "15",
+            "llama.rope.freq_base": "10000.0",
+            "general.version": "3.10",
+            "general.name": "1_000",
+            "general.tags": "nan",
+            "tokenizer.chat_template": "{{ x }}",
+        },
+    )
+    typed = model.typed_metadata()
+    assert typed == {
+        "general.file_type": 15,
+        "llama.rope.freq_base": 10000.0,
+        "general.version": "3.10",
+        "general.name": "1_000",
+        "general.tags": "nan",
+        "general.parameter_count": 268_098_176,
+    }
+    assert (model.quantization, model.parameter_size, model.chat_template) == ("Q4_K_M", "268.10M", "{{ x }}")
 
 
 def test_options_become_the_request_s_limits_and_sampling() -> None:

@@ -242,6 +242,33 @@ def test_bad_requests_get_ollama_s_error_shape(
     assert named in body["error"]
 
 
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/api/chat", b'{"model": "\\ud800", "stream": false}'),
+        ("/api/show", b'{"model": "\\ud800"}'),
+        (
+            "/api/chat",
+            b'{"model": "m", "messages": [{"role": "user", "content": "x"}], '
+            b'"options": {"temperature": 1e400}}',
+        ),
+    ],
+    ids=["load, a lone surrogate", "show, a lone surrogate", "an infinite temperature"],
+)
+def test_text_that_is_not_text_and_numbers_no_sampler_takes_are_400s(
+    server: ServerProcess, path: str, body: bytes
+) -> None:
+    status, answer, _ = http_json("POST", server.base_url + path, body)
+    assert status == 400
+    assert list(answer) == ["error"]
+
+
+def test_the_root_answers_as_ollama_s_does(server: ServerProcess) -> None:
+    with urllib.request.urlopen(server.base_url + "/", timeout=30) as response:
+        assert response.status == 200
+        assert b"running" in response.read()
+
+
 def test_the_client_raises_ollama_s_error(server: ServerProcess) -> None:
     with pytest.raises(ollama.ResponseError) as raised:
         client(server).generate(model="tiny", prompt="x", raw=True)

@@ -32,7 +32,7 @@ __all__ = [
 
 
 class _Lenient(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
 
 
 class TextBlock(_Lenient):

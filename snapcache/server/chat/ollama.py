@@ -97,13 +97,17 @@ def check_generate(body: GenerateBody) -> None:
 
 
 def loaded(body: ChatBody | GenerateBody) -> dict[str, Any]:
-    """The answer to a request that only asks for the model to be loaded."""
+    """The answer to a request that only asks for the model to be loaded (or, `keep_alive` 0,
+    unloaded: the one served model stays, and the answer says what was asked)."""
     document: dict[str, Any] = {"model": body.model, "created_at": _now()}
     if isinstance(body, ChatBody):
         document["message"] = {"role": "assistant", "content": ""}
     else:
         document["response"] = ""
-    return {**document, "done": True, "done_reason": "load"}
+    unload = body.keep_alive in (0, "0") or (
+        isinstance(body.keep_alive, str) and body.keep_alive.strip("0") in ("s", "m", "h")
+    )
+    return {**document, "done": True, "done_reason": "unload" if unload else "load"}
 
 
 def _request(
@@ -146,6 +150,7 @@ def _response_format(given: str | dict[str, Any] | None, tools: bool) -> dict[st
 
 def _messages_of(messages: Sequence[Message]) -> list[ChatMessage]:
     chat: list[ChatMessage] = []
+    made: list[ToolCall] = []  # every call so far
     unanswered: list[ToolCall] = []  # the latest assistant turn's calls without a result yet
     for i, message in enumerate(messages):
         where = f"messages.{i}"
@@ -160,32 +165,35 @@ def _messages_of(messages: Sequence[Message]) -> list[ChatMessage]:
                 for j, call in enumerate(message.tool_calls or ())
             )
             unanswered = list(calls)
+            made.extend(calls)
             chat.append(ChatMessage("assistant", text, calls))
         elif message.role == "tool":
-            call_id, name = _answered(message, unanswered, where)
+            call_id, name = _answered(message, unanswered, made, where)
             chat.append(ChatMessage("tool", text, tool_call_id=call_id, name=name))
         else:
             chat.append(ChatMessage(message.role, text))
     return chat
 
 
-def _answered(message: Message, unanswered: list[ToolCall], where: str) -> tuple[str, str | None]:
-    """The id and name of the call a tool result answers (taken off `unanswered`)."""
-    if message.tool_call_id:
-        call = next((c for c in unanswered if c.id == message.tool_call_id), None)
-    elif message.tool_name:
-        call = next((c for c in unanswered if c.name == message.tool_name), None)
-    else:
-        call = unanswered[0] if unanswered else None
-    if call is None:
-        if message.tool_call_id:  # a call of an earlier turn: normalized_messages checks it was made
-            return message.tool_call_id, message.tool_name
-        named = f" of {message.tool_name!r}" if message.tool_name else ""
-        raise BadRequest(
-            f"{where}: a tool result{named} answers no call of the assistant message before it", param=where
-        )
-    unanswered.remove(call)
-    return call.id, call.name
+def _answered(
+    message: Message, unanswered: list[ToolCall], made: list[ToolCall], where: str
+) -> tuple[str, str | None]:
+    """The id and name of the call a tool result answers, as Ollama renders a conversation: the
+    unanswered call of its id, else of its tool's name, else the first unanswered one (taken off
+    `unanswered`); with none left, the last call made of its id or name, or the last call made.
+    Only a result with no call at all before it is a BadRequest."""
+    wanted_id, wanted_name = message.tool_call_id, message.tool_name
+    for pool in (unanswered, made[::-1]):
+        call = next((c for c in pool if wanted_id and c.id == wanted_id), None)
+        call = call or next((c for c in pool if wanted_name and c.name == wanted_name), None)
+        call = call or (pool[0] if pool else None)
+        if call is not None:
+            if pool is unanswered:
+                unanswered.remove(call)
+            return call.id, call.name
+    raise BadRequest(
+        f"{where}: a tool result answers no call: no assistant message before it made one", param=where
+    )
 
 
 def _tools_of(tools: Sequence[Tool]) -> tuple[ToolSpec, ...]:

@@ -3,7 +3,8 @@
 As Ollama reads them: `stream` is true unless set false; `options` holds the sampling settings
 (the load-time ones, such as `num_ctx` or `num_gpu`, belong to how the server was started and are
 accepted and ignored, as are `keep_alive` and `think`). Values are taken as their JSON type says
-(strict: `false` is no number); every model allows extra fields.
+(strict: `false` is no number; no NaN or infinity, which no sampler takes); every model allows
+extra fields.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ __all__ = [
 
 
 class _Lenient(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
 
 
 class Options(_Lenient):
@@ -39,9 +40,9 @@ class Options(_Lenient):
     top_k: Annotated[int, Field(ge=0), AS_JSON_INTEGER] | None = None
     min_p: float | None = Field(default=None, ge=0, le=1)
     typical_p: float | None = Field(default=None, gt=0, le=1)
-    repeat_penalty: float | None = Field(default=None, ge=0)
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
+    repeat_penalty: float | None = Field(default=None, gt=0)
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     seed: Annotated[int, AS_JSON_INTEGER] | None = None
     stop: list[str] | str | None = None
 
@@ -83,6 +84,8 @@ class Tool(_Lenient):
 class _Request(_Lenient):
     model: str = ""
     stream: StrictBool = True
+    # How long the model stays loaded: it always does here; 0 with no messages asks to unload it.
+    keep_alive: float | str | None = None
     options: Options | None = None
     # "json" (any JSON object) or a JSON schema the answer must fit; "" or none: text.
     format: Literal["", "json"] | dict[str, Any] | None = None

@@ -27,7 +27,7 @@ __all__ = [
 
 
 class _Lenient(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
 
 
 TEXT_PARTS = ("input_text", "output_text", "text", "refusal")

@@ -2,7 +2,7 @@
 Responses (`/v1/responses`), OpenAI Chat Completions with tools (`/v1/chat/completions`) and
 Ollama's chat and generate (`/api/chat`, `/api/generate`), each a `Dialect` over `ChatEngine` served
 by one skeleton (`serve`); and Ollama's model routes (`/api/tags`, `/api/show`, `/api/ps`,
-`/api/version`: see `ollama_models`).
+`/api/version`: see `ollama_models`), and `GET /`, which Ollama's clients probe.
 
 The Chat Completions route shares its path with llama-cpp-python's, which keeps plain chats: it sits
 before that route and matches only the requests the middleware marked as the engine's (see
@@ -21,7 +21,7 @@ from fastapi import APIRouter, Depends, FastAPI, Request, Security
 from fastapi.exception_handlers import http_exception_handler, request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.params import Depends as Dependency
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.routing import APIRoute
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
@@ -272,17 +272,13 @@ def _ollama_router(engine: ChatEngine, model: ServedModel) -> APIRouter:
     @router.post(OLLAMA_CHAT_PATH, summary="Ollama chat", responses={200: _LINES, **_OLLAMA_ERRORS})
     async def chat(body: ChatBody, request: Request) -> Response:
         if not body.messages:
-            return _loaded(body)  # a request that only loads the model: it is loaded
+            return _loaded(OLLAMA_CHAT, body)  # a request that only loads the model: it is loaded
         return await serve(OLLAMA_CHAT, body, request, engine)
 
     @router.post(OLLAMA_GENERATE_PATH, summary="Ollama generate", responses={200: _LINES, **_OLLAMA_ERRORS})
     async def generate(body: GenerateBody, request: Request) -> Response:
         if not body.prompt:
-            try:
-                ollama.check_generate(body)
-            except BadRequest as exc:
-                return _failure(OLLAMA_GENERATE, exc)
-            return _loaded(body)
+            return _loaded(OLLAMA_GENERATE, body)
         return await serve(OLLAMA_GENERATE, body, request, engine)
 
     @router.get("/api/tags", summary="Ollama: the models")
@@ -290,12 +286,22 @@ def _ollama_router(engine: ChatEngine, model: ServedModel) -> APIRouter:
         return ollama_models.tags(model)
 
     @router.post("/api/show", summary="Ollama: a model's details", responses=_OLLAMA_ERRORS)
-    async def show(body: ShowBody) -> dict[str, Any]:
-        return ollama_models.shown(model, body.model or body.name or "")
+    async def show(body: ShowBody) -> Response:
+        try:
+            _check_text(body)
+        except BadRequest as exc:
+            return _failure(OLLAMA_CHAT, exc)
+        return JSONResponse(ollama_models.shown(model, body.model or body.name or ""))
 
     @router.get("/api/ps", summary="Ollama: the models loaded")
     async def running() -> dict[str, Any]:
         return ollama_models.running(model)
+
+    @router.api_route(
+        "/", methods=["GET", "HEAD"], summary="Whether the server runs", response_class=PlainTextResponse
+    )
+    async def running_here() -> str:
+        return "snapcache is running (Ollama's API is served at /api)"
 
     @router.get("/api/version", summary="Ollama: the API version")
     async def version() -> dict[str, str]:
@@ -304,7 +310,14 @@ def _ollama_router(engine: ChatEngine, model: ServedModel) -> APIRouter:
     return router
 
 
-def _loaded(body: ChatBody | GenerateBody) -> Response:
+def _loaded(dialect: Dialect[Any], body: ChatBody | GenerateBody) -> Response:
+    """The answer to a request that only loads the model, once its body is checked."""
+    try:
+        _check_text(body)
+        if isinstance(body, GenerateBody):
+            ollama.check_generate(body)
+    except BadRequest as exc:
+        return _failure(dialect, exc)
     document = ollama.loaded(body)
     if not body.stream:
         return JSONResponse(document)

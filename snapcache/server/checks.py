@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -110,9 +111,11 @@ class ModelLimits:
 def parse_body(data: bytes) -> dict[str, Any]:
     """The request body as a JSON object, or BadRequest saying why it is not one."""
     try:
-        document = json.loads(data, parse_constant=_refuse_constant)
+        document = json.loads(data, parse_constant=_refuse_constant, parse_float=_finite_float)
     except _NotJson as exc:
         raise BadRequest(f"the request body is not valid JSON: {exc} is not a JSON number") from None
+    except _TooLarge as exc:
+        raise BadRequest(f"the request body holds {exc}, a number too large for a float") from None
     except (ValueError, UnicodeDecodeError):
         what = "empty" if not data.strip() else "not valid JSON"
         raise BadRequest(f"the request body is {what}; send a JSON object") from None
@@ -253,8 +256,21 @@ class _NotJson(ValueError):
     pass
 
 
+class _TooLarge(ValueError):
+    pass
+
+
 def _refuse_constant(name: str) -> Any:
     raise _NotJson(name)
+
+
+def _finite_float(text: str) -> float:
+    """A JSON number with a fraction or exponent, as a float; _TooLarge where it overflows one (1e400
+    would be an infinity, which no sampler takes)."""
+    number = float(text)
+    if not math.isfinite(number):
+        raise _TooLarge(text[:40])
+    return number
 
 
 def _validate(model: type[BaseModel], request: Mapping[str, Any]) -> None:

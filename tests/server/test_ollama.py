@@ -97,8 +97,13 @@ def test_a_request_without_messages_says_what_it_asked_for(keep_alive: Any, reas
 
 @pytest.mark.parametrize(
     "options",
-    [{"temperature": float("inf")}, {"presence_penalty": float("nan")}, {"repeat_penalty": 0}, {"seed": 1.5}],
-    ids=["infinite temperature", "NaN penalty", "zero repeat penalty", "fractional seed"],
+    [
+        {"temperature": float("inf")},
+        {"presence_penalty": float("nan")},
+        {"repeat_penalty": -1},
+        {"seed": 1.5},
+    ],
+    ids=["infinite temperature", "NaN penalty", "negative repeat penalty", "fractional seed"],
 )
 def test_options_no_sampler_takes_are_refused(options: dict[str, Any]) -> None:
     with pytest.raises(ValidationError):

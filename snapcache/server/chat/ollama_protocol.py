@@ -40,7 +40,7 @@ class Options(_Lenient):
     top_k: Annotated[int, Field(ge=0), AS_JSON_INTEGER] | None = None
     min_p: float | None = Field(default=None, ge=0, le=1)
     typical_p: float | None = Field(default=None, gt=0, le=1)
-    repeat_penalty: float | None = Field(default=None, gt=0)
+    repeat_penalty: float | None = Field(default=None, ge=0)
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     seed: Annotated[int, AS_JSON_INTEGER] | None = None

@@ -28,7 +28,7 @@ from snapcache.errors import InvalidArgument
 from snapcache.key import DEFAULT_SCOPE, validate_scope
 from snapcache.llama.hook.request_streams import RequestStreams
 from snapcache.server.chat.chat_completions import ON_ENGINE, runs_on_engine
-from snapcache.server.chat.routes import OLLAMA_PATHS
+from snapcache.server.chat.ollama_routes import OLLAMA_PATHS
 from snapcache.server.chat.rules import PromptRules
 from snapcache.server.checks import CHAT_PATH, COMPLETION_PATHS, RequestChecks, parse_body
 from snapcache.server.errors import BadRequest, client_error, error_document

@@ -363,7 +363,7 @@ def test_with_an_api_key_every_route_asks_for_it_and_answers_401_without_it(
         assert schemes["APIKeyHeader"]["name"] == "x-api-key"
         for path, method, operation in operations(document):
             named = {name for option in operation["security"] for name in option}
-            dialect = path.startswith(("/v1/messages", "/v1/responses", "/api/"))
+            dialect = path == "/" or path.startswith(("/v1/messages", "/v1/responses", "/api/"))
             assert named == ({"HTTPBearer", "APIKeyHeader"} if dialect else {"HTTPBearer"}), path
             assert "401" in operation["responses"], (method, path)
         # schemathesis's own checks of the credentials: sent, left out, wrong.

@@ -1,8 +1,7 @@
-"""The dialect routes: Anthropic Messages (`/v1/messages`, `/v1/messages/count_tokens`), OpenAI
-Responses (`/v1/responses`), OpenAI Chat Completions with tools (`/v1/chat/completions`) and
-Ollama's chat and generate (`/api/chat`, `/api/generate`), each a `Dialect` over `ChatEngine` served
-by one skeleton (`serve`); and Ollama's model routes (`/api/tags`, `/api/show`, `/api/ps`,
-`/api/version`: see `ollama_models`), and `GET /`, which Ollama's clients probe.
+"""The dialect routes, installed together: Anthropic Messages (`/v1/messages`,
+`/v1/messages/count_tokens`), OpenAI Responses (`/v1/responses`), OpenAI Chat Completions with
+tools (`/v1/chat/completions`) and Ollama's (`ollama_routes`), each a `Dialect` over `ChatEngine`
+served by one skeleton (`serving.serve`).
 
 The Chat Completions route shares its path with llama-cpp-python's, which keeps plain chats: it sits
 before that route and matches only the requests the middleware marked as the engine's (see
@@ -13,15 +12,13 @@ bearer token.
 
 from __future__ import annotations
 
-import json
-from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request, Security
 from fastapi.exception_handlers import http_exception_handler, request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.params import Depends as Dependency
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
@@ -29,41 +26,31 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Match
 from starlette.types import Scope
 
-from snapcache.errors import InvalidArgument
-from snapcache.key import DEFAULT_SCOPE, validate_scope
-from snapcache.server.chat import anthropic, chat_completions, ollama, ollama_models
+from snapcache.server.chat import anthropic, chat_completions
 from snapcache.server.chat.anthropic_protocol import CountTokensRequest, MessagesRequest
 from snapcache.server.chat.chat_completions_protocol import parsed
 from snapcache.server.chat.dialect import (
     CHAT_COMPLETIONS,
     MESSAGES,
     OLLAMA_CHAT,
-    OLLAMA_GENERATE,
     RESPONSES,
-    Body,
     Dialect,
 )
-from snapcache.server.chat.engine import ChatEngine, ChatEvent
-from snapcache.server.chat.ollama_protocol import ChatBody, GenerateBody, ShowBody
+from snapcache.server.chat.engine import ChatEngine
+from snapcache.server.chat.ollama_routes import OLLAMA_PATHS, ollama_router
 from snapcache.server.chat.prompt_size import PromptCounter
 from snapcache.server.chat.responses_protocol import ResponsesRequest
-from snapcache.server.chat.streaming import EventStream, as_failure, until_disconnect
+from snapcache.server.chat.serving import check_text, error_answers, failure, request_scope, serve
 from snapcache.server.checks import CHAT_PATH, parse_body
 from snapcache.server.errors import BadRequest
 from snapcache.server.served_model import ServedModel
 
-__all__ = ["MESSAGES_PATHS", "OLLAMA_PATHS", "RESPONSES_PATH", "install_dialects"]
+__all__ = ["MESSAGES_PATHS", "RESPONSES_PATH", "install_dialects"]
 
 MESSAGES_PATH = "/v1/messages"
 COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
 MESSAGES_PATHS = frozenset({MESSAGES_PATH, COUNT_TOKENS_PATH})
 RESPONSES_PATH = "/v1/responses"
-OLLAMA_CHAT_PATH = "/api/chat"
-OLLAMA_GENERATE_PATH = "/api/generate"
-OLLAMA_PATHS = frozenset(
-    {OLLAMA_CHAT_PATH, OLLAMA_GENERATE_PATH, "/api/tags", "/api/show", "/api/ps", "/api/version"}
-)
-_SCOPE_HEADER = "x-snapcache-scope"
 
 _API_KEY = Security(APIKeyHeader(name="x-api-key", auto_error=False, description="Anthropic clients' key"))
 _BEARER = Security(HTTPBearer(auto_error=False))
@@ -73,53 +60,8 @@ class Unauthorized(Exception):
     """A request without the server's API key."""
 
 
-def _failure(dialect: Dialect[Any], exc: BaseException) -> JSONResponse:
-    """What went wrong, in `dialect`'s error shape."""
-    failure = as_failure(exc)
-    return JSONResponse(dialect.error_body(failure), status_code=failure.status)
-
-
 def _error(dialect: Dialect[Any], status: int, message: str) -> JSONResponse:
-    return _failure(dialect, BadRequest(message, status=status))
-
-
-async def serve(dialect: Dialect[Body], body: Body, request: Request, engine: ChatEngine) -> Response:
-    """Every dialect route: `body` becomes the engine's request, which runs; its events become the
-    dialect's answer, streamed or whole, or its error when it cannot be served."""
-    try:
-        chat = dialect.chat_request(body, _scope(request))
-        _check_text(body)
-    except BadRequest as exc:
-        return _failure(dialect, exc)
-    if chat.stream:
-        events = dialect.stream(body, engine.events(chat))
-        return EventStream(events, dialect.error_body, dialect.error_event, dialect.stream_type)
-    return await _answered(
-        request,
-        engine.events(chat),
-        lambda events: dialect.whole(body, events),
-        lambda exc: _failure(dialect, exc),
-    )
-
-
-async def _answered(
-    request: Request,
-    events: AsyncIterator[ChatEvent],
-    answer: Callable[[list[ChatEvent]], dict[str, Any]],
-    failed: Callable[[BaseException], JSONResponse],
-) -> Response:
-    """A whole (not streamed) answer: `answer` of the events, or `failed` of what went wrong; the
-    model's work stops if the client goes first (nobody reads what would be answered then)."""
-    collected: list[ChatEvent] = []
-    failure: Exception | None = None
-    async with until_disconnect(request.receive, events) as watch:
-        try:
-            collected = [event async for event in events]
-        except Exception as exc:  # caught here: out of the watch it would come as an ExceptionGroup
-            failure = exc
-    if watch.gone:
-        return Response(status_code=499)  # nobody reads it
-    return failed(failure) if failure is not None else JSONResponse(answer(collected))
+    return failure(dialect, BadRequest(message, status=status))
 
 
 _ANTHROPIC_ERROR_SCHEMA: dict[str, Any] = {
@@ -134,25 +76,8 @@ _ANTHROPIC_ERROR_SCHEMA: dict[str, Any] = {
         },
     },
 }
-_ANTHROPIC_ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"description": text, "content": {"application/json": {"schema": _ANTHROPIC_ERROR_SCHEMA}}}
-    for status, text in (
-        (400, "The request cannot be served; the message says why"),
-        (401, "The API key is missing or wrong"),
-        (500, "The request failed"),
-    )
-}
-_OPENAI_ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {
-        "description": text,
-        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorDocument"}}},
-    }
-    for status, text in (
-        (400, "The request cannot be served; the message says why"),
-        (401, "The API key is missing or wrong"),
-        (500, "The request failed"),
-    )
-}
+_ANTHROPIC_ERRORS = error_answers(_ANTHROPIC_ERROR_SCHEMA)
+_OPENAI_ERRORS = error_answers({"$ref": "#/components/schemas/ErrorDocument"})
 _EVENTS = {"content": {"text/event-stream": {"schema": {"type": "string"}}}}
 
 
@@ -171,7 +96,7 @@ def install_dialects(app: FastAPI, engine: ChatEngine, model: ServedModel, api_k
     guard = [Depends(authenticate)] if api_key is not None else []
     app.include_router(_messages_router(engine, PromptCounter(engine)), dependencies=guard)
     app.include_router(_responses_router(engine), dependencies=guard)
-    app.include_router(_ollama_router(engine, model), dependencies=guard)
+    app.include_router(ollama_router(engine, model), dependencies=guard)
     _install_chat_completions(app, engine, guard)
     # The paths whose errors FastAPI raises before a route runs (a body it cannot parse or
     # validate) get their dialect's shape; the engine's Chat Completions path answers its own.
@@ -224,11 +149,11 @@ def _messages_router(engine: ChatEngine, counter: PromptCounter) -> APIRouter:
     @router.post(COUNT_TOKENS_PATH, summary="Anthropic Messages: count tokens", responses=_ANTHROPIC_ERRORS)
     async def count_tokens(body: CountTokensRequest, request: Request) -> Response:
         try:
-            chat = anthropic.chat_request(body, _scope(request))
-            _check_text(body)
+            chat = anthropic.chat_request(body, request_scope(request))
+            check_text(body)
             count = await run_in_threadpool(counter.count, chat)
         except Exception as exc:
-            return _failure(MESSAGES, exc)
+            return failure(MESSAGES, exc)
         return JSONResponse({"input_tokens": count})
 
     return router
@@ -242,86 +167,6 @@ def _responses_router(engine: ChatEngine) -> APIRouter:
         return await serve(RESPONSES, body, request, engine)
 
     return router
-
-
-_OLLAMA_ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {
-        "description": text,
-        "content": {
-            "application/json": {
-                "schema": {
-                    "type": "object",
-                    "required": ["error"],
-                    "properties": {"error": {"type": "string"}},
-                }
-            }
-        },
-    }
-    for status, text in (
-        (400, "The request cannot be served; the message says why"),
-        (401, "The API key is missing or wrong"),
-        (500, "The request failed"),
-    )
-}
-_LINES = {"content": {ollama.NDJSON: {"schema": {"type": "string"}}}}
-
-
-def _ollama_router(engine: ChatEngine, model: ServedModel) -> APIRouter:
-    router = APIRouter(tags=["Ollama"])
-
-    @router.post(OLLAMA_CHAT_PATH, summary="Ollama chat", responses={200: _LINES, **_OLLAMA_ERRORS})
-    async def chat(body: ChatBody, request: Request) -> Response:
-        if not body.messages:
-            return _loaded(OLLAMA_CHAT, body)  # a request that only loads the model: it is loaded
-        return await serve(OLLAMA_CHAT, body, request, engine)
-
-    @router.post(OLLAMA_GENERATE_PATH, summary="Ollama generate", responses={200: _LINES, **_OLLAMA_ERRORS})
-    async def generate(body: GenerateBody, request: Request) -> Response:
-        if not body.prompt:
-            return _loaded(OLLAMA_GENERATE, body)
-        return await serve(OLLAMA_GENERATE, body, request, engine)
-
-    @router.get("/api/tags", summary="Ollama: the models")
-    async def tags() -> dict[str, Any]:
-        return ollama_models.tags(model)
-
-    @router.post("/api/show", summary="Ollama: a model's details", responses=_OLLAMA_ERRORS)
-    async def show(body: ShowBody) -> Response:
-        try:
-            _check_text(body)
-        except BadRequest as exc:
-            return _failure(OLLAMA_CHAT, exc)
-        return JSONResponse(ollama_models.shown(model, body.model or body.name or ""))
-
-    @router.get("/api/ps", summary="Ollama: the models loaded")
-    async def running() -> dict[str, Any]:
-        return ollama_models.running(model)
-
-    @router.api_route(
-        "/", methods=["GET", "HEAD"], summary="Whether the server runs", response_class=PlainTextResponse
-    )
-    async def running_here() -> str:
-        return "snapcache is running (Ollama's API is served at /api)"
-
-    @router.get("/api/version", summary="Ollama: the API version")
-    async def version() -> dict[str, str]:
-        return {"version": ollama_models.OLLAMA_API_VERSION}
-
-    return router
-
-
-def _loaded(dialect: Dialect[Any], body: ChatBody | GenerateBody) -> Response:
-    """The answer to a request that only loads the model, once its body is checked."""
-    try:
-        _check_text(body)
-        if isinstance(body, GenerateBody):
-            ollama.check_generate(body)
-    except BadRequest as exc:
-        return _failure(dialect, exc)
-    document = ollama.loaded(body)
-    if not body.stream:
-        return JSONResponse(document)
-    return Response(json.dumps(document) + "\n", media_type=ollama.NDJSON)
 
 
 class _EngineChatCompletions(APIRoute):
@@ -344,7 +189,7 @@ def _install_chat_completions(app: FastAPI, engine: ChatEngine, guard: list[Depe
         try:
             body = parsed(parse_body(await request.body()))
         except BadRequest as exc:
-            return _failure(CHAT_COMPLETIONS, exc)
+            return failure(CHAT_COMPLETIONS, exc)
         return await serve(CHAT_COMPLETIONS, body, request, engine)
 
     app.router.add_api_route(
@@ -357,26 +202,6 @@ def _install_chat_completions(app: FastAPI, engine: ChatEngine, guard: list[Depe
     )
     routes = app.router.routes
     routes.insert(0, routes.pop())  # routes match in order: first, or llama-cpp-python's takes it
-
-
-def _scope(request: Request) -> str:
-    value = request.headers.get(_SCOPE_HEADER)
-    if value is None:
-        return DEFAULT_SCOPE
-    try:
-        return validate_scope(value.strip())
-    except InvalidArgument as exc:
-        raise BadRequest(f"invalid {_SCOPE_HEADER} header: {exc}") from None
-
-
-def _check_text(body: Any) -> None:
-    """BadRequest for text that is not text: a lone UTF-16 surrogate, which no tokenizer takes."""
-    try:
-        json.dumps(body.model_dump(), ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        raise BadRequest(
-            "the request holds a lone UTF-16 surrogate (\\ud800-\\udfff), which is not text"
-        ) from None
 
 
 def _validation_message(exc: RequestValidationError) -> str:

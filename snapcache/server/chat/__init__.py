@@ -1,8 +1,9 @@
-"""Chat dialects over one internal chat request: Anthropic Messages, OpenAI Responses, and OpenAI
-Chat Completions with tools.
+"""Chat dialects over one internal chat request: Anthropic Messages, OpenAI Responses, OpenAI Chat
+Completions with tools, and Ollama's chat and generate.
 
 Each dialect translates its request into a `ChatRequest` and the `ChatEngine`'s events back into
-its own answer; the engine is the one place a chat runs on the model (see `engine`).
+its own answer (a `Dialect`: see `dialect`), served by one skeleton (`serving`); the engine is the
+one place a chat runs on the model (see `engine`).
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """The one chat request every dialect becomes, with its messages in the shape templates take.
 
 Every dialect (Anthropic Messages, OpenAI Responses, Chat Completions with tools, Ollama's) is
-translated into a `ChatRequest` (see its module); `ChatEngine` runs it. Its messages are OpenAI chat messages, normalized so that a template written
-for plain chats renders them: text only (content-part lists joined), one leading system message
-(`developer` messages and system messages anywhere folded into it, in order), assistant tool calls
-as OpenAI `tool_calls` and their results as `tool` messages. Tools and calls are the values of
+translated into a `ChatRequest` (see its module); `ChatEngine` runs it. Its messages are OpenAI
+chat messages, normalized so that a template written for plain chats renders them: text only
+(content-part lists joined), one leading system message (`developer` messages and system messages
+anywhere folded into it, in order), assistant tool calls as OpenAI `tool_calls` and their results
+as `tool` messages. Tools and calls are the values of
 `snapcache.server.tools` (`ToolSpec`, `ToolCall`).
 """
 

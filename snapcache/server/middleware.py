@@ -66,7 +66,7 @@ class SnapcacheMiddleware:
         path = scope.get("path")
         if scope.get("method") != "POST" or path not in self.checks.paths:
             if scope.get("method") == "POST" and path in OLLAMA_PATHS:
-                scope = {**scope, "headers": _as_json(scope.get("headers", []))}  # as Ollama reads them
+                scope = {**scope, "headers": _json_headers(scope.get("headers", []))}  # as Ollama reads them
             await _answered_as_json(self.app, scope, receive, send)
             return
         completion = path in COMPLETION_PATHS
@@ -148,19 +148,13 @@ async def _answered_as_json(app: ASGIApp, scope: Scope, receive: Receive, send: 
         await _send_error(send, status, payload)
 
 
-def _json_headers(headers: list[tuple[bytes, bytes]], length: int) -> list[tuple[bytes, bytes]]:
-    kept = [
-        (name, value) for name, value in headers if name.lower() not in (b"content-length", b"content-type")
-    ]
-    return [*kept, (b"content-type", b"application/json"), (b"content-length", str(length).encode())]
-
-
-def _as_json(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-    """`headers` saying that the body is JSON, whatever type they said (`curl -d` sends a form's)."""
-    return [
-        *((name, value) for name, value in headers if name.lower() != b"content-type"),
-        (b"content-type", b"application/json"),
-    ]
+def _json_headers(headers: list[tuple[bytes, bytes]], length: int | None = None) -> list[tuple[bytes, bytes]]:
+    """`headers` saying that the body is JSON, whatever type they said (`curl -d` sends a form's),
+    and, where given, that it is `length` bytes long."""
+    replaced = (b"content-type",) if length is None else (b"content-type", b"content-length")
+    kept = [(name, value) for name, value in headers if name.lower() not in replaced]
+    sized = [] if length is None else [(b"content-length", str(length).encode())]
+    return [*kept, (b"content-type", b"application/json"), *sized]
 
 
 class _Response:

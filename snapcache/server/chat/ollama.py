@@ -20,6 +20,7 @@ assistant turn's calls not yet answered.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator, Sequence
 from datetime import datetime, timezone
 from typing import Any
@@ -51,6 +52,7 @@ __all__ = [
 ]
 
 NDJSON = "application/x-ndjson"
+_ZERO_DURATION = re.compile(r"0+[smh]?")
 _DONE_REASONS = {"end": "stop", "stop_sequence": "stop", "tool_calls": "stop", "length": "length"}
 
 
@@ -104,10 +106,14 @@ def loaded(body: ChatBody | GenerateBody) -> dict[str, Any]:
         document["message"] = {"role": "assistant", "content": ""}
     else:
         document["response"] = ""
-    unload = body.keep_alive in (0, "0") or (
-        isinstance(body.keep_alive, str) and body.keep_alive.strip("0") in ("s", "m", "h")
-    )
-    return {**document, "done": True, "done_reason": "unload" if unload else "load"}
+    return {**document, "done": True, "done_reason": "unload" if _unloads(body.keep_alive) else "load"}
+
+
+def _unloads(keep_alive: float | str | None) -> bool:
+    """Whether `keep_alive` is zero: 0, or a duration of none ("0", "0s", "0m", "0h")."""
+    if isinstance(keep_alive, str):
+        return _ZERO_DURATION.fullmatch(keep_alive) is not None
+    return keep_alive == 0
 
 
 def _request(

@@ -34,14 +34,14 @@ from snapcache.llama.exactness.fingerprint_notes import FingerprintNotes
 from snapcache.llama.hook.cache_hook import CacheHook
 from snapcache.llama.hook.cached import attach, detach
 from snapcache.server.chat import ChatEngine, PromptRules, install_dialects
-from snapcache.server.checks import ModelLimits, RequestChecks
+from snapcache.server.checks import CHAT_PATH, ModelLimits, RequestChecks
 from snapcache.server.errors import answer_client_errors
 from snapcache.server.middleware import SnapcacheMiddleware
 from snapcache.server.monitor import ServeMonitor
 from snapcache.server.openapi import describe_api
 from snapcache.server.parallel import ModelTurns, parallel_model, unlock_routes
 from snapcache.server.request import current_scope
-from snapcache.server.routes import extras_router, snapcache_router
+from snapcache.server.routes import extras_router, llama_cpp_router, snapcache_router
 from snapcache.server.served_model import ServedModel
 from snapcache.store import SavingsLedger, SnapshotStore
 
@@ -144,7 +144,7 @@ def create_app(llm: llama_cpp.Llama, store: SnapshotStore, options: ServeOptions
 
     app = FastAPI(title="snapcache", version=snapcache.__version__, lifespan=lifespan)
     app.include_router(extras_router())  # first: its routes answer before llama-cpp-python's
-    app.include_router(llama_server.router)
+    app.include_router(llama_cpp_router(taken_over={CHAT_PATH}))  # the chat engine answers chats
     app.include_router(snapcache_router(hook, monitor, turns, parallel, rules))
     install_dialects(
         app,
@@ -153,7 +153,7 @@ def create_app(llm: llama_cpp.Llama, store: SnapshotStore, options: ServeOptions
         options.api_key,
     )
     unlock_routes(app, parallel is not None)
-    app.add_middleware(SnapcacheMiddleware, checks=checks, rules=rules)
+    app.add_middleware(SnapcacheMiddleware, checks=checks)
     describe_api(app, limits, api_key=options.api_key is not None)
     if options.cors_origins:
         app.add_middleware(

@@ -22,7 +22,6 @@ from typing import Any
 import llama_cpp
 from llama_cpp.llama_grammar import LlamaGrammar
 from llama_cpp.server.types import (
-    CreateChatCompletionRequest,
     CreateCompletionRequest,
     CreateEmbeddingRequest,
     DetokenizeInputRequest,
@@ -39,18 +38,19 @@ __all__ = [
     "MAX_GRAMMAR_NESTING",
     "ModelLimits",
     "RequestChecks",
+    "check_grammar",
+    "check_logit_bias",
     "grammar_problem",
     "parse_body",
     "schema_problem",
     "whole_numbers",
 ]
 
-CHAT_PATH = "/v1/chat/completions"
-COMPLETION_PATHS = frozenset({CHAT_PATH, "/v1/completions", "/v1/engines/copilot-codex/completions"})
+CHAT_PATH = "/v1/chat/completions"  # the chat engine's route checks its own bodies
+COMPLETION_PATHS = frozenset({"/v1/completions", "/v1/engines/copilot-codex/completions"})
 EMBEDDINGS_PATH = "/v1/embeddings"
 DETOKENIZE_PATH = "/extras/detokenize"
 _MODELS: dict[str, type[BaseModel] | None] = {
-    CHAT_PATH: CreateChatCompletionRequest,
     "/v1/completions": CreateCompletionRequest,
     "/v1/engines/copilot-codex/completions": CreateCompletionRequest,
     EMBEDDINGS_PATH: CreateEmbeddingRequest,
@@ -160,35 +160,31 @@ class RequestChecks:
             self._check_token_ids(request["tokens"], "tokens")
         if path not in COMPLETION_PATHS:
             return None
-        chat = path == CHAT_PATH
-        if chat and request.get("messages", []) == []:
-            raise BadRequest("messages must hold at least one message", param="messages")
         prompt = request.get("prompt")
-        if not chat and isinstance(prompt, list) and len(prompt) > 1:
+        if isinstance(prompt, list) and len(prompt) > 1:
             raise BadRequest(
                 "prompt: one prompt per request (a list of one string is accepted)", param="prompt"
             )
-        self._check_logprobs(request, chat)
-        self._check_logit_bias(request)
-        self._check_grammars(request, chat)
-        _check_min_tokens(request, chat)
+        self._check_logprobs(request)
+        check_logit_bias(request.get("logit_bias"), request.get("logit_bias_type"), self._limits)
+        if request.get("grammar") is not None:
+            check_grammar(request["grammar"], self._limits)
+        if request.get("min_tokens") and request.get("grammar") is not None:
+            raise BadRequest(
+                "min_tokens cannot be combined with grammar, whose grammar may end the answer sooner",
+                param="min_tokens",
+            )
         changes = {name: 0.0 for name in _ZERO_WHEN_NULL if name in request and request[name] is None}
-        limit = self._token_limit(request, chat)
+        limit = self._token_limit(request)
         if limit is not None:
             changes["max_tokens"] = limit
         return {**request, **changes} if changes else None
 
     def _check_token_ids(self, tokens: list[int], param: str) -> None:
-        n_vocab = self._limits.n_vocab
-        for token in tokens:
-            if not 0 <= token < n_vocab:
-                raise BadRequest(
-                    f"{param}: token id {token} is outside the vocabulary (0 to {n_vocab - 1})", param=param
-                )
+        _check_token_ids(tokens, param, self._limits)
 
-    def _check_logprobs(self, request: Mapping[str, Any], chat: bool) -> None:
-        wanted = bool(request.get("logprobs")) if chat else request.get("logprobs") is not None
-        if not wanted or self._limits.logits_all:
+    def _check_logprobs(self, request: Mapping[str, Any]) -> None:
+        if request.get("logprobs") is None or self._limits.logits_all:
             return
         kept = self._limits.n_ctx * self._limits.n_vocab * 4
         raise BadRequest(
@@ -200,38 +196,7 @@ class RequestChecks:
             code="unsupported_parameter",
         )
 
-    def _check_logit_bias(self, request: Mapping[str, Any]) -> None:
-        bias = request.get("logit_bias")
-        if not bias or request.get("logit_bias_type") == "tokens":
-            return
-        ids = []
-        for key in bias:
-            if not (key.isascii() and key.isdigit()):
-                raise BadRequest(
-                    f"logit_bias: key {key!r} is not a token id (or set logit_bias_type to 'tokens')",
-                    param="logit_bias",
-                )
-            ids.append(int(key))
-        self._check_token_ids(ids, "logit_bias")
-
-    def _check_grammars(self, request: Mapping[str, Any], chat: bool) -> None:
-        grammar = request.get("grammar")
-        if grammar is not None:
-            problem = grammar_problem(grammar, self._limits.vocab)
-            if problem is not None:
-                raise BadRequest(f"grammar: {problem}", param="grammar")
-        if not chat:
-            return
-        response_format = request.get("response_format") or {}
-        if response_format.get("type") == "json_object" and "schema" in response_format:
-            _check_schema(response_format["schema"], "response_format.schema")
-        for i, tool in enumerate(request.get("tools") or ()):
-            _check_schema(tool["function"]["parameters"], f"tools.{i}.function.parameters")
-        for i, function in enumerate(request.get("functions") or ()):
-            _check_schema(function["parameters"], f"functions.{i}.parameters")
-        _chosen_tool(request)
-
-    def _token_limit(self, request: Mapping[str, Any], chat: bool) -> int | None:
+    def _token_limit(self, request: Mapping[str, Any]) -> int | None:
         """The max_tokens to pass on when it must change (None: as it is)."""
         given = request.get("max_completion_tokens")
         if given is not None:
@@ -239,12 +204,44 @@ class RequestChecks:
                 message = "max_completion_tokens must be a whole number of at least 1"
                 raise BadRequest(message, param="max_completion_tokens")
             return None if request.get("max_tokens") == given else given
-        if not chat and "max_tokens" not in request:
+        if "max_tokens" not in request:
             return None  # a text completion without max_tokens gets 16, llama-cpp-python's and OpenAI's
         limit = request.get("max_tokens")
         if isinstance(limit, int) and limit > 0:
             return None
         return self._cap  # no limit (None, 0 or less is none to llama-cpp-python): the server's
+
+
+def check_grammar(grammar: str, limits: ModelLimits, param: str = "grammar") -> None:
+    """BadRequest where llama.cpp cannot use the GBNF `grammar` with the model of `limits`."""
+    problem = grammar_problem(grammar, limits.vocab)
+    if problem is not None:
+        raise BadRequest(f"{param}: {problem}", param=param)
+
+
+def check_logit_bias(bias: Mapping[str, Any] | None, bias_type: str | None, limits: ModelLimits) -> None:
+    """BadRequest for a logit bias whose keys are not the model's token ids (unless `bias_type` is
+    "tokens": then they are texts, tokenized)."""
+    if not bias or bias_type == "tokens":
+        return
+    ids = []
+    for key in bias:
+        if not (key.isascii() and key.isdigit()):
+            raise BadRequest(
+                f"logit_bias: key {key!r} is not a token id (or set logit_bias_type to 'tokens')",
+                param="logit_bias",
+            )
+        ids.append(int(key))
+    _check_token_ids(ids, "logit_bias", limits)
+
+
+def _check_token_ids(tokens: list[int], param: str, limits: ModelLimits) -> None:
+    for token in tokens:
+        if not 0 <= token < limits.n_vocab:
+            last = limits.n_vocab - 1
+            raise BadRequest(
+                f"{param}: token id {token} is outside the vocabulary (0 to {last})", param=param
+            )
 
 
 # Nullable in llama-cpp-python's request models, but handed to llama.cpp's sampler as they are,
@@ -330,12 +327,6 @@ def schema_problem(schema: Any) -> str | None:
     return _schema_problem(text)
 
 
-def _check_schema(schema: Any, param: str) -> None:
-    problem = schema_problem(schema)
-    if problem is not None:
-        raise BadRequest(f"{param}: {problem}", param=param)
-
-
 def _nesting(grammar: str) -> int:
     """How deep the groups of a GBNF grammar nest (parentheses outside literals, classes, comments)."""
     depth = deepest = 0
@@ -360,48 +351,3 @@ def _nesting(grammar: str) -> int:
             depth -= 1
         i += 1
     return deepest
-
-
-def _check_min_tokens(request: Mapping[str, Any], chat: bool) -> None:
-    """BadRequest for `min_tokens` with a grammar: llama-cpp-python holds the end of text back until
-    `min_tokens`, and where the grammar ends before, no token is left that both allow: llama.cpp
-    throws in its sampler and the server process aborts."""
-    if not request.get("min_tokens"):
-        return
-    response_format = request.get("response_format") if chat else None
-    grammars = {
-        "grammar": request.get("grammar") is not None,
-        "response_format": isinstance(response_format, dict) and response_format.get("type") == "json_object",
-        "a chosen function": chat and _chosen_tool(request) is not None,
-    }
-    given = [name for name, present in grammars.items() if present]
-    if given:
-        raise BadRequest(
-            f"min_tokens cannot be combined with {given[0]}, whose grammar may end the answer sooner",
-            param="min_tokens",
-        )
-
-
-def _chosen_tool(request: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """The tool a chat request forces, as llama-cpp-python's chat handler picks it (legacy
-    `functions` and `function_call` win over `tools` and `tool_choice`); BadRequest if it is not
-    among the tools."""
-    functions = request.get("functions")
-    tools = (
-        [{"type": "function", "function": f} for f in functions]
-        if functions is not None
-        else request.get("tools")
-    )
-    choice = request.get("tool_choice")
-    call = request.get("function_call")
-    if isinstance(call, dict) and "name" in call:
-        choice = {"type": "function", "function": {"name": call["name"]}}
-    elif call in ("none", "auto"):
-        choice = call
-    if not isinstance(choice, dict) or tools is None:
-        return None
-    name = choice["function"]["name"]
-    for tool in tools:
-        if tool["function"]["name"] == name:
-            return tool
-    raise BadRequest(f"tool_choice: no tool named {name!r} among the tools", param="tool_choice")

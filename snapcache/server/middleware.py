@@ -1,10 +1,10 @@
-"""The ASGI layer around llama-cpp-python's completion routes: scope in, reuse out.
+"""The ASGI layer around llama-cpp-python's text completion routes: scope in, reuse out.
 
-In: the `X-Snapcache-Scope` header picks the request's scope (a bad one is a 400), and requests the
-model cannot serve (an empty message list) are answered with a 400 before they queue for it. A chat
-completion with tools is marked for the chat engine's route and passed on as it came (that route
-checks it and reports its usage; see `snapcache.server.chat.chat_completions`).
-Ollama's POST routes read their body as JSON whatever its Content-Type says, as Ollama does.
+In: the `X-Snapcache-Scope` header picks the request's scope (a bad one is a 400), and JSON bodies
+are checked (see `checks`) before they queue for the model. Chat routes are left to the chat engine's
+own routes, which check their bodies, scope their requests and report what they reused (see
+`snapcache.server.chat`). Ollama's POST routes read their body as JSON whatever its Content-Type
+says, as Ollama does.
 Out: `X-Snapcache-Restored-Tokens` and `X-Snapcache-Source` headers, and
 `usage.prompt_tokens_details.cached_tokens` in a JSON response, or in a final usage chunk of a
 stream whose request asked for one (`stream_options.include_usage`), as OpenAI's API does.
@@ -27,10 +27,8 @@ import anyio
 from snapcache.errors import InvalidArgument
 from snapcache.key import DEFAULT_SCOPE, validate_scope
 from snapcache.llama.hook.request_streams import RequestStreams
-from snapcache.server.chat.chat_completions import ON_ENGINE, runs_on_engine
 from snapcache.server.chat.ollama_routes import OLLAMA_PATHS
-from snapcache.server.chat.rules import PromptRules
-from snapcache.server.checks import CHAT_PATH, COMPLETION_PATHS, RequestChecks, parse_body
+from snapcache.server.checks import COMPLETION_PATHS, RequestChecks, parse_body
 from snapcache.server.errors import BadRequest, client_error, error_document
 from snapcache.server.request import RequestRecord, serving
 
@@ -45,8 +43,6 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 SCOPE_HEADER = "x-snapcache-scope"
-RESTORED_HEADER = b"x-snapcache-restored-tokens"
-SOURCE_HEADER = b"x-snapcache-source"
 _DONE = b"data: [DONE]"
 
 
@@ -54,10 +50,9 @@ class SnapcacheMiddleware:
     """Wraps the app: JSON bodies checked (see `checks`), completions scoped and reported, and an
     error that escapes a route answered as JSON."""
 
-    def __init__(self, app: ASGIApp, checks: RequestChecks, rules: PromptRules | None = None) -> None:
+    def __init__(self, app: ASGIApp, checks: RequestChecks) -> None:
         self.app = app
         self.checks = checks
-        self.rules = rules
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -81,18 +76,10 @@ class SnapcacheMiddleware:
         if not more:  # a client gone before its body ended gets nothing, as before
             try:
                 request = parse_body(body)
-                engine = path == CHAT_PATH and runs_on_engine(request)
-                if not engine:
-                    changed = await anyio.to_thread.run_sync(self.checks.review, path, request)
+                changed = await anyio.to_thread.run_sync(self.checks.review, path, request)
             except BadRequest as exc:
                 await _send_error(send, exc.status, exc.document())
                 return
-            if engine:  # its own route checks it and reports its usage (see chat.chat_completions)
-                marked = {**scope, ON_ENGINE: True}
-                await _answered_as_json(self.app, marked, _replay(body, more, receive), send)
-                return
-            if path == CHAT_PATH and self.rules is not None:
-                changed = self._cleaned(changed or request, record.scope) or changed
             if changed is not None:
                 request, body = changed, json.dumps(changed).encode()
             # The body is JSON whatever its Content-Type said (`curl -d` sends a form's): FastAPI
@@ -107,7 +94,7 @@ class SnapcacheMiddleware:
         if not completion:
             await _answered_as_json(self.app, scope, _replay(body, more, receive), send)
             return
-        response = _Response(send, record, chat=path == CHAT_PATH)
+        response = _Response(send, record)
         token = serving.set(record)
         try:
             with RequestStreams.opened() as streams:
@@ -120,14 +107,6 @@ class SnapcacheMiddleware:
             await _send_error(send, status, payload)
         finally:
             serving.reset(token)
-
-    def _cleaned(self, request: dict[str, Any], scope: str) -> dict[str, Any] | None:
-        """The chat request with the prompt rules applied to its messages; None if none matched."""
-        assert self.rules is not None
-        matched: set[str] = set()
-        messages = self.rules.clean_openai_messages(request.get("messages"), matched)
-        self.rules.remember(scope, matched)
-        return {**request, "messages": messages} if matched else None
 
 
 async def _answered_as_json(app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
@@ -160,10 +139,9 @@ def _json_headers(headers: list[tuple[bytes, bytes]], length: int | None = None)
 class _Response:
     """Holds the response start until the first body bytes, then adds what the request reused."""
 
-    def __init__(self, send: Send, record: RequestRecord, *, chat: bool) -> None:
+    def __init__(self, send: Send, record: RequestRecord) -> None:
         self._send = send
         self._record = record
-        self._chat = chat
         self._start: Message | None = None
         self._stream = False
         self._buffer: list[bytes] = []
@@ -196,10 +174,7 @@ class _Response:
         ]
         if extra_length is not None:
             headers.append((b"content-length", str(extra_length).encode()))
-        restore = self._record.restore
-        if restore is not None:
-            headers.append((RESTORED_HEADER, str(restore.restored_tokens).encode()))
-            headers.append((SOURCE_HEADER, (restore.source or "none").encode()))
+        headers.extend(self._record.reuse_headers())
         self.started = True
         await self._send({**start, "headers": headers})
 
@@ -250,7 +225,7 @@ class _Response:
         completion = record.completion_tokens or 0
         chunk = {
             "id": last.get("id"),
-            "object": last.get("object", "chat.completion.chunk" if self._chat else "text_completion"),
+            "object": last.get("object", "text_completion"),
             "created": last.get("created"),
             "model": last.get("model"),
             "choices": [],

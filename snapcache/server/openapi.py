@@ -84,41 +84,45 @@ _SCOPE: Document = {
 _VALIDATED_FORM = "/snapcache/warm"
 _EMBEDDINGS_PATH = "/v1/embeddings"
 _CHAT_PATH = "/v1/chat/completions"
-# The engine's Chat Completions models, named apart from the other routes' in the components.
-_WITH_TOOLS = "ChatWithTools"
-_EMPTY: Document = {"anyOf": [{"type": "null"}, {"type": "array", "maxItems": 0}]}
-# A chat the engine answers: it offers tools, or a message is a tool result or makes tool calls.
-_CHAT_WITH_TOOLS: Document = {
+# The Chat Completions request models, named apart from the other routes' in the components.
+_CHAT = "OpenAIChat"
+# A Chat Completions body that offers tools (either way): they hold its answer to a grammar.
+_OFFERS_TOOLS: Document = {
     "anyOf": [
+        {"required": ["functions"], "properties": {"functions": {"type": "array", "minItems": 1}}},
         {"required": ["tools"], "properties": {"tools": {"type": "array", "minItems": 1}}},
-        {
-            "required": ["messages"],
-            "properties": {
-                "messages": {
-                    "type": "array",
-                    "contains": {
-                        "anyOf": [
-                            {"required": ["role"], "properties": {"role": {"const": "tool"}}},
-                            {
-                                "required": ["tool_calls"],
-                                "properties": {"tool_calls": {"type": "array", "minItems": 1}},
-                            },
-                        ]
-                    },
-                }
-            },
-        },
     ]
 }
-# A chat llama-cpp-python's route answers: none of that.
-_PLAIN_CHAT: Document = {
-    "properties": {
-        "tools": _EMPTY,
-        "messages": {
-            "type": "array",
-            "items": {"properties": {"role": {"not": {"const": "tool"}}, "tool_calls": _EMPTY}},
+_QUESTION = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "What is the capital of France?"},
+]
+_CHAT_EXAMPLES: Document = {
+    "chat": {"summary": "A chat", "value": {"model": "local", "messages": _QUESTION}},
+    "json": {
+        "summary": "An answer in JSON",
+        "value": {"messages": _QUESTION, "response_format": {"type": "json_object"}},
+    },
+    "tools": {
+        "summary": "A tool to call",
+        "value": {
+            "messages": _QUESTION,
+            "tools": [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": "look_up",
+                        "description": "Look a fact up",
+                        "parameters": {"type": "object", "properties": {"query": {"type": "string"}}},
+                    },
+                }
+            ],
         },
-    }
+    },
+    "grammar": {
+        "summary": "An answer held to a grammar",
+        "value": {"messages": _QUESTION, "grammar": 'root ::= "Paris" | "Lyon"', "max_tokens": 4},
+    },
 }
 # The string format of a grammar: llama.cpp's GBNF, with a `root` rule, that llama.cpp can parse.
 GRAMMAR_FORMAT = "gbnf"
@@ -158,7 +162,7 @@ def _describe(document: Document, limits: ModelLimits, *, api_key: bool) -> None
         if schema is not None and id(schema) not in corrected:
             corrected.add(id(schema))
             correct(schema, limits)
-    _chat_with_tools(document)
+    _chat_completions(document, limits)
     _ollama_messages_are_text(document)
 
 
@@ -185,46 +189,62 @@ def _ollama_generate(schema: Document, _limits: ModelLimits) -> None:
     _refuse(schema, "images", _NOTHING, "null or none: text only")
 
 
-def _chat_with_tools(document: Document) -> None:
-    """`POST /v1/chat/completions` takes either body: llama-cpp-python's route answers a plain chat,
-    the chat engine's a chat with tools, tool calls or tool results (see
-    `snapcache.server.chat.chat_completions`), each checked by its own request model."""
+def _chat_completions(document: Document, limits: ModelLimits) -> None:
+    """`POST /v1/chat/completions` takes the chat engine's request model (see
+    `snapcache.server.chat.chat_completions`), with what the server refuses beyond it."""
     operation = document.get("paths", {}).get(_CHAT_PATH, {}).get("post")
     if operation is None:
         return
-    content = operation["requestBody"]["content"]["application/json"]
-    plain = content["schema"]
     mapping, definitions = models_json_schema(
-        [(ChatCompletionRequest, "validation")], ref_template=f"#/components/schemas/{_WITH_TOOLS}{{model}}"
+        [(ChatCompletionRequest, "validation")], ref_template=f"#/components/schemas/{_CHAT}{{model}}"
     )
     schemas = document["components"]["schemas"]
     for name, schema in definitions.get("$defs", {}).items():
-        schemas[_WITH_TOOLS + name] = schema
-    _as_the_engine_checks(schemas)
-    with_tools = mapping[(ChatCompletionRequest, "validation")]
-    content["schema"] = {
-        "anyOf": [
-            {"allOf": [plain, _PLAIN_CHAT]},
-            {"allOf": [with_tools, _CHAT_WITH_TOOLS]},
-        ]
-    }
+        schemas[_CHAT + name] = schema
+    _as_the_engine_checks(schemas, limits)
+    content = {"schema": mapping[(ChatCompletionRequest, "validation")], "examples": _CHAT_EXAMPLES}
+    operation["requestBody"] = {"required": True, "content": {"application/json": content}}
 
 
-def _as_the_engine_checks(schemas: Document) -> None:
+def _as_the_engine_checks(schemas: Document, limits: ModelLimits) -> None:
     """What the engine's route refuses beyond its request model (each a 400)."""
-    request = schemas[_WITH_TOOLS + "ChatCompletionRequest"]["properties"]
+    schema = schemas[_CHAT + "ChatCompletionRequest"]
+    request = schema["properties"]
     request["messages"]["contains"] = {"properties": {"role": {"enum": ["user", "assistant", "tool"]}}}
     request["n"] = {"anyOf": [{"type": "integer", "minimum": 1, "maximum": 1}, {"type": "null"}]}
-    request["logprobs"] = {"anyOf": [{"const": False}, {"type": "null"}]}
-    request["response_format"] = {
-        "anyOf": [
-            {"type": "null"},
-            {"const": "text"},
-            {"type": "object", "properties": {"type": {"enum": ["text", None]}}},
-        ],
-        "description": "Only text: with tools, the tools' grammar holds the answer.",
-    }
-    message = schemas[_WITH_TOOLS + "Message"]
+    _refuse(schema, "logprobs", {"anyOf": [{"const": False}, {"type": "null"}]}, "false or null")
+    _grammar(schema)
+    _token_ids_in_logit_bias(schema, limits.n_vocab)
+    grammar = _given("grammar", _GBNF)
+    response_format = _given(
+        "response_format",
+        {
+            "type": "object",
+            "required": ["type"],
+            "properties": {"type": {"enum": ["json_object", "json_schema"]}},
+        },
+    )
+    # Each holds the answer to a grammar: one at a time, and then no min_tokens (llama.cpp fails
+    # where a grammar ends before it).
+    text = {"anyOf": [{"type": "null"}, {"type": "object", "properties": {"type": {"const": "text"}}}]}
+    short = {"min_tokens": {"maximum": 0}}
+    schema.setdefault("allOf", []).extend(
+        [
+            {
+                "if": _OFFERS_TOOLS,
+                "then": {"properties": {"grammar": {"type": "null"}, "response_format": text, **short}},
+            },
+            {"if": grammar, "then": {"properties": {"response_format": text, **short}}},
+            {"if": response_format, "then": {"properties": short}},
+        ]
+    )
+    schemas[_CHAT + "ResponseFormat"].setdefault("allOf", []).append(
+        {
+            "if": _given("type", {"const": "json_schema"}),
+            "then": {"required": ["json_schema"], "properties": {"json_schema": {"required": ["schema"]}}},
+        }
+    )
+    message = schemas[_CHAT + "Message"]
     message.setdefault("allOf", []).append(
         {
             "if": _given("role", {"const": "tool"}),
@@ -234,7 +254,7 @@ def _as_the_engine_checks(schemas: Document) -> None:
             },
         }
     )
-    schemas[_WITH_TOOLS + "ContentPart"] = {
+    schemas[_CHAT + "ContentPart"] = {
         "description": "Text parts, and an assistant's refusal; images, audio and files are a 400.",
         "anyOf": [
             {
@@ -296,29 +316,6 @@ def _require(schema: Document, name: str, **constraints: Any) -> None:
     if prop is not None:
         prop.pop("default", None)
         prop.update(constraints)
-
-
-def _chat_completion(schema: Document, limits: ModelLimits) -> None:
-    _require(schema, "messages", minItems=1)
-    _grammar(schema)
-    chosen = {
-        "anyOf": [_given("function_call", {"type": "object"}), _given("tool_choice", {"type": "object"})]
-    }
-    _no_min_tokens_with_a_grammar(
-        schema,
-        [
-            _given("grammar", _GBNF),
-            _given(
-                "response_format",
-                {"type": "object", "required": ["type"], "properties": {"type": {"const": "json_object"}}},
-            ),
-            {**_given("functions", {"type": "array"}), **chosen},
-        ],
-    )
-    if not limits.logits_all:
-        allowed = {"anyOf": [{"const": False}, {"type": "null"}]}
-        _refuse(schema, "logprobs", allowed, "false or null: the model keeps no log-probabilities")
-    _token_ids_in_logit_bias(schema, limits.n_vocab)
 
 
 def _completion(schema: Document, limits: ModelLimits) -> None:
@@ -437,7 +434,6 @@ def _detokenize(schema: Document, limits: ModelLimits) -> None:
 _NOTHING: Document = {"anyOf": [{"type": "null"}, {"type": "array", "maxItems": 0}]}
 _BODIES: dict[str, Callable[[Document, ModelLimits], None]] = {
     "/api/generate": _ollama_generate,
-    _CHAT_PATH: _chat_completion,
     "/v1/completions": _completion,
     "/v1/engines/copilot-codex/completions": _completion,
     "/snapcache/warm": _warm,

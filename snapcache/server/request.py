@@ -1,9 +1,9 @@
 """What the server knows about the request being served, where the cache hook can reach it.
 
-A completion runs on a worker thread that llama-cpp-python's server starts for it; the request's
-context variables travel with it. The middleware puts one `RequestRecord` into that context; the
-hook reads its scope from there and the monitor writes back what the completion restored, for the
-response headers and the usage the middleware adds.
+A completion runs on a worker thread that the server starts for it; the request's context variables
+travel with it. The middleware (text completions) or the chat engine puts one `RequestRecord` into
+that context; the hook reads its scope from there and the monitor writes back what the completion
+restored, for the response headers (`reuse_headers`) and the usage.
 """
 
 from __future__ import annotations
@@ -14,7 +14,10 @@ from dataclasses import dataclass
 from snapcache.key import DEFAULT_SCOPE
 from snapcache.llama.stored.reports import RestoreInfo
 
-__all__ = ["RequestRecord", "current_record", "current_scope", "serving"]
+__all__ = ["RESTORED_HEADER", "SOURCE_HEADER", "RequestRecord", "current_record", "current_scope", "serving"]
+
+RESTORED_HEADER = b"x-snapcache-restored-tokens"
+SOURCE_HEADER = b"x-snapcache-source"
 
 _current: ContextVar[RequestRecord | None] = ContextVar("snapcache_request", default=None)
 
@@ -27,6 +30,17 @@ class RequestRecord:
     stream_usage: bool = False
     restore: RestoreInfo | None = None
     completion_tokens: int | None = None
+
+    def reuse_headers(self) -> list[tuple[bytes, bytes]]:
+        """The response headers that say what the request reused: the tokens restored and the tier
+        they came from ("none" where nothing was); none before its prompt was read."""
+        restore = self.restore
+        if restore is None:
+            return []
+        return [
+            (RESTORED_HEADER, str(restore.restored_tokens).encode()),
+            (SOURCE_HEADER, (restore.source or "none").encode()),
+        ]
 
 
 def current_record() -> RequestRecord | None:

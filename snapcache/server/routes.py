@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from collections.abc import Collection
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from llama_cpp.server import app as llama_server
 from llama_cpp.server.app import authenticate, get_llama_proxy
 from llama_cpp.server.types import DetokenizeInputRequest, DetokenizeInputResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -29,7 +31,7 @@ from snapcache.server.errors import error_document
 from snapcache.server.monitor import ServeMonitor
 from snapcache.server.parallel import ModelTurns, ParallelModel
 
-__all__ = ["WarmRequest", "extras_router", "snapcache_router"]
+__all__ = ["WarmRequest", "extras_router", "llama_cpp_router", "snapcache_router"]
 
 
 class WarmRequest(BaseModel):
@@ -106,6 +108,15 @@ def snapcache_router(
         text = await run_in_threadpool(generate_latest, monitor.registry)
         return Response(text, media_type=CONTENT_TYPE_LATEST)
 
+    return router
+
+
+def llama_cpp_router(taken_over: Collection[str]) -> APIRouter:
+    """llama-cpp-python's routes but those of the paths in `taken_over` (which snapcache answers)."""
+    router = APIRouter()
+    router.routes.extend(
+        route for route in llama_server.router.routes if getattr(route, "path", None) not in taken_over
+    )
     return router
 
 

@@ -1,5 +1,6 @@
-"""The Chat Completions adapter without a model: which bodies the engine takes, a request's
-translation, and the answer and chunks of an engine's events (as many calls as it reports)."""
+"""The Chat Completions adapter without a model: a request's translation (tools offered either way,
+what holds the answer, the sampling settings) and the answer and chunks of an engine's events (as
+many calls as it reports, or one legacy function call)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ from snapcache.server.chat.chat_completions import (
     CompletionChunks,
     chat_request,
     completion_of,
-    runs_on_engine,
 )
 from snapcache.server.chat.chat_completions_protocol import parsed
 from snapcache.server.chat.engine import ChatEvent, Finished, Started, TextDelta, ToolCalled, Usage
@@ -33,20 +33,124 @@ TWO_CALLS: list[ChatEvent] = [
 ]
 
 
+FUNCTION = {"name": "read", "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}
+ONE_CALL: list[ChatEvent] = [
+    Started(USAGE),
+    ToolCalled(ToolCall("call_a", "read", '{"path": "a"}')),
+    Finished("tool_calls", USAGE),
+]
+
+
+def test_legacy_functions_offer_tools_and_win_over_tools() -> None:
+    other = {"type": "function", "function": {"name": "write"}}
+    body = parsed(
+        {"messages": [USER], "functions": [FUNCTION], "function_call": {"name": "read"}, "tools": [other]}
+    )
+    request = chat_request(body, "s")
+    assert [tool.name for tool in request.tools] == ["read"]
+    assert request.tool_choice == NamedTool("read")
+    assert request.parallel_tool_calls is False  # one function_call in the answer
+    assert chat_request(parsed({"messages": [USER], "functions": [FUNCTION]}), "s").tool_choice == "auto"
+    none = parsed({"messages": [USER], "functions": [FUNCTION], "function_call": "none"})
+    assert not chat_request(none, "s").uses_tools
+
+
+def test_a_legacy_call_is_answered_as_one_function_call() -> None:
+    body = parsed({"messages": [USER], "functions": [FUNCTION]})
+    choice = completion_of(ONE_CALL, body)["choices"][0]
+    assert choice["finish_reason"] == "function_call"
+    assert choice["message"] == {
+        "role": "assistant",
+        "content": None,
+        "function_call": {"name": "read", "arguments": '{"path": "a"}'},
+    }
+    streamed = parsed({"messages": [USER], "functions": [FUNCTION], "stream": True})
+
+    async def chunks() -> list[bytes]:
+        async def events() -> Any:
+            for event in ONE_CALL:
+                yield event
+
+        return [chunk async for chunk in CompletionChunks(streamed).events(events())]
+
+    data = [json.loads(chunk.removeprefix(b"data: ")) for chunk in anyio.run(chunks)[:-1]]
+    assert [d["choices"][0]["delta"].get("function_call") for d in data[1:3]] == [
+        {"name": "read", "arguments": ""},
+        {"arguments": '{"path": "a"}'},
+    ]
+    assert data[-1]["choices"][0]["finish_reason"] == "function_call"
+
+
 @pytest.mark.parametrize(
-    ("document", "expected"),
+    ("response_format", "expected"),
     [
-        ({"messages": [USER], "tools": [TOOL]}, True),
-        ({"messages": [USER, CALLED, {"role": "tool", "tool_call_id": "c1", "content": "x"}]}, True),
-        ({"messages": [USER, CALLED]}, True),
-        ({"messages": [USER], "tools": []}, False),
-        ({"messages": [USER], "tool_choice": "auto"}, False),
-        ({"messages": "not a list", "tools": "nor this"}, False),
+        ({"type": "text"}, None),
+        ({"type": "json_object"}, {"type": "json_object"}),
+        (
+            {"type": "json_object", "schema": FUNCTION["parameters"]},
+            {"type": "json_object", "schema": FUNCTION["parameters"]},
+        ),
+        (
+            {"type": "json_schema", "json_schema": {"name": "p", "schema": FUNCTION["parameters"]}},
+            {"type": "json_object", "schema": FUNCTION["parameters"]},
+        ),
     ],
-    ids=["tools", "tool result", "tool calls", "no tools", "a choice alone", "malformed"],
+    ids=["text", "json", "json with llama-cpp-python's schema", "openai's json_schema"],
 )
-def test_the_engine_takes_bodies_with_tools_or_tool_history(document: dict[str, Any], expected: bool) -> None:
-    assert runs_on_engine(document) is expected
+def test_a_response_format_is_json_held_to_its_schema(response_format: Any, expected: Any) -> None:
+    body = parsed({"messages": [USER], "response_format": response_format})
+    assert chat_request(body, "s").response_format == expected
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"tools": [TOOL], "grammar": "root ::= [a-z]+"}, "grammar"),
+        ({"tools": [TOOL], "response_format": {"type": "json_object"}}, "response_format"),
+        ({"grammar": "root ::= [a-z]+", "response_format": {"type": "json_object"}}, "response_format"),
+        ({"grammar": "root ::= [a-z]+", "min_tokens": 4}, "min_tokens"),
+        ({"functions": [FUNCTION], "function_call": {"name": "read"}, "min_tokens": 4}, "min_tokens"),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "p"}}},
+            "response_format.json_schema.schema",
+        ),
+        ({"functions": [FUNCTION], "function_call": {"name": "write"}}, "function_call"),
+        ({"n": 2}, "n"),
+    ],
+    ids=[
+        "tools and a grammar",
+        "tools and a response format",
+        "a grammar and a response format",
+        "min_tokens with a grammar",
+        "min_tokens with a chosen function",
+        "a json_schema without its schema",
+        "a function call of no function offered",
+        "two choices",
+    ],
+)
+def test_what_the_engine_cannot_serve_is_a_400_naming_its_field(extra: dict[str, Any], param: str) -> None:
+    with pytest.raises(BadRequest) as raised:
+        chat_request(parsed({"messages": [USER], **extra}), "s")
+    assert raised.value.param == param, raised.value
+
+
+def test_llama_cpp_python_s_sampling_settings_are_taken() -> None:
+    body = parsed(
+        {
+            "messages": [USER],
+            "mirostat_mode": 2,
+            "mirostat_tau": 4.0,
+            "logit_bias": {"15": -100},
+            "logit_bias_type": "input_ids",
+            "grammar": 'root ::= "yes" | "no"',
+            "min_tokens": 0,
+            "top_k": 5,
+        }
+    )
+    request = chat_request(body, "s")
+    assert request.sampling.settings() == {"mirostat_mode": 2, "mirostat_tau": 4.0, "top_k": 5}
+    assert request.sampling.logit_bias == {"15": -100}
+    assert request.grammar == 'root ::= "yes" | "no"'
 
 
 def test_a_request_becomes_one_chat_request() -> None:

@@ -17,6 +17,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,6 @@ import schemathesis
 from hypothesis import strategies as st
 from server_process import ServerProcess, http_json, running_server
 
-from snapcache.server.chat.chat_completions import runs_on_engine
 from snapcache.server.openapi import GRAMMAR_FORMAT
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
@@ -133,10 +133,7 @@ def follow_the_rules(path: str, body: dict[str, Any]) -> None:
         if isinstance(body["input"], list):
             body["input"] = _responses_calls_before_outputs(body["input"])
     elif path == "/v1/chat/completions":
-        if runs_on_engine(body):
-            _engine_chat_rules(body)
-        else:
-            _chosen_tool_among_tools(body)
+        _chat_rules(body)
     elif path == "/api/chat":
         _ollama_chat_rules(body)
     elif path == "/snapcache/warm":
@@ -179,24 +176,22 @@ def _responses_calls_before_outputs(items: list[Any]) -> list[Any]:
     return done
 
 
-def _engine_chat_rules(body: dict[str, Any]) -> None:
-    """A chat with tools, as the engine's route takes it: function names apart, the function a
-    choice names (or `required` needs) among them, and every tool result after its call."""
-    functions: set[str] = set()
-    tools: list[Any] = []
-    for tool in body.get("tools") or []:
-        function = tool.get("function") if tool.get("type") == "function" else None
-        if function is not None and function["name"] in functions:
-            continue
-        if function is not None:
-            functions.add(function["name"])
-        tools.append(tool)
-    choice = body.get("tool_choice")
-    wanted = choice["function"]["name"] if isinstance(choice, dict) else "f" if choice == "required" else None
-    if wanted is not None and wanted not in functions:
-        tools.append({"type": "function", "function": {"name": wanted, "parameters": {"type": "object"}}})
-    if body.get("tools") is not None or wanted is not None:
-        body["tools"] = tools
+def _chat_rules(body: dict[str, Any]) -> None:
+    """A Chat Completions body as the server takes it: function names apart, the function a choice
+    names (or `required` needs) among them (in `functions` where it offers those, which win), and
+    every tool result after its call."""
+    if body.get("functions") is not None:
+        _functions_apart(body, "functions", lambda f: f, lambda name: {"name": name})
+        call = body.get("function_call")
+        if isinstance(call, dict) and all(f["name"] != call["name"] for f in body["functions"]):
+            body["functions"].append({"name": call["name"], "parameters": {"type": "object"}})
+    else:
+        _functions_apart(
+            body,
+            "tools",
+            lambda tool: tool.get("function") if tool.get("type") == "function" else None,
+            lambda name: {"type": "function", "function": {"name": name, "parameters": {"type": "object"}}},
+        )
     called: set[str] = set()
     messages: list[Any] = []
     for message in body["messages"]:
@@ -239,22 +234,26 @@ def _ollama_chat_rules(body: dict[str, Any]) -> None:
     body["messages"] = messages
 
 
-def _chosen_tool_among_tools(body: dict[str, Any]) -> None:
-    """As llama-cpp-python picks the tool a chat forces: `functions` and `function_call` win."""
-    call = body.get("function_call")
-    choice = body.get("tool_choice")
-    if isinstance(call, dict):
-        name = call["name"]
-    elif isinstance(choice, dict) and call not in ("none", "auto"):
-        name = choice["function"]["name"]
-    else:
-        return
-    function = {"name": name, "parameters": {"type": "object"}}
-    if body.get("functions") is not None:
-        if all(f["name"] != name for f in body["functions"]):
-            body["functions"].append(function)
-    elif body.get("tools") is not None and all(t["function"]["name"] != name for t in body["tools"]):
-        body["tools"].append({"type": "function", "function": function})
+def _functions_apart(
+    body: dict[str, Any], field: str, function_of: Callable[[Any], Any], offered: Callable[[str], Any]
+) -> None:
+    """`body[field]` with one function of each name, and the one `tool_choice` names (or some
+    function, where it is `required`) among them."""
+    names: set[str] = set()
+    kept: list[Any] = []
+    for item in body.get(field) or []:
+        function = function_of(item)
+        if function is not None and function["name"] in names:
+            continue
+        if function is not None:
+            names.add(function["name"])
+        kept.append(item)
+    choice = body.get("tool_choice") if field == "tools" else None
+    wanted = choice["function"]["name"] if isinstance(choice, dict) else "f" if choice == "required" else None
+    if wanted is not None and wanted not in names:
+        kept.append(offered(wanted))
+    if body.get(field) is not None or wanted is not None:
+        body[field] = kept
 
 
 @pytest.fixture(scope="module")
@@ -363,7 +362,7 @@ def test_with_an_api_key_every_route_asks_for_it_and_answers_401_without_it(
         assert schemes["APIKeyHeader"]["name"] == "x-api-key"
         for path, method, operation in operations(document):
             named = {name for option in operation["security"] for name in option}
-            dialect = path == "/" or path.startswith(("/v1/messages", "/v1/responses", "/api/"))
+            dialect = path == "/" or path.startswith(("/v1/messages", "/v1/responses", "/v1/chat/", "/api/"))
             assert named == ({"HTTPBearer", "APIKeyHeader"} if dialect else {"HTTPBearer"}), path
             assert "401" in operation["responses"], (method, path)
         # schemathesis's own checks of the credentials: sent, left out, wrong.
@@ -401,6 +400,21 @@ def test_embeddings_are_left_out_of_the_schema_and_refused_in_openai_s_shape(ser
             400,
         ),
         ("/v1/responses", {"input": [{"role": "developer", "content": "x"}]}, 400),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "logprobs": True}, 400),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"100000": 1}},
+            400,
+        ),
+        (
+            "/v1/chat/completions",
+            {
+                "messages": [{"role": "user", "content": "hi"}],
+                "grammar": "root ::= [a-z]+",
+                "response_format": {"type": "json_object"},
+            },
+            400,
+        ),
         ("/v1/completions", {"prompt": "hi", "logprobs": 1}, 400),
         ("/v1/completions", {"prompt": "hi", "logit_bias": {"100000": 1}}, 400),
         ("/v1/completions", {"prompt": "hi", "grammar": "root ::= root"}, 400),
@@ -413,6 +427,9 @@ def test_embeddings_are_left_out_of_the_schema_and_refused_in_openai_s_shape(ser
         "warm: no system message",
         "messages: system text only",
         "responses: developer text only",
+        "chat: logprobs",
+        "chat: logit_bias: no such token",
+        "chat: a grammar and a response format",
         "logprobs",
         "logit_bias: no such token",
         "grammar llama.cpp cannot parse",

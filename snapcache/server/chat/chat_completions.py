@@ -1,16 +1,17 @@
-"""OpenAI Chat Completions with tools over the one chat request: a body in, a completion or chunks out.
+"""OpenAI Chat Completions over the one chat request: a body in, a completion or chunks out.
 
-`POST /v1/chat/completions` stays llama-cpp-python's route for plain chats (its request model, its
-checks and snapcache's usage and headers around it, as tested). A request that offers `tools` or
-carries tool calls or tool results in its messages (`runs_on_engine`) is answered here instead,
-through the `ChatEngine`, as Messages and Responses are: its tools rendered and its calls parsed by
-the model's tool format, under a grammar for `tool_choice` `auto`, `required`, a named function or
-`none`. The middleware marks such a request (`ON_ENGINE`) before it reaches the routes.
+Every `POST /v1/chat/completions` runs here, through the `ChatEngine`, as Messages, Responses and
+Ollama's chats do: its messages under the same prompt rules, its tools rendered and its calls parsed
+by the model's tool format, under a grammar for `tool_choice` `auto`, `required`, a named function
+or `none`. The legacy `functions` and `function_call` offer tools too, and are answered as they
+were: one `function_call`, finish reason `function_call`. A plain chat may hold its answer to a
+`response_format` (JSON, to a schema or not: llama-cpp-python's `schema` or OpenAI's `json_schema`)
+or to llama-cpp-python's `grammar`, one of them at a time.
 
 Usage follows OpenAI's API: `prompt_tokens` counts the whole prompt, `prompt_tokens_details.cached_tokens`
-the part restored. `seed`, the penalties, `min_p` and `typical_p` sample as on the plain route;
-`logit_bias` is accepted and ignored; `n` above 1, `logprobs` and a `response_format` other than
-text are 400s.
+the part restored. `seed`, the penalties, `min_p`, `typical_p`, `mirostat_*`, `logit_bias` (token ids,
+or texts with `logit_bias_type` "tokens") and `min_tokens` sample as llama-cpp-python's server had
+them; `n` above 1 and `logprobs` are 400s.
 """
 
 from __future__ import annotations
@@ -22,7 +23,12 @@ import uuid
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-from snapcache.server.chat.chat_completions_protocol import ChatCompletionRequest, ContentPart, Message
+from snapcache.server.chat.chat_completions_protocol import (
+    ChatCompletionRequest,
+    ContentPart,
+    FunctionDefinition,
+    Message,
+)
 from snapcache.server.chat.engine import (
     ChatEvent,
     Finished,
@@ -47,32 +53,16 @@ from snapcache.server.errors import BadRequest
 from snapcache.server.tools import ToolCall, ToolSpec, arguments_json
 
 __all__ = [
-    "ON_ENGINE",
     "CompletionChunks",
     "chat_request",
     "completion_of",
     "error_event",
-    "runs_on_engine",
+    "legacy_functions",
 ]
 
 _log = logging.getLogger("snapcache")
 
-# The ASGI scope key that marks a Chat Completions request the engine answers.
-ON_ENGINE = "snapcache.chat_engine"
-
 _FINISH_REASONS = {"end": "stop", "stop_sequence": "stop", "length": "length", "tool_calls": "tool_calls"}
-
-
-def runs_on_engine(document: Mapping[str, Any]) -> bool:
-    """Whether a Chat Completions body is the engine's: it offers tools, or its messages hold tool
-    calls or tool results."""
-    tools = document.get("tools")
-    if isinstance(tools, list) and tools:
-        return True
-    messages = document.get("messages")
-    return isinstance(messages, list) and any(
-        isinstance(m, Mapping) and (m.get("role") == "tool" or bool(m.get("tool_calls"))) for m in messages
-    )
 
 
 def error_event(failure: BadRequest) -> bytes:
@@ -84,30 +74,61 @@ def error_event(failure: BadRequest) -> bytes:
 def chat_request(body: ChatCompletionRequest, scope: str) -> ChatRequest:
     """The chat request a Chat Completions request is; BadRequest for one the engine cannot serve."""
     _refuse_unserved(body)
+    _refuse_two_grammars(body)
     messages = [_message_of(message, f"messages.{i}") for i, message in enumerate(body.messages)]
-    tools = _tools_of(body)
-    given = body.tool_choice or "auto"
-    choice: ToolChoice = given if isinstance(given, str) else NamedTool(given.function.name)
-    if choice not in ("auto", "none") and not tools:
-        named = choice.name if isinstance(choice, NamedTool) else choice
-        raise BadRequest(f"tool_choice: {named!r} needs function tools", param="tool_choice")
-    if isinstance(choice, NamedTool) and choice.name not in {tool.name for tool in tools}:
-        raise BadRequest(
-            f"tool_choice: no function named {choice.name!r} among the tools", param="tool_choice"
-        )
+    tools, choice = _offered(body)
     stop = body.stop if isinstance(body.stop, list) else [body.stop] if body.stop else []
     limit = body.max_completion_tokens or body.max_tokens
-    return ChatRequest(
+    request = ChatRequest(
         normalized_messages(messages),
         max_tokens=limit if limit is not None and limit > 0 else None,
         tools=tools,
         tool_choice=choice,
-        parallel_tool_calls=body.parallel_tool_calls is not False,
+        # A legacy function call is one call: the answer has room for one.
+        parallel_tool_calls=body.parallel_tool_calls is not False and not legacy_functions(body),
         sampling=Sampling.of(body),
         stop=tuple(stop),
+        response_format=_response_format(body),
+        grammar=body.grammar,
+        min_tokens=body.min_tokens,
         stream=body.stream,
         scope=scope,
     )
+    return request
+
+
+def legacy_functions(body: ChatCompletionRequest) -> bool:
+    """Whether the request offers its tools the legacy way (`functions`), to be answered so too."""
+    return body.functions is not None
+
+
+def _offered(body: ChatCompletionRequest) -> tuple[tuple[ToolSpec, ...], ToolChoice]:
+    """The tools a request offers and how it wants them chosen: `tools` and `tool_choice`, or the
+    legacy `functions` and `function_call`, which win where both are given."""
+    if body.functions is not None:
+        tools = _specs(
+            [(f"functions.{i}", function) for i, function in enumerate(body.functions)], "functions"
+        )
+        call = body.function_call
+        choice: ToolChoice = (call or "auto") if isinstance(call, str | None) else NamedTool(call.name)
+        where = "function_call"
+    else:
+        offered = []
+        for i, tool in enumerate(body.tools or ()):
+            if tool.type == "function" and tool.function is not None:
+                offered.append((f"tools.{i}.function", tool.function))
+            else:
+                _log.info("/v1/chat/completions: a tool of type %r left out (functions only)", tool.type)
+        tools = _specs(offered, "tools")
+        given = body.tool_choice or "auto"
+        choice = given if isinstance(given, str) else NamedTool(given.function.name)
+        where = "tool_choice"
+    if choice not in ("auto", "none") and not tools:
+        named = choice.name if isinstance(choice, NamedTool) else choice
+        raise BadRequest(f"{where}: {named!r} needs function tools", param=where)
+    if isinstance(choice, NamedTool) and choice.name not in {tool.name for tool in tools}:
+        raise BadRequest(f"{where}: no function named {choice.name!r} among the tools", param=where)
+    return tools, choice
 
 
 def _refuse_unserved(body: ChatCompletionRequest) -> None:
@@ -119,13 +140,53 @@ def _refuse_unserved(body: ChatCompletionRequest) -> None:
             param="logprobs",
             code="unsupported_parameter",
         )
-    response_format = (body.model_extra or {}).get("response_format")
-    kind = response_format.get("type") if isinstance(response_format, Mapping) else response_format
-    if kind not in (None, "text"):
+
+
+def _response_format(body: ChatCompletionRequest) -> Mapping[str, Any] | None:
+    """The request's response format as the engine takes it: None for text, else JSON, held to a
+    schema where one is given (llama-cpp-python's `schema`, or OpenAI's `json_schema.schema`)."""
+    given = body.response_format
+    if given is None or given.type == "text":
+        return None
+    if given.type == "json_schema":
+        where = "response_format.json_schema.schema"
+        schema = given.json_schema.schema_ if given.json_schema is not None else None
+        if schema is None:
+            raise BadRequest(f"{where}: a json_schema response format needs its schema", param=where)
+    else:
+        where, schema = "response_format.schema", given.schema_
+    if schema is None:
+        return {"type": "json_object"}
+    problem = schema_problem(schema)  # llama.cpp's grammar parser would crash on some
+    if problem is not None:
+        raise BadRequest(f"{where}: {problem}", param=where)
+    return {"type": "json_object", "schema": schema}
+
+
+def _refuse_two_grammars(body: ChatCompletionRequest) -> None:
+    """BadRequest where two things would each hold the answer to a grammar (tools, of either kind
+    and whatever the choice, count as one), or a minimum length would fight one."""
+    held = [
+        name
+        for name, given in (
+            ("tools", bool(body.tools) or bool(body.functions)),
+            ("grammar", body.grammar is not None),
+            ("response_format", body.response_format is not None and body.response_format.type != "text"),
+        )
+        if given
+    ]
+    if len(held) > 1:
         raise BadRequest(
-            "response_format: with tools the answer is held to a call or text by the tools' grammar; "
-            "another format cannot be asked for as well",
-            param="response_format",
+            f"{held[1]}: the answer is held by {held[0]} already; give one of tools, grammar and "
+            "response_format",
+            param=held[1],
+        )
+    if held and body.min_tokens > 0:
+        # llama-cpp-python holds the end of text back until min_tokens; where the grammar ends
+        # before, no token is left that both allow and llama.cpp aborts the process.
+        raise BadRequest(
+            f"min_tokens cannot be combined with {held[0]}, whose grammar may end the answer sooner",
+            param="min_tokens",
         )
 
 
@@ -160,24 +221,18 @@ def _text(content: str | list[ContentPart] | None, where: str) -> str:
     return "\n".join(texts)
 
 
-def _tools_of(body: ChatCompletionRequest) -> tuple[ToolSpec, ...]:
+def _specs(functions: list[tuple[str, FunctionDefinition]], param: str) -> tuple[ToolSpec, ...]:
+    """The tools of the functions offered (each with where it is in the body); BadRequest for two
+    of one name or a schema llama.cpp cannot hold an answer to."""
     tools: list[ToolSpec] = []
-    left_out: list[str] = []
-    for i, tool in enumerate(body.tools or ()):
-        function = tool.function
-        if tool.type != "function" or function is None:
-            left_out.append(tool.type)
-            continue
+    for where, function in functions:
         if any(known.name == function.name for known in tools):
-            raise BadRequest(f"tools: two functions are named {function.name!r}", param="tools")
+            raise BadRequest(f"{param}: two functions are named {function.name!r}", param=param)
         parameters = function.parameters or {"type": "object"}
         problem = schema_problem(parameters)  # llama.cpp's grammar parser would crash on some
         if problem is not None:
-            where = f"tools.{i}.function.parameters"
-            raise BadRequest(f"{where}: {problem}", param=where)
+            raise BadRequest(f"{where}.parameters: {problem}", param=f"{where}.parameters")
         tools.append(ToolSpec(function.name, function.description or "", parameters))
-    if left_out:
-        _log.info("/v1/chat/completions: tools other than functions left out: %s", ", ".join(left_out))
     return tuple(tools)
 
 
@@ -192,6 +247,7 @@ class _Answer:
         self.calls: list[ToolCall] = []
         self.finished: Finished | None = None
         self.usage = Usage()
+        self.legacy = legacy_functions(body)
 
     def add(self, event: ChatEvent) -> None:
         if isinstance(event, TextDelta | ToolCallDropped):
@@ -205,7 +261,8 @@ class _Answer:
 
     @property
     def finish_reason(self) -> str:
-        return _FINISH_REASONS[self.finished.reason] if self.finished is not None else "stop"
+        reason = _FINISH_REASONS[self.finished.reason] if self.finished is not None else "stop"
+        return "function_call" if reason == "tool_calls" and self.legacy else reason
 
     def head(self, kind: str) -> dict[str, Any]:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
@@ -226,7 +283,9 @@ def completion_of(events: list[ChatEvent], body: ChatCompletionRequest) -> dict[
     for event in events:
         answer.add(event)
     message: dict[str, Any] = {"role": "assistant", "content": answer.text or None}
-    if answer.calls:
+    if answer.calls and answer.legacy:
+        message["function_call"] = _call(answer.calls[0])["function"]
+    elif answer.calls:
         message["tool_calls"] = [_call(call) for call in answer.calls]
     else:
         message["content"] = answer.text
@@ -279,15 +338,18 @@ class CompletionChunks:
         """The chunks of a call's next piece: it named first, if not yet sent, then `arguments`."""
         chunks = []
         index = self._indices.get(call_id)
+        legacy = self._answer.legacy  # a `function_call` (one call), not `tool_calls`
         if index is None:
             index = self._indices[call_id] = len(self._indices)
             function = {"name": name, "arguments": ""}
             opened = {"index": index, "id": call_id, "type": "function", "function": function}
-            chunks.append(self._chunk({"tool_calls": [opened]}))
+            chunks.append(self._chunk({"function_call": function} if legacy else {"tool_calls": [opened]}))
         if arguments:
-            chunks.append(
-                self._chunk({"tool_calls": [{"index": index, "function": {"arguments": arguments}}]})
+            piece = {"arguments": arguments}
+            delta = (
+                {"function_call": piece} if legacy else {"tool_calls": [{"index": index, "function": piece}]}
             )
+            chunks.append(self._chunk(delta))
         return chunks
 
     def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:

@@ -1,9 +1,11 @@
-"""OpenAI Chat Completions request models: what `/v1/chat/completions` takes when the engine answers.
+"""OpenAI Chat Completions request models: what `/v1/chat/completions` takes.
 
-Fields are taken as their JSON type says (strict: `false` is no number; 2.0 is an integer, as in
-JSON Schema). Every model allows extra fields: what the server has no use for (`user`, `metadata`, `store`,
-`service_tier`, `prompt_cache_key`, `top_logprobs`, ...) is accepted and ignored. `parsed` turns a
-body into a request or a BadRequest that names the first field at fault.
+OpenAI's fields, the legacy `functions` and `function_call` among them, and llama-cpp-python's own
+(`grammar`, `min_tokens`, `mirostat_*`, `logit_bias_type`, `top_k`, `repeat_penalty`), so that
+what its server took is taken here. Fields are taken as their JSON type says (strict: `false` is no
+number; 2.0 is an integer, as in JSON Schema). Every model allows extra fields: what the server has
+no use for (`user`, `metadata`, `store`, `service_tier`, `prompt_cache_key`, ...) is accepted and
+ignored. `parsed` turns a body into a request or a BadRequest that names the first field at fault.
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ __all__ = [
     "ContentPart",
     "FunctionCall",
     "FunctionDefinition",
+    "JsonSchema",
     "Message",
     "NamedToolChoice",
+    "ResponseFormat",
     "StreamOptions",
     "Tool",
     "ToolCall",
@@ -85,6 +89,28 @@ class NamedToolChoice(_Lenient):
     function: _ChosenFunction
 
 
+class _ChosenFunctionCall(_Lenient):
+    """A legacy `function_call` naming the function to call."""
+
+    name: str
+
+
+class JsonSchema(_Lenient):
+    """OpenAI's structured output: the schema the answer must fit."""
+
+    name: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: StrictBool | None = None
+
+
+class ResponseFormat(_Lenient):
+    """`text`; `json_object`, with llama-cpp-python's `schema` or without; or OpenAI's `json_schema`."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    json_schema: JsonSchema | None = None
+
+
 class StreamOptions(_Lenient):
     include_usage: StrictBool | None = None
 
@@ -112,6 +138,19 @@ class ChatCompletionRequest(_Lenient):
     seed: Annotated[int, AS_JSON_INTEGER] | None = None
     n: Annotated[int, Field(ge=1), AS_JSON_INTEGER] | None = None
     logprobs: StrictBool | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=20), AS_JSON_INTEGER] | None = None
+    response_format: ResponseFormat | None = None
+    # The legacy way to offer tools (it wins over `tools`, as llama-cpp-python's server has it).
+    functions: list[FunctionDefinition] | None = None
+    function_call: Literal["none", "auto"] | _ChosenFunctionCall | None = None
+    # llama-cpp-python's: token ids (or, with logit_bias_type "tokens", texts) to a bias.
+    logit_bias: dict[str, float] | None = None
+    logit_bias_type: Literal["input_ids", "tokens"] | None = None
+    grammar: str | None = None
+    min_tokens: Annotated[int, Field(ge=0), AS_JSON_INTEGER] = 0
+    mirostat_mode: Annotated[int, Field(ge=0, le=2), AS_JSON_INTEGER] | None = None
+    mirostat_tau: float | None = Field(default=None, ge=0, le=10)
+    mirostat_eta: float | None = Field(default=None, ge=0.001, le=1)
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
 

@@ -21,11 +21,13 @@ import contextlib
 import contextvars
 import re
 import time
-from collections.abc import AsyncIterator, Callable, Generator, Iterator
+from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, TypeVar
 
 import anyio
+from llama_cpp import LogitsProcessorList, MinTokensLogitsProcessor
+from llama_cpp.llama_grammar import LlamaGrammar
 from llama_cpp.server import app as llama_server
 
 from snapcache.server.chat.generic_tools import GenericTools
@@ -33,6 +35,7 @@ from snapcache.server.chat.native_tools import NativeTools
 from snapcache.server.chat.request import ChatRequest
 from snapcache.server.chat.rules import PromptRules
 from snapcache.server.chat.tool_channel import ToolChannel
+from snapcache.server.checks import ModelLimits, check_grammar, check_logit_bias
 from snapcache.server.errors import BadRequest, client_error
 from snapcache.server.request import RequestRecord, serving
 from snapcache.server.tools import StreamItem, ToolCall, ToolCallDelta, ToolCallDropped
@@ -117,6 +120,7 @@ class ChatEngine:
         self._max_tokens_default = max_tokens_default
         self._live_tool_calls = live_tool_calls
         self.n_ctx = int(llm.n_ctx())
+        self._limits = ModelLimits.of(llm)
         if NativeTools.for_model(llm) is not None:
             _keep_special_text_when_asked(llm)
 
@@ -138,13 +142,16 @@ class ChatEngine:
         the template places them itself): `create_chat_completion`'s keyword arguments."""
         return tool_channel_for(request, self.llm).options(request)
 
-    async def events(self, request: ChatRequest) -> AsyncIterator[ChatEvent]:
+    async def events(
+        self, request: ChatRequest, record: RequestRecord | None = None
+    ) -> AsyncIterator[ChatEvent]:
         """The request's events: `Started`, text and calls, `Finished`; BadRequest (before `Started`)
-        for a request the model cannot run. Iterate it in one task, to its end or `aclose`."""
+        for a request the model cannot run. Iterate it in one task, to its end or `aclose`.
+        `record`: where the request's reuse is written (by `Started`, what it restored)."""
         request = self.prepared(request)
         tools = tool_channel_for(request, self.llm)
         context = contextvars.copy_context()
-        context.run(serving.set, RequestRecord(scope=request.scope))
+        context.run(serving.set, record if record is not None else RequestRecord(scope=request.scope))
         context.run(_SPECIAL_TEXT.set, tools.special_text(request))
 
         async def in_thread(call: Callable[[], T]) -> T:
@@ -172,11 +179,7 @@ class ChatEngine:
         limit = request.max_tokens if request.max_tokens is not None else self._max_tokens_default
         kwargs: dict[str, Any] = {"stream": True, "max_tokens": limit, **tools.options(request)}
         kwargs.update(request.sampling.settings())
-        grammar = tools.grammar(request)
-        if grammar is not None:
-            kwargs["grammar"] = grammar
-        elif request.response_format is not None:
-            kwargs["response_format"] = dict(request.response_format)
+        kwargs.update(_constraints(model, request, tools, self._limits))
         if tools.stop(request):
             kwargs["stop"] = list(tools.stop(request))
         chunks = model.create_chat_completion(tools.messages(request), **kwargs)
@@ -235,6 +238,42 @@ class ChatEngine:
             )
             return BadRequest(message, param=error.get("param"), code="context_length_exceeded")
         return BadRequest(error["message"], param=error.get("param"), code=error.get("code"))
+
+
+def _constraints(model: Any, request: ChatRequest, tools: ToolChannel, limits: ModelLimits) -> dict[str, Any]:
+    """What holds the answer besides its sampling settings, as `create_chat_completion`'s keyword
+    arguments: one grammar (the tools', the request's own, or its response format's), the logit
+    bias by token id, and a minimum length; BadRequest for a grammar or a bias the model cannot take."""
+    kwargs: dict[str, Any] = {}
+    sampling = request.sampling
+    check_logit_bias(sampling.logit_bias, sampling.logit_bias_type, limits)
+    grammar = tools.grammar(request)
+    if grammar is not None:
+        kwargs["grammar"] = grammar
+    elif request.grammar is not None:
+        check_grammar(request.grammar, limits)
+        kwargs["grammar"] = LlamaGrammar.from_string(request.grammar, verbose=False)
+    elif request.response_format is not None:
+        kwargs["response_format"] = dict(request.response_format)
+    if sampling.logit_bias:
+        kwargs["logit_bias"] = (
+            _bias_by_token(model, sampling.logit_bias)
+            if sampling.logit_bias_type == "tokens"
+            else {int(token): bias for token, bias in sampling.logit_bias.items()}
+        )
+    if request.min_tokens > 0:
+        eos = int(model.token_eos())
+        kwargs["logits_processor"] = LogitsProcessorList([MinTokensLogitsProcessor(request.min_tokens, eos)])
+    return kwargs
+
+
+def _bias_by_token(model: Any, bias: Mapping[str, float]) -> dict[int, float]:
+    """A logit bias keyed by texts, keyed by their tokens instead (each token of a text gets its bias)."""
+    return {
+        token: value
+        for text, value in bias.items()
+        for token in model.tokenize(text.encode("utf-8"), add_bos=False, special=True)
+    }
 
 
 def _events(items: list[StreamItem], *, live: bool) -> Iterator[ChatEvent]:

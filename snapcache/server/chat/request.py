@@ -56,6 +56,14 @@ class Sampling:
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     seed: int | None = None
+    mirostat_mode: int | None = None
+    mirostat_tau: float | None = None
+    mirostat_eta: float | None = None
+    # Added to a token's logit before sampling, keyed by token id (as a decimal string) or, where
+    # `logit_bias_type` is "tokens", by a text whose every token gets the bias (as llama-cpp-python's
+    # server takes it).
+    logit_bias: Mapping[str, float] | None = None
+    logit_bias_type: Literal["input_ids", "tokens"] | None = None
 
     @classmethod
     def of(cls, source: Any) -> Sampling:
@@ -65,8 +73,13 @@ class Sampling:
         return cls(**{f.name: getattr(source, f.name) for f in fields(cls) if f.name in declared})
 
     def settings(self) -> dict[str, Any]:
-        """The settings given, as `create_chat_completion`'s keyword arguments."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+        """The settings given, as `create_chat_completion`'s keyword arguments (the logit bias apart:
+        its keys may need the tokenizer, `ChatEngine` resolves them)."""
+        return {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if getattr(self, f.name) is not None and not f.name.startswith("logit_bias")
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +117,11 @@ class ChatRequest:
     # llama-cpp-python's: {"type": "json_object"}, with a JSON "schema" the answer must fit or not;
     # None for text. A dialect refuses it beside tools, whose grammar holds the answer already.
     response_format: Mapping[str, Any] | None = None
+    # llama.cpp's GBNF the answer must fit (checked before it gets here); None: free text. A dialect
+    # refuses it beside tools or a response format, which bring their own.
+    grammar: str | None = None
+    # The end of text is held back until this many tokens are generated (no grammar beside it).
+    min_tokens: int = 0
     stream: bool = False
     scope: str = "default"
 

@@ -1,13 +1,9 @@
 """The dialect routes, installed together: Anthropic Messages (`/v1/messages`,
-`/v1/messages/count_tokens`), OpenAI Responses (`/v1/responses`), OpenAI Chat Completions with
-tools (`/v1/chat/completions`) and Ollama's (`ollama_routes`), each a `Dialect` over `ChatEngine`
-served by one skeleton (`serving.serve`).
-
-The Chat Completions route shares its path with llama-cpp-python's, which keeps plain chats: it sits
-before that route and matches only the requests the middleware marked as the engine's (see
-`chat_completions`). Bad bodies get a 400 in the route's own error shape (FastAPI's validation
-errors included); with an API key set, clients send it as `x-api-key` (Anthropic's clients) or as a
-bearer token.
+`/v1/messages/count_tokens`), OpenAI Responses (`/v1/responses`), OpenAI Chat Completions
+(`/v1/chat/completions`, in place of llama-cpp-python's route) and Ollama's (`ollama_routes`), each
+a `Dialect` over `ChatEngine` served by one skeleton (`serving.serve`).
+Bad bodies get a 400 in the route's own error shape (FastAPI's validation errors included); with an
+API key set, clients send it as `x-api-key` (Anthropic's clients) or as a bearer token.
 """
 
 from __future__ import annotations
@@ -17,16 +13,12 @@ from typing import Any
 from fastapi import APIRouter, Depends, FastAPI, Request, Security
 from fastapi.exception_handlers import http_exception_handler, request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.params import Depends as Dependency
 from fastapi.responses import JSONResponse, Response
-from fastapi.routing import APIRoute
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
-from starlette.routing import Match
-from starlette.types import Scope
 
-from snapcache.server.chat import anthropic, chat_completions
+from snapcache.server.chat import anthropic
 from snapcache.server.chat.anthropic_protocol import CountTokensRequest, MessagesRequest
 from snapcache.server.chat.chat_completions_protocol import parsed
 from snapcache.server.chat.dialect import (
@@ -97,7 +89,7 @@ def install_dialects(app: FastAPI, engine: ChatEngine, model: ServedModel, api_k
     app.include_router(_messages_router(engine, PromptCounter(engine)), dependencies=guard)
     app.include_router(_responses_router(engine), dependencies=guard)
     app.include_router(ollama_router(engine, model), dependencies=guard)
-    _install_chat_completions(app, engine, guard)
+    app.include_router(_chat_completions_router(engine), dependencies=guard)
     # The paths whose errors FastAPI raises before a route runs (a body it cannot parse or
     # validate) get their dialect's shape; the engine's Chat Completions path answers its own.
     dialects: dict[frozenset[str], Dialect[Any]] = {
@@ -169,22 +161,13 @@ def _responses_router(engine: ChatEngine) -> APIRouter:
     return router
 
 
-class _EngineChatCompletions(APIRoute):
-    """A route that matches only the requests the middleware marked as the engine's."""
+def _chat_completions_router(engine: ChatEngine) -> APIRouter:
+    """`/v1/chat/completions`. It takes its body as bytes and checks it itself, so that its errors
+    are OpenAI's 400s (the schema documents the body: see `snapcache.server.openapi`)."""
+    router = APIRouter(tags=["OpenAI V1"])
+    answers = {200: {"content": {"application/json": {}, **_EVENTS["content"]}}, **_OPENAI_ERRORS}
 
-    def matches(self, scope: Scope) -> tuple[Match, Scope]:
-        if not scope.get(chat_completions.ON_ENGINE):
-            return Match.NONE, {}
-        return super().matches(scope)
-
-
-def _install_chat_completions(app: FastAPI, engine: ChatEngine, guard: list[Dependency]) -> None:
-    """Add the engine's `/v1/chat/completions` before llama-cpp-python's route of that path.
-
-    It takes its body as bytes and checks it itself, so that its errors are OpenAI's 400s; it is
-    left out of the schema, which documents the path by llama-cpp-python's request model.
-    """
-
+    @router.post(CHAT_PATH, summary="Chat", responses=answers)
     async def create_chat_completion(request: Request) -> Response:
         try:
             body = parsed(parse_body(await request.body()))
@@ -192,16 +175,7 @@ def _install_chat_completions(app: FastAPI, engine: ChatEngine, guard: list[Depe
             return failure(CHAT_COMPLETIONS, exc)
         return await serve(CHAT_COMPLETIONS, body, request, engine)
 
-    app.router.add_api_route(
-        CHAT_PATH,
-        create_chat_completion,
-        methods=["POST"],
-        dependencies=guard,
-        include_in_schema=False,
-        route_class_override=_EngineChatCompletions,
-    )
-    routes = app.router.routes
-    routes.insert(0, routes.pop())  # routes match in order: first, or llama-cpp-python's takes it
+    return router
 
 
 def _validation_message(exc: RequestValidationError) -> str:

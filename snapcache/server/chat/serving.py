@@ -1,7 +1,8 @@
 """The skeleton every dialect route shares: a body in, the engine's events out in the dialect's shape.
 
 `serve` turns a body into the engine's request (in the scope its `X-Snapcache-Scope` header names),
-runs it, and answers as the dialect streams or as its whole answer; a request that cannot be served
+runs it, and answers as the dialect streams or as its whole answer, with the headers that say what
+it reused (`X-Snapcache-Restored-Tokens`, `X-Snapcache-Source`); a request that cannot be served
 gets the dialect's error shape (`failure`), before or after the stream began. `error_answers` is the
 OpenAPI description of a dialect's 400, 401 and 500 in its error shape.
 """
@@ -21,6 +22,7 @@ from snapcache.server.chat.dialect import Body, Dialect
 from snapcache.server.chat.engine import ChatEngine, ChatEvent
 from snapcache.server.chat.streaming import EventStream, as_failure, until_disconnect
 from snapcache.server.errors import BadRequest
+from snapcache.server.request import RequestRecord
 
 __all__ = ["check_text", "error_answers", "failure", "request_scope", "serve"]
 
@@ -41,15 +43,20 @@ async def serve(dialect: Dialect[Body], body: Body, request: Request, engine: Ch
         check_text(body)
     except BadRequest as exc:
         return failure(dialect, exc)
+    record = RequestRecord(scope=chat.scope)
     if chat.stream:
-        events = dialect.stream(body, engine.events(chat))
-        return EventStream(events, dialect.error_body, dialect.error_event, dialect.stream_type)
-    return await _whole(
+        events = dialect.stream(body, engine.events(chat, record))
+        return EventStream(
+            events, dialect.error_body, dialect.error_event, dialect.stream_type, record.reuse_headers
+        )
+    answered = await _whole(
         request,
-        engine.events(chat),
+        engine.events(chat, record),
         lambda events: dialect.whole(body, events),
         lambda exc: failure(dialect, exc),
     )
+    answered.headers.update({name.decode(): value.decode() for name, value in record.reuse_headers()})
+    return answered
 
 
 async def _whole(

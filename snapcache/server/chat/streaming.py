@@ -85,7 +85,8 @@ async def until_disconnect(receive: Receive, events: AsyncIterator[Any]) -> Asyn
 
 class EventStream(Response):
     """A stream of `events` (server-sent events by default; `media_type` says what they are);
-    `error_body` and `error_event` give the dialect's error before and after the stream began."""
+    `error_body` and `error_event` give the dialect's error before and after the stream began,
+    `headers` those to add once the first event is known."""
 
     def __init__(
         self,
@@ -93,10 +94,12 @@ class EventStream(Response):
         error_body: ErrorBody,
         error_event: Callable[[BadRequest], bytes],
         media_type: str = "text/event-stream",
+        headers: Callable[[], list[tuple[bytes, bytes]]] = list,
     ) -> None:
         super().__init__(status_code=200)
         self.media_type = media_type
         self._events = events
+        self._reuse_headers = headers
         self._error_body = error_body
         self._error_event = error_event
 
@@ -126,6 +129,7 @@ class EventStream(Response):
             (b"content-type", f"{self.media_type}; charset=utf-8".encode()),
             (b"cache-control", b"no-cache"),
             (b"x-accel-buffering", b"no"),
+            *self._reuse_headers(),  # known once the first event is: what the answer reused
         ]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await self._send(first, send, watch)

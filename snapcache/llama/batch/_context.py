@@ -30,7 +30,7 @@ from snapcache.key import TokenArray
 from snapcache.llama.batch._streams import to_one_stream, to_streams
 from snapcache.llama.state.capture_buffer import CaptureBuffer
 from snapcache.llama.state.host_memory import pinned_memory_for
-from snapcache.llama.state.sequences import CapturedState, _checked_blob
+from snapcache.llama.state.sequences import CapturedState, _checked_blob, reset_head, window_cells
 from snapcache.snapshot import Snapshot
 
 __all__ = ["Chunk", "SequenceContext"]
@@ -71,6 +71,11 @@ class SequenceContext:
         if not self.ctx:
             raise ModelError(f"llama.cpp could not make a context of {n_seq} sequences of {per_seq} tokens")
         self._memory = llama_cpp.llama_get_memory(self.ctx)
+        # The window cache's cells per stream (0: none or full-size), and the sequences restored
+        # with masked cells below their window (`ring_window`, `pad_window`): the token count
+        # restored; they cannot be cut back further than one token short of it.
+        self.window_cells = window_cells(llm, per_seq)
+        self._restored: dict[int, int] = {}
         self.n_stream = 1 if n_seq == 1 else n_seq
         capacity = max(self.n_batch, n_seq)
         self._batch = llama_cpp.llama_batch_init(capacity, 0, 1)
@@ -130,9 +135,13 @@ class SequenceContext:
     def clear(self, seq_id: int) -> None:
         """Free every cell of the sequence."""
         llama_cpp.llama_memory_seq_rm(self._memory, seq_id, -1, -1)
+        self._restored.pop(seq_id, None)
 
     def cut(self, seq_id: int, n_tokens: int) -> bool:
-        """Drop the sequence's cells from position `n_tokens` on; False where llama.cpp cannot."""
+        """Drop the sequence's cells from position `n_tokens` on; False where llama.cpp cannot, or
+        where masked cells of a restore would come into view."""
+        if n_tokens < self._restored.get(seq_id, 0) - 1:
+            return False
         return bool(llama_cpp.llama_memory_seq_rm(self._memory, seq_id, n_tokens, -1))
 
     def last_position(self, seq_id: int) -> int:
@@ -152,7 +161,23 @@ class SequenceContext:
         self.clear(target)
         if written <= 0 or written > size:
             return False
-        loaded = int(llama_cpp.llama_state_seq_set_data_ext(self.ctx, pointer, written, target, _FLAGS))
+        # llama.cpp writes only the window's unmasked cells: laid out again as a cold read has them
+        # (as `restore` does), or the copy's next tokens add up in another order.
+        n = self.last_position(source) + 1
+        blob = buffer[:written]
+        try:
+            blob = to_one_stream(blob) if self.n_stream > 1 else blob
+        except ValueError:
+            return False
+        reason, blob, padded = _checked_blob(self.llm, blob, n, ring_cells=self.window_cells)
+        if reason is not None:
+            return False
+        blob = to_streams(blob, self.n_stream)
+        reset_head(self._memory, target)
+        pointer = blob.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
+        loaded = int(llama_cpp.llama_state_seq_set_data_ext(self.ctx, pointer, blob.nbytes, target, _FLAGS))
+        if padded:
+            self._restored[target] = n
         if loaded <= 0 or self.last_position(target) != self.last_position(source):
             self.clear(target)
             return False
@@ -209,7 +234,7 @@ class SequenceContext:
             state = np.frombuffer(snapshot.state, dtype=np.uint8)
         except (TypeError, ValueError):
             return False
-        reason, state, _padded = _checked_blob(self.llm, state, n, window_padded)
+        reason, state, padded = _checked_blob(self.llm, state, n, window_padded, ring_cells=self.window_cells)
         if reason is None:
             try:
                 state, release = self._laid_out(state)
@@ -219,6 +244,7 @@ class SequenceContext:
             _log.warning("snapshot %s not restored into a sequence: %s", snapshot.key.id[:12], reason)
             return False
         self.clear(seq_id)
+        reset_head(self._memory, seq_id)
         try:
             pointer = state.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
             loaded = int(
@@ -232,6 +258,8 @@ class SequenceContext:
                 "llama.cpp refused snapshot %s (%d tokens) for sequence %d", snapshot.key.id[:12], n, seq_id
             )
             return False
+        if padded:
+            self._restored[seq_id] = n
         return True
 
 

@@ -54,7 +54,8 @@ _KV_CACHE_KEYWORDS = ("type_k", "type_v", "flash_attn")
 # `swa_cache` names: the size of a sliding-window model's window cache (llama.cpp's `swa_full`).
 # "window" (the default, as llama.cpp's tools and llama-server size it) keeps the window's cells only:
 # long prompts read faster (1.5-1.7x at 8K tokens on Gemma 3), the cache takes a fraction of the
-# memory, and a state restores where a read stopped and stored it. "full" (llama-cpp-python's own
+# memory, and a state restores where a read stopped and stored it (its window laid out as the ring a
+# cold read leaves: `_state_layout.ring_window`). "full" (llama-cpp-python's own
 # default) keeps a cell for every position, so a stored state restores any prefix its blocks cover
 # (its window assembled padded).
 SWA_CACHES: dict[str, bool] = {"full": True, "window": False}

@@ -141,6 +141,74 @@ def pad_window(state: npt.NDArray[np.uint8], sections: list[CacheSection]) -> np
     return out
 
 
+def ring_cells(last: int, window_cells: int, n_swa: int) -> tuple[int, npt.NDArray[np.int32]]:
+    """(K, the positions of slots 0..K-1) that a cold read up to position `last` leaves in a
+    window-sized sliding-window cache of `window_cells` cells (`swa_full` off).
+
+    A cold read fills that cache as a ring (llama-kv-cache.cpp find_slot/apply_ubatch: a ubatch of at
+    most n_ubatch <= window_cells - n_swa tokens reuses the masked cells from the head on): position p
+    sits at slot p % window_cells, and the head is at (last + 1) % window_cells. A restore into a
+    cleared stream (head 0) puts cell i of the blob at slot i and leaves the head after the last one,
+    so the blob lists slots 0..K-1; K stops at the cold head where slot 0 would otherwise be the
+    first masked cell that the next token takes (head >= n_swa), else covers the whole ring."""
+    if last + 1 <= window_cells:
+        k = last + 1
+    else:
+        head = (last + 1) % window_cells
+        k = window_cells if head < n_swa else head
+    slots = np.arange(k, dtype=np.int64)
+    return k, (last - (last - slots) % window_cells).astype(np.int32)
+
+
+def ring_window(
+    state: npt.NDArray[np.uint8], sections: list[CacheSection], window_cells: int, n_swa: int
+) -> npt.NDArray[np.uint8]:
+    """The blob with its sliding-window section laid out as a cold read leaves a window-sized cache
+    (`ring_cells`): each window cell at slot position % window_cells, every other slot up to K a
+    masked cell (the position a cold read leaves there, zero rows). Without it, a restore puts the
+    window at slots 0..n_swa-1 in capture order and the next tokens after it, where a cold read has
+    them between the window's newest and oldest cells: the attention sums (soft_max in 16-lane
+    chunks, V rows by slot) add the same values in another order, off by up to 1.1 in the logits.
+    ValueError when the window does not fit the ring."""
+    window = sections[1]
+    m = len(window.positions)
+    meta = state[window.start + 8 : window.start + 8 + m * CELL_META_BYTES].view("<i4").reshape(m, 3)
+    last = int(window.positions[-1]) if m else -1
+    k, slot_positions = ring_cells(last, window_cells, n_swa)
+    dst = meta[:, 0].astype(np.int64) % window_cells
+    if m == 0 or np.any(dst >= k) or not np.array_equal(slot_positions[dst], meta[:, 0]):
+        raise ValueError(f"its window cache does not fit a ring of {window_cells} cells")
+    filler = np.ones(k, dtype=bool)
+    filler[dst] = False
+    if np.any(slot_positions[filler] > last - n_swa):
+        raise ValueError("a masked cell of the ring would be visible")
+    size = (
+        8 + k * CELL_META_BYTES + 8 + sum(12 + layer.width * k * layer.row_bytes for layer in window.layers)
+    )
+    out = sparse_zeros(window.start + size)
+    out[: window.start] = state[: window.start]
+    off = window.start
+    out[off : off + 4] = state[window.start : window.start + 4]
+    _U32.pack_into(out.data, off + 4, k)
+    off += 8
+    cells = out[off : off + k * CELL_META_BYTES].view("<i4").reshape(k, 3)
+    cells[:, 0] = slot_positions
+    cells[:, 1] = 1
+    cells[:, 2] = window.seq_id
+    off += k * CELL_META_BYTES
+    out[off : off + 8] = state[window.data_header[0] : window.data_header[1]]
+    off += 8
+    for layer in window.layers:
+        out[off : off + 12] = state[layer.header[0] : layer.header[1]]
+        off += 12
+        n_bytes = layer.width * k * layer.row_bytes
+        rows = state[layer.data : layer.data + layer.width * m * layer.row_bytes].reshape(layer.width, m, -1)
+        out[off : off + n_bytes].reshape(layer.width, k, -1)[:, dst, :] = rows
+        off += n_bytes
+    populate_for_reading(out)
+    return out
+
+
 def write_cells(cells: npt.NDArray[np.uint8], first_position: int, seq_id: int) -> None:
     """Fill `cells` with a cell list: len(cells) // 12 cells at the positions from `first_position`
     on, each in sequence `seq_id` alone."""

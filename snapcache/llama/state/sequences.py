@@ -30,6 +30,7 @@ from snapcache.llama.state._state_layout import (
     padding_cells,
     parse_sections,
     read_header,
+    ring_window,
 )
 from snapcache.llama.state.capture_buffer import capture_buffer
 from snapcache.snapshot import Snapshot
@@ -42,12 +43,14 @@ __all__ = [
     "pads_windows",
     "restore_sequence",
     "truncate_sequence",
+    "window_cells",
 ]
 
 _log = logging.getLogger("snapcache")
 
 _FLAGS = llama_cpp.LLAMA_STATE_SEQ_FLAGS_NONE
-# Sequences restored with a padded window (see `pad_window`), by Llama and seq id: the token count
+# Sequences restored with a padded window (see `pad_window`) or a window laid out as a ring
+# (`ring_window`), by Llama and seq id: the token count
 # restored. Their window cache holds zero cells below the restored window, so they cannot be cut
 # back further than one token short of it, although those positions have cells.
 _padded_restores: weakref.WeakKeyDictionary[llama_cpp.Llama, dict[int, int]] = weakref.WeakKeyDictionary()
@@ -159,6 +162,7 @@ def restore_sequence(
 
     memory = llama_cpp.llama_get_memory(llm.ctx)
     _clear(llm, memory, seq_id)
+    reset_head(memory, seq_id)
     # Copied first into the Llama's pinned buffer where its K/V cache is on a GPU and the blob is
     # elsewhere (a whole snapshot, a padded window): llama.cpp copies it to the device from there.
     state, release = capture_buffer(llm).holding(state)
@@ -191,6 +195,29 @@ def pads_windows(llm: llama_cpp.Llama) -> bool:
     """Whether a state restored into this Llama has its sliding-window cache padded (`pad_window`):
     a sliding-window model with a full-size window cache (`swa_full`, llama-cpp-python's default)."""
     return int(llama_cpp.llama_model_n_swa(llm.model)) > 0 and bool(llm.context_params.swa_full)
+
+
+def window_cells(llm: llama_cpp.Llama, n_ctx: int | None = None) -> int:
+    """The cells of a window-sized sliding-window cache in this Llama's context (or in a stream of
+    `n_ctx` cells with its settings), as llama-kv-cache-iswa.cpp sizes it: GGML_PAD(min(n_ctx,
+    n_swa + n_ubatch), 256) per stream; 0 without one (no sliding window, or `swa_full`)."""
+    params = llm.context_params
+    n_swa = int(llama_cpp.llama_model_n_swa(llm.model))
+    if n_swa <= 0 or bool(params.swa_full):
+        return 0
+    if n_ctx is None:
+        n_seq = int(llama_cpp.llama_n_seq_max(llm.ctx))
+        if n_seq > 1 and not bool(params.kv_unified):
+            n_ctx = int(llm.n_ctx()) // n_seq
+        else:
+            n_ctx, n_swa = int(llm.n_ctx()), n_swa * n_seq
+    return -(-min(n_ctx, n_swa + int(params.n_ubatch)) // 256) * 256
+
+
+def reset_head(memory: Any, seq_id: int) -> None:
+    """Put the (empty) sequence's stream's search head back at slot 0, where `ring_window` expects a
+    restore to start: llama.cpp's seq_add over no cells sets it to 0 (llama-kv-cache.cpp seq_add)."""
+    llama_cpp.llama_memory_seq_add(memory, seq_id, 0, 1, 1)
 
 
 def can_truncate(llm: llama_cpp.Llama) -> bool:
@@ -273,10 +300,16 @@ def _rejection(llm: llama_cpp.Llama, snapshot: Snapshot, prompt_tokens: Tokens |
 
 
 def _checked_blob(
-    llm: llama_cpp.Llama, state: npt.NDArray[np.uint8], n: int, window_padded: bool = False
+    llm: llama_cpp.Llama,
+    state: npt.NDArray[np.uint8],
+    n: int,
+    window_padded: bool = False,
+    ring_cells: int | None = None,
 ) -> tuple[str | None, npt.NDArray[np.uint8], bool]:
     """(why the blob does not fit this context, ...) or (None, the blob to hand to llama.cpp, whether
-    its window is padded, here or before: `window_padded`, checked)."""
+    its window is padded or laid out as a ring, here or before: `window_padded`, checked).
+    `ring_cells`: the window cache's cells per stream of the context it goes to (None: the Llama's,
+    `window_cells`)."""
     try:
         header = read_header(state)
     except ValueError as exc:
@@ -311,6 +344,12 @@ def _checked_blob(
         padded = pad_window(state, sections)
         if padded is not None:
             return None, padded, True
+    ring = window_cells(llm) if ring_cells is None else ring_cells
+    if ring and len(sections) == 2:
+        try:
+            return None, ring_window(state, sections, ring, int(llama_cpp.llama_model_n_swa(model))), True
+        except ValueError as exc:
+            return str(exc), state, False
     return None, state, False
 
 

@@ -169,7 +169,7 @@ class SequenceContext:
             blob = to_one_stream(blob) if self.n_stream > 1 else blob
         except ValueError:
             return False
-        reason, blob, padded = _checked_blob(self.llm, blob, n, ring_cells=self.window_cells)
+        reason, blob, padded = _checked_blob(self.llm, blob, n, window_size=self.window_cells)
         if reason is not None:
             return False
         blob = to_streams(blob, self.n_stream)
@@ -234,7 +234,9 @@ class SequenceContext:
             state = np.frombuffer(snapshot.state, dtype=np.uint8)
         except (TypeError, ValueError):
             return False
-        reason, state, padded = _checked_blob(self.llm, state, n, window_padded, ring_cells=self.window_cells)
+        reason, state, padded = _checked_blob(
+            self.llm, state, n, window_padded, window_size=self.window_cells
+        )
         if reason is None:
             try:
                 state, release = self._laid_out(state)

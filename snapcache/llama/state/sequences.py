@@ -30,6 +30,7 @@ from snapcache.llama.state._state_layout import (
     padding_cells,
     parse_sections,
     read_header,
+    ring_cells,
     ring_window,
 )
 from snapcache.llama.state.capture_buffer import capture_buffer
@@ -304,11 +305,11 @@ def _checked_blob(
     state: npt.NDArray[np.uint8],
     n: int,
     window_padded: bool = False,
-    ring_cells: int | None = None,
+    window_size: int | None = None,
 ) -> tuple[str | None, npt.NDArray[np.uint8], bool]:
     """(why the blob does not fit this context, ...) or (None, the blob to hand to llama.cpp, whether
     its window is padded or laid out as a ring, here or before: `window_padded`, checked).
-    `ring_cells`: the window cache's cells per stream of the context it goes to (None: the Llama's,
+    `window_size`: the window cache's cells per stream of the context it goes to (None: the Llama's,
     `window_cells`)."""
     try:
         header = read_header(state)
@@ -344,12 +345,18 @@ def _checked_blob(
         padded = pad_window(state, sections)
         if padded is not None:
             return None, padded, True
-    ring = window_cells(llm) if ring_cells is None else ring_cells
+    ring = window_cells(llm) if window_size is None else window_size
     if ring and len(sections) == 2:
+        n_swa = int(llama_cpp.llama_model_n_swa(model))
         try:
-            return None, ring_window(state, sections, ring, int(llama_cpp.llama_model_n_swa(model))), True
+            laid_out = ring_window(state, sections, ring, n_swa)
         except ValueError as exc:
             return str(exc), state, False
+        # Padded where the ring holds masked fillers (more cells than the window): cut back below
+        # them, they would come into view. A window from position 0 on is its cells as they were.
+        cells = len(sections[1].positions)
+        fillers = cells > 0 and ring_cells(int(sections[1].positions[-1]), ring, n_swa)[0] > cells
+        return None, laid_out, fillers
     return None, state, False
 
 

@@ -283,3 +283,41 @@ def test_x_api_key_authenticates_anthropic_clients(tiny_model_path: Path, tmp_pa
         ):
             api.messages.create(model="m", max_tokens=2, messages=[{"role": "user", "content": "hi"}])
         assert raised.value.body["error"]["type"] == "authentication_error"
+
+
+def _with_question(path: str, question: str) -> dict[str, Any]:
+    """A body of `path`'s dialect: the long system prompt, `question`, a short answer."""
+    system = {"role": "system", "content": LONG_SYSTEM}
+    user = {"role": "user", "content": question}
+    if path == "/v1/messages":
+        return {"model": "m", "max_tokens": 4, "system": LONG_SYSTEM, "messages": [user]}
+    if path == "/v1/responses":
+        return {"model": "m", "max_output_tokens": 4, "instructions": LONG_SYSTEM, "input": question}
+    if path == "/api/chat":
+        return {"model": "m", "options": {"num_predict": 4}, "messages": [system, user]}
+    return {"model": "m", "max_tokens": 4, "messages": [system, user]}
+
+
+@pytest.mark.parametrize("path", ["/v1/messages", "/v1/responses", "/v1/chat/completions", "/api/chat"])
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_every_dialect_says_in_its_headers_what_it_reused(
+    server: ServerProcess, path: str, stream: bool
+) -> None:
+    """`X-Snapcache-Restored-Tokens` and `X-Snapcache-Source`, as text completions have them: the
+    second question under the same system prompt restores it."""
+    scope = f"headers-{path.strip('/').replace('/', '-')}-{stream}"
+    seen = []
+    for question in ("Where did I save the invoice?", "Which folder holds the receipts?"):
+        request = urllib.request.Request(
+            server.base_url + path,
+            data=json.dumps({**_with_question(path, question), "stream": stream}).encode(),
+            headers={"Content-Type": "application/json", "X-Snapcache-Scope": scope},
+        )
+        with urllib.request.urlopen(request, timeout=300) as response:
+            response.read()
+            headers = response.headers
+            seen.append((headers["x-snapcache-source"], int(headers["x-snapcache-restored-tokens"])))
+    assert seen[0] == ("none", 0)
+    source, restored = seen[1]
+    assert source in {"ram", "context"}, seen
+    assert restored >= 64, seen

@@ -79,7 +79,7 @@ def chat_request(body: ChatCompletionRequest, scope: str) -> ChatRequest:
     tools, choice = _offered(body)
     stop = body.stop if isinstance(body.stop, list) else [body.stop] if body.stop else []
     limit = body.max_completion_tokens or body.max_tokens
-    request = ChatRequest(
+    return ChatRequest(
         normalized_messages(messages),
         max_tokens=limit if limit is not None and limit > 0 else None,
         tools=tools,
@@ -94,7 +94,6 @@ def chat_request(body: ChatCompletionRequest, scope: str) -> ChatRequest:
         stream=body.stream,
         scope=scope,
     )
-    return request
 
 
 def legacy_functions(body: ChatCompletionRequest) -> bool:

@@ -162,10 +162,12 @@ def ring_cells(last: int, window_cells: int, n_swa: int) -> tuple[int, npt.NDArr
 
 def ring_window(
     state: npt.NDArray[np.uint8], sections: list[CacheSection], window_cells: int, n_swa: int
-) -> npt.NDArray[np.uint8]:
+) -> tuple[npt.NDArray[np.uint8], bool]:
     """The blob with its sliding-window section laid out as a cold read leaves a window-sized cache
-    (`ring_cells`): each window cell at slot position % window_cells, every other slot up to K a
-    masked cell (the position a cold read leaves there, zero rows). Without it, a restore puts the
+    (`ring_cells`), and whether that layout holds masked fillers: each window cell at slot
+    position % window_cells, every other slot up to K a masked cell (the position a cold read leaves
+    there, zero rows). A window that already lies so (read from position 0 without wrapping the
+    ring) is the blob as it is, without fillers. Without it, a restore puts the
     window at slots 0..n_swa-1 in capture order and the next tokens after it, where a cold read has
     them between the window's newest and oldest cells: the attention sums (soft_max in 16-lane
     chunks, V rows by slot) add the same values in another order, off by up to 1.1 in the logits.
@@ -178,6 +180,8 @@ def ring_window(
     dst = meta[:, 0].astype(np.int64) % window_cells
     if m == 0 or np.any(dst >= k) or not np.array_equal(slot_positions[dst], meta[:, 0]):
         raise ValueError(f"its window cache does not fit a ring of {window_cells} cells")
+    if k == m and np.array_equal(dst, np.arange(m)):
+        return state, False
     filler = np.ones(k, dtype=bool)
     filler[dst] = False
     if np.any(slot_positions[filler] > last - n_swa):
@@ -206,7 +210,7 @@ def ring_window(
         out[off : off + n_bytes].reshape(layer.width, k, -1)[:, dst, :] = rows
         off += n_bytes
     populate_for_reading(out)
-    return out
+    return out, k > m
 
 
 def write_cells(cells: npt.NDArray[np.uint8], first_position: int, seq_id: int) -> None:

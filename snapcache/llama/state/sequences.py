@@ -30,7 +30,6 @@ from snapcache.llama.state._state_layout import (
     padding_cells,
     parse_sections,
     read_header,
-    ring_cells,
     ring_window,
 )
 from snapcache.llama.state.capture_buffer import capture_buffer
@@ -50,8 +49,8 @@ __all__ = [
 _log = logging.getLogger("snapcache")
 
 _FLAGS = llama_cpp.LLAMA_STATE_SEQ_FLAGS_NONE
-# Sequences restored with a padded window (see `pad_window`) or a window laid out as a ring
-# (`ring_window`), by Llama and seq id: the token count
+# Sequences restored with a padded window (see `pad_window`) or a ring of masked fillers and the
+# window (`ring_window`), by Llama and seq id: the token count
 # restored. Their window cache holds zero cells below the restored window, so they cannot be cut
 # back further than one token short of it, although those positions have cells.
 _padded_restores: weakref.WeakKeyDictionary[llama_cpp.Llama, dict[int, int]] = weakref.WeakKeyDictionary()
@@ -349,13 +348,10 @@ def _checked_blob(
     if ring and len(sections) == 2:
         n_swa = int(llama_cpp.llama_model_n_swa(model))
         try:
-            laid_out = ring_window(state, sections, ring, n_swa)
+            laid_out, fillers = ring_window(state, sections, ring, n_swa)
         except ValueError as exc:
             return str(exc), state, False
-        # Padded where the ring holds masked fillers (more cells than the window): cut back below
-        # them, they would come into view. A window from position 0 on is its cells as they were.
-        cells = len(sections[1].positions)
-        fillers = cells > 0 and ring_cells(int(sections[1].positions[-1]), ring, n_swa)[0] > cells
+        # Padded where the ring holds masked fillers: cut back below them, they would come into view.
         return None, laid_out, fillers
     return None, state, False
 

@@ -157,7 +157,7 @@ class RequestChecks:
                 code="unsupported_endpoint",
             )
         if path == DETOKENIZE_PATH:
-            self._check_token_ids(request["tokens"], "tokens")
+            _check_token_ids(request["tokens"], "tokens", self._limits)
         if path not in COMPLETION_PATHS:
             return None
         prompt = request.get("prompt")
@@ -179,9 +179,6 @@ class RequestChecks:
         if limit is not None:
             changes["max_tokens"] = limit
         return {**request, **changes} if changes else None
-
-    def _check_token_ids(self, tokens: list[int], param: str) -> None:
-        _check_token_ids(tokens, param, self._limits)
 
     def _check_logprobs(self, request: Mapping[str, Any]) -> None:
         if request.get("logprobs") is None or self._limits.logits_all:

@@ -308,16 +308,6 @@ def _body_schema(document: Document, path: str) -> Document | None:
     return schema
 
 
-def _require(schema: Document, name: str, **constraints: Any) -> None:
-    required = schema.setdefault("required", [])
-    if name not in required:
-        required.append(name)
-    prop = schema.get("properties", {}).get(name)
-    if prop is not None:
-        prop.pop("default", None)
-        prop.update(constraints)
-
-
 def _completion(schema: Document, limits: ModelLimits) -> None:
     prompt = schema.get("properties", {}).get("prompt", {})
     for choice in prompt.get("anyOf", ()):

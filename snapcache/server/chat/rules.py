@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from snapcache.errors import InvalidArgument
@@ -53,28 +53,6 @@ class PromptRules:
             if count:
                 matched.add(name)
         return text
-
-    def clean_openai_messages(self, messages: Any, matched: set[str]) -> Any:
-        """OpenAI chat messages with their text cleaned (text parts too); other values as they are."""
-        if not self._rules or not isinstance(messages, list):
-            return messages
-        return [self._clean_message(message, matched) for message in messages]
-
-    def _clean_message(self, message: Any, matched: set[str]) -> Any:
-        if not isinstance(message, Mapping):
-            return message
-        content = message.get("content")
-        if isinstance(content, str):
-            return {**message, "content": self.clean(content, matched)}
-        if isinstance(content, list):
-            parts = [
-                {**part, "text": self.clean(part["text"], matched)}
-                if isinstance(part, Mapping) and isinstance(part.get("text"), str)
-                else part
-                for part in content
-            ]
-            return {**message, "content": parts}
-        return message
 
     def remember(self, scope: str, matched: set[str]) -> None:
         """Note which rules changed the scope's latest request (for `/snapcache/why`)."""

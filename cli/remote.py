@@ -30,6 +30,7 @@ def warm_on_server(
         "stored_bytes": None,
         "seconds": answer.get("seconds"),
         "from_cache": answer.get("from_cache"),
+        "exactness": answer.get("exactness"),
         "server": url,
     }
 

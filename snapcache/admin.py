@@ -3,10 +3,10 @@ scripts that check a machine or a cache directory.
 
 Beside the library's API (`snapcache`), it names what those tools need from inside: the store's
 reports on a directory and a remote tier, block keys, the settings a model is loaded with, the demo
-model, how exactness is chosen, bundle reports, llama.cpp's build and the checks of it, and the
-pinned memory of a GPU. Each name is imported on first use, so that a command that never loads a
-model never imports llama_cpp. The import contracts in pyproject.toml keep the command line on this
-face and `snapcache`'s.
+model, how exactness is chosen, bundle reports, llama.cpp's build and the checks of it, ggml's
+backends and devices, and the pinned memory of a GPU. Each name is imported on first use, so that a
+command that never loads a model never imports llama_cpp. The import contracts in pyproject.toml
+keep the command line on this face and `snapcache`'s.
 """
 
 from __future__ import annotations
@@ -34,8 +34,13 @@ if TYPE_CHECKING:
         default_gpu_layers,
         route_llama_cpp_log,
     )
+    from snapcache.llama.state.ggml_devices import Backend as GgmlBackend
+    from snapcache.llama.state.ggml_devices import Device as GgmlDevice
+    from snapcache.llama.state.ggml_devices import backends as ggml_backends
+    from snapcache.llama.state.ggml_devices import kv_cache_place
     from snapcache.llama.state.host_memory import (
         PINNED_MEMORY_ENV,
+        checked_pinned_limit,
         device_host_buffer_type,
         pinned_limit,
     )
@@ -54,6 +59,8 @@ __all__ = [
     "DirectoryReport",
     "ExportReport",
     "FingerprintNotes",
+    "GgmlBackend",
+    "GgmlDevice",
     "ImportReport",
     "LibraryLinkage",
     "RemoteStats",
@@ -61,12 +68,15 @@ __all__ = [
     "amx_rebuild_command",
     "block_keys",
     "check_gguf_file",
+    "checked_pinned_limit",
     "choose_exactness",
     "cxx_runtime_rebuild_command",
     "default_gpu_layers",
     "default_model_path",
     "device_host_buffer_type",
+    "ggml_backends",
     "installed_libraries",
+    "kv_cache_place",
     "llama_cpp_build",
     "pinned_limit",
     "read_cpu_flags",
@@ -103,6 +113,11 @@ _LAZY: dict[str, tuple[str, str]] = {
     "PINNED_MEMORY_ENV": ("snapcache.llama.state.host_memory", "PINNED_MEMORY_ENV"),
     "device_host_buffer_type": ("snapcache.llama.state.host_memory", "device_host_buffer_type"),
     "pinned_limit": ("snapcache.llama.state.host_memory", "pinned_limit"),
+    "checked_pinned_limit": ("snapcache.llama.state.host_memory", "checked_pinned_limit"),
+    "GgmlBackend": ("snapcache.llama.state.ggml_devices", "Backend"),
+    "GgmlDevice": ("snapcache.llama.state.ggml_devices", "Device"),
+    "ggml_backends": ("snapcache.llama.state.ggml_devices", "backends"),
+    "kv_cache_place": ("snapcache.llama.state.ggml_devices", "kv_cache_place"),
 }
 
 

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# The GPU check, in one call on a GPU machine with no network: install what prepare.sh made, build
-# llama-cpp-python for this GPU alone, and print bench_gpu_restore.py's table (1K to 32K tokens; RAM
-# and disk; f16 and q8_0 K/V; flash attention on and off; capture beside restore; exactness `auto`
-# compared token for token with a cold run).
+# The GPU check, in one call on a GPU machine with no network: install what prepare.sh made (and the
+# CUDA wheel cuda_wheel.sh built ahead, where there is one; else build llama-cpp-python for this GPU
+# alone), and print bench_gpu_restore.py's table (1K to 32K tokens; RAM and disk; f16 and q8_0 K/V;
+# flash attention on and off; capture beside restore; exactness `auto` compared token for token with
+# a cold run).
 #
 #     benchmarks/gpu/prepare.sh                 # first, where the package registry is reachable
+#     benchmarks/gpu/cuda_wheel.sh              # then, on the same machine: the CUDA build, ahead
 #     benchmarks/gpu/run.sh [--build-only | --bench-only] [--short]
 #     benchmarks/gpu/run.sh --cpu-smoke         # the same steps on this CPU machine, in a minute
 #
@@ -43,7 +45,12 @@ if [[ $mode == smoke ]]; then
 fi
 
 python="${PYTHON:-python3}"
-if [[ $mode != bench ]]; then
+built=$(ls .gpu/wheels/llama_cpp_python-*.whl 2>/dev/null | head -1)
+if [[ $mode != bench && -n $built ]]; then
+    stamp "installing the carried wheels, $(basename "$built") among them, into $site"
+    "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" \
+        .gpu/wheels/*.whl
+elif [[ $mode != bench ]]; then
     sdist=$(ls .gpu/src/llama_cpp_python-*.tar.gz 2>/dev/null | head -1)
     if [[ -z $sdist ]]; then
         echo "run.sh: no .gpu/src/llama_cpp_python-*.tar.gz: run benchmarks/gpu/prepare.sh and carry .gpu" >&2
@@ -67,6 +74,11 @@ if [[ $mode == build ]]; then
 fi
 
 export PYTHONPATH="$root:$site${PYTHONPATH:+:$PYTHONPATH}"
+if [[ -n $built ]]; then  # the wheel made ahead links the machine's CUDA runtime and cuBLAS
+    for lib in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
+        if [[ -d $lib ]]; then export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; fi
+    done
+fi
 "$python" - <<'PY'
 import llama_cpp
 from snapcache.llama.state.host_memory import device_host_buffer_type

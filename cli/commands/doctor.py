@@ -7,10 +7,10 @@ import os
 import platform
 import shutil
 import stat
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -18,11 +18,12 @@ import snapcache
 
 from ..formatting import format_size, render_pairs
 from ..settings import COMPRESSION_ENV, Settings, settings_of
+from .doctor_backend import backend_checks
+from .report_check import Check, Status
 
 if TYPE_CHECKING:
     from snapcache.admin import DirectoryReport, LibraryLinkage
 
-Status = Literal["ok", "warn", "fail"]
 _PACKAGES = (
     "snapcache",
     "llama-cpp-python",
@@ -41,15 +42,6 @@ _PACKAGES = (
     "redis",
 )
 LOW_DISK_BYTES = 1 << 30
-
-
-@dataclass(frozen=True, slots=True)
-class Check:
-    """One line of the report: a name, ok/warn/fail, and what was found."""
-
-    name: str
-    status: Status
-    detail: str
 
 
 def doctor(
@@ -78,7 +70,7 @@ def doctor(
         _exactness_check(directory, info["llama_cpp"]),
         *_remote_check(settings),
         _model_check(),
-        _gpu_check(info["llama_cpp"]),
+        *backend_checks(info["llama_cpp"], settings.gpu_layers),
         amx_check(info["llama_cpp"]["system_info"], cpu_flags),
         cxx_runtime_check(info["llama_cpp"], cpu_flags),
     ]
@@ -106,7 +98,7 @@ def _print_report(info: dict[str, Any], directory: Path, checks: list[Check]) ->
             f"seq state v{llama['state_seq_version']}, session v{llama['session_version']}",
         ),
         ("backends", ", ".join(llama["backends"]) or "-"),
-        ("GPU offload", "supported" if llama["gpu_offload"] else "not supported (CPU build)"),
+        ("GPU offload", "supported" if llama["gpu_offload"] else "not supported: no GPU found"),
         ("mmap", "supported" if llama["mmap"] else "not supported"),
         ("cache directory", str(directory)),
     ]
@@ -330,33 +322,6 @@ def _model_check() -> Check:
         "default model",
         "ok",
         f"demo model {DEMO_MODEL_NAME} ({DEMO_PACKAGE} {version})",
-    )
-
-
-def _gpu_check(llama: dict[str, Any]) -> Check:
-    if llama["gpu_offload"]:
-        from snapcache import InvalidArgument
-        from snapcache.admin import PINNED_MEMORY_ENV, device_host_buffer_type, pinned_limit
-
-        buffer_type = device_host_buffer_type()
-        if buffer_type is None:
-            return Check("backend", "ok", "GPU offload available; states are copied from plain host memory")
-        try:
-            limit = pinned_limit()
-        except InvalidArgument as exc:
-            return Check("backend", "warn", f"{PINNED_MEMORY_ENV} is ignored: {exc}")
-        if limit == 0:
-            return Check(
-                "backend", "ok", f"GPU offload available; pinned memory turned off ({PINNED_MEMORY_ENV}=0)"
-            )
-        return Check(
-            "backend",
-            "ok",
-            f"GPU offload available; states go to and from the GPU through {buffer_type.name} pinned "
-            f"memory, at most {limit >> 20:,} MiB ({PINNED_MEMORY_ENV})",
-        )
-    return Check(
-        "backend", "ok", 'CPU only; rebuild llama-cpp-python with CMAKE_ARGS="-DGGML_CUDA=on" for a GPU'
     )
 
 

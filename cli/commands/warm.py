@@ -129,6 +129,7 @@ def warm(
             cached = CachedLlama(llm, store, scope=scope, exact=asked)
             with prompt_progress("reading prompt") as progress:
                 result = cached.warm(text, priority, raw=raw, progress=progress)
+            chosen = cached.exactness.as_dict()
         finally:
             llm.close()
         store.flush()
@@ -144,6 +145,7 @@ def warm(
         "from_cache": result.from_cache,
         "model": str(choice.path),
         "model_fingerprint": result.key.model_fingerprint,
+        "exactness": chosen,
     }
     if as_json:
         typer.echo(json.dumps(report, indent=2))
@@ -160,7 +162,16 @@ def _report_lines(report: dict[str, Any]) -> list[tuple[str, str]]:
         ("on disk", stored),
         ("scope", f"{report['scope']} (priority {report['priority']})"),
         ("key", report["key"]),
+        *_exactness_line(report.get("exactness")),
     ]
+
+
+def _exactness_line(chosen: Any) -> list[tuple[str, str]]:
+    """What `auto` (or the option given) chose for the model's cache, and why."""
+    if not isinstance(chosen, dict) or "mode" not in chosen:
+        return []
+    how = "auto" if chosen.get("asked") == "auto" else "asked for"
+    return [("exactness", f"{chosen['mode']} ({how}: {chosen.get('reason', '')})")]
 
 
 def check_fits(llm: Llama, text: str) -> None:

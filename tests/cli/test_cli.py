@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -342,24 +343,75 @@ def test_doctor_reports_llama_cpp_versions_and_the_cache_directory(snapcache_dir
     ("buffer_type", "setting", "status", "detail"),
     [
         (None, None, "ok", "copied from plain host memory"),
-        ("CPU", "2G", "ok", "through CPU pinned memory, at most 2,048 MiB (SNAPCACHE_PINNED_MEMORY)"),
-        ("CPU", "0", "ok", "pinned memory turned off (SNAPCACHE_PINNED_MEMORY=0)"),
-        ("CPU", "lots", "warn", "SNAPCACHE_PINNED_MEMORY is ignored"),
+        ("CPU", "2G", "ok", "through CPU memory, at most 2,048 MiB (SNAPCACHE_PINNED_MEMORY)"),
+        ("CPU", "0", "ok", "turned off (SNAPCACHE_PINNED_MEMORY=0)"),
+        ("CPU", "lots", "warn", "SNAPCACHE_PINNED_MEMORY ignored"),
+        ("CPU", "4096T", "warn", "more than half of this machine's"),
     ],
 )
 def test_doctor_says_how_states_reach_a_gpu(monkeypatch, buffer_type, setting, status, detail):
-    """A GPU build's backend check (stood in for here: the device and its host buffer type are
-    injected) names the pinned memory states go through, and a limit setting that is no size."""
+    """The pinned-memory line of a GPU build (the device's host buffer type is injected here; the
+    device suite reads a real one) names the memory states go through, and a setting that is no
+    size or more than the machine can pin."""
     from snapcache.llama.state import host_memory
-    from snapcache_cli.commands import doctor
+    from snapcache_cli.commands import doctor_backend
 
     found = None if buffer_type is None else host_memory.HostBufferType(0, buffer_type)
     monkeypatch.setattr(host_memory, "device_host_buffer_type", lambda: found)
     if setting is not None:
         monkeypatch.setenv(host_memory.PINNED_MEMORY_ENV, setting)
-    check = doctor._gpu_check({"gpu_offload": True})
+    check = doctor_backend.pinned_memory_check()
     assert check.status == status
     assert detail in check.detail
+
+
+def _device(name: str, kind: str, description: str = "") -> Any:
+    from snapcache.llama.state.ggml_devices import Device
+
+    return Device(name, description, kind, 1 << 30, 80 << 30, f"{name}_Host" if kind == "gpu" else "")
+
+
+@pytest.mark.parametrize(
+    ("backends", "status", "detail"),
+    [
+        ([], "warn", "backend API was not found"),
+        ([("CPU", [("CPU", "cpu")])], "ok", "CPU only; for a GPU, rebuild llama-cpp-python with"),
+        ([("Vulkan", []), ("CPU", [("CPU", "cpu")])], "warn", "built for Vulkan, but found no GPU"),
+        (
+            [("CUDA", [("CUDA0", "gpu")]), ("CPU", [("CPU", "cpu")])],
+            "ok",
+            "CUDA: CUDA0: NVIDIA H200, 80.0 GiB",
+        ),
+    ],
+)
+def test_doctor_names_the_backend_and_a_gpu_build_that_found_no_gpu(backends, status, detail):
+    from snapcache.llama.state.ggml_devices import Backend
+    from snapcache_cli.commands import doctor_backend
+
+    found = [
+        Backend(name, tuple(_device(dev, kind, "NVIDIA H200" * (kind == "gpu")) for dev, kind in devices))
+        for name, devices in backends
+    ]
+    check = doctor_backend.backend_check(found)
+    assert (check.status, detail in check.detail) == (status, True), check.detail
+    assert ("GGML_VK_VISIBLE_DEVICES" in check.detail) == (backends[:1] == [("Vulkan", [])])
+
+
+@pytest.mark.parametrize(
+    ("gpu_layers", "gpus", "n_layers", "place"),
+    [
+        (-1, [], None, "host memory (no GPU found"),
+        (0, ["CUDA0"], 32, "host memory (no layer offloaded"),
+        (-1, ["CUDA0"], 32, "CUDA0: NVIDIA H200, 80.0 GiB (every layer offloaded)"),
+        (40, ["CUDA0"], 32, "(every layer offloaded)"),
+        (10, ["CUDA0"], 32, "for the 10 of 32 layers offloaded, host memory for the rest"),
+    ],
+)
+def test_the_k_v_cache_lives_where_its_layers_run(gpu_layers, gpus, n_layers, place):
+    from snapcache.llama.state.ggml_devices import kv_cache_place
+
+    devices = [_device(name, "gpu", "NVIDIA H200") for name in gpus]
+    assert place in kv_cache_place(gpu_layers, devices, n_layers)
 
 
 def test_doctor_fails_on_a_directory_others_can_write(tmp_path):

@@ -82,7 +82,8 @@ def choose_exactness(llm: llama_cpp.Llama, asked: Exactness, notes: FingerprintN
         if split is None:
             choice = ExactnessChoice(False, AUTO, _SPLIT_LOST)
         else:
-            kept = f"this build keeps a prompt split at multiples of {split} tokens bit for bit"
+            where = "at any token" if split == 1 else f"at multiples of {split} tokens"
+            kept = f"this build keeps a prompt split {where} bit for bit"
             choice = ExactnessChoice(True, AUTO, kept)
     told = (str(llm.model_path), choice.exact, choice.reason)
     if told not in _told:

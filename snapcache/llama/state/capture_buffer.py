@@ -168,13 +168,32 @@ class Loan:
 
 def capture_buffer(owner: Any) -> CaptureBuffer:
     """The capture buffer of `owner` (a Llama), made on first use and gone with it: pinned memory
-    where the Llama keeps its K/V cache on a GPU (see the module docstring)."""
+    where the Llama keeps its K/V cache on a GPU (see the module docstring), let go of when the
+    Llama is closed too."""
     with _buffers_lock:
         buffer = _buffers.get(owner)
         if buffer is None:
             pinned = pinned_memory_for(owner) if isinstance(owner, llama_cpp.Llama) else None
             buffer = _buffers[owner] = CaptureBuffer(pinned)
+            if pinned is not None:
+                _release_on_close(owner)
         return buffer
+
+
+def _release_on_close(llm: llama_cpp.Llama) -> None:
+    """`release_capture_buffer(llm)` when `llm.close()` runs (llama-cpp-python closes a Llama's
+    native parts through its `_stack`); a weak reference, so that the Llama still goes when dropped."""
+    stack = getattr(llm, "_stack", None)
+    if stack is None:
+        return
+    owner = weakref.ref(llm)
+
+    def release() -> None:
+        alive = owner()
+        if alive is not None:
+            release_capture_buffer(alive)
+
+    stack.callback(release)
 
 
 def release_capture_buffer(owner: Any) -> None:

@@ -15,25 +15,23 @@ nothing unless `GGML_CUDA_REGISTER_HOST` is set, and registers memory read-only,
 written by the device cannot use. CUDA's host buffer type allocates with `cudaMallocHost`; a user
 who sets `GGML_CUDA_NO_PINNED` gets plain memory from it, as llama.cpp's own buffers do then.
 
-Pinned memory is taken from the system's pageable memory, so it is bounded: at most `PINNED_LIMIT`
+Pinned memory is taken from the system's pageable memory, so it is bounded: at most `pinned_limit()`
 bytes in the process (`$SNAPCACHE_PINNED_MEMORY`, in bytes, or with a K/M/G/T suffix; 0 turns
-it off), by default a quarter of the machine's memory. A buffer asked for beyond that is plain
-memory. Each buffer is freed once nothing refers to it any more (`release_capture_buffer` drops a
-Llama's), never under a view that is still read.
+it off), by default a quarter of the machine's memory and never more than half of it. A buffer
+asked for beyond that is plain memory, as is one the backend refuses. Each buffer is freed once
+nothing refers to it any more (`release_capture_buffer` drops a Llama's, on `detach` and on the
+Llama's `close`), never under a view that is still read.
 """
 
 from __future__ import annotations
 
 import ctypes
-import functools
 import logging
 import os
 import re
-import sys
 import threading
 import weakref
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import llama_cpp
@@ -41,14 +39,17 @@ import numpy as np
 import numpy.typing as npt
 
 from snapcache.errors import InvalidArgument
+from snapcache.llama.state.ggml_devices import GgmlApi, ggml_api, text
 
 __all__ = [
     "PINNED_MEMORY_ENV",
     "HostBufferType",
     "PinnedMemory",
+    "checked_pinned_limit",
     "device_host_buffer_type",
     "offloads_kv",
     "parse_byte_size",
+    "physical_memory",
     "pinned_limit",
     "pinned_memory_for",
     "pinned_report",
@@ -83,11 +84,33 @@ def pinned_limit() -> int:
 
 def _default_limit() -> int:
     """A quarter of the machine's memory."""
+    return physical_memory() // 4
+
+
+def physical_memory() -> int:
+    """The machine's memory in bytes (16 GiB where the system does not say)."""
     try:
-        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     except (ValueError, OSError, AttributeError):  # not on this system: a modest bound
-        physical = 16 << 30
-    return int(physical) // 4
+        return 16 << 30
+
+
+def checked_pinned_limit() -> tuple[int, str | None]:
+    """The pinned-memory limit in force and what was wrong with the setting, if anything: a setting
+    that is no size keeps the default; one above half the machine's memory is cut to that half
+    (pinned pages cannot be swapped out, and a process that pins most of the memory starves the
+    rest of the system)."""
+    try:
+        limit = pinned_limit()
+    except InvalidArgument as exc:
+        return _default_limit(), f"{PINNED_MEMORY_ENV} ignored: {exc}"
+    ceiling = physical_memory() // 2
+    if limit > ceiling:
+        return ceiling, (
+            f"{PINNED_MEMORY_ENV} asks for {limit >> 20:,} MiB, more than half of this machine's "
+            f"{physical_memory() >> 20:,} MiB: at most {ceiling >> 20:,} MiB is pinned"
+        )
+    return limit, None
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,64 +121,10 @@ class HostBufferType:
     name: str
 
 
-class _Ggml:
-    """The few functions of ggml's backend API this module calls, from the libraries llama_cpp loaded."""
-
-    def __init__(self, base: ctypes.CDLL, ggml: ctypes.CDLL) -> None:
-        pointer, size = ctypes.c_void_p, ctypes.c_size_t
-        self.dev_count = _function(ggml, "ggml_backend_dev_count", size, [])
-        self.dev_get = _function(ggml, "ggml_backend_dev_get", pointer, [size])
-        self.dev_type = _function(base, "ggml_backend_dev_type", ctypes.c_int, [pointer])
-        self.dev_host_buffer_type = _function(base, "ggml_backend_dev_host_buffer_type", pointer, [pointer])
-        self.buft_name = _function(base, "ggml_backend_buft_name", ctypes.c_char_p, [pointer])
-        self.buft_alloc_buffer = _function(base, "ggml_backend_buft_alloc_buffer", pointer, [pointer, size])
-        self.buffer_get_base = _function(base, "ggml_backend_buffer_get_base", pointer, [pointer])
-        self.buffer_free = _function(base, "ggml_backend_buffer_free", None, [pointer])
-        self.cpu_buffer_type = _function(base, "ggml_backend_cpu_buffer_type", pointer, [])
-
-
-def _function(library: ctypes.CDLL, name: str, restype: Any, argtypes: list[Any]) -> Any:
-    function = getattr(library, name)
-    function.restype = restype
-    function.argtypes = argtypes
-    return function
-
-
-@functools.cache
-def _ggml() -> _Ggml | None:
-    """ggml's backend API from the `llama_cpp` package's own libraries, or None where they cannot be
-    found (a build laid out otherwise): then nothing is pinned."""
-    folder = Path(llama_cpp.__file__).parent / "lib"
-    found: dict[str, ctypes.CDLL] = {}
-    for name in ("ggml-base", "ggml"):
-        for file in _library_files(folder, name):
-            try:
-                found[name] = ctypes.CDLL(str(file))  # loaded already by libllama: the same copy
-                break
-            except OSError:
-                continue
-    if len(found) < 2:
-        _log.debug("ggml's libraries were not found in %s: states are copied from plain memory", folder)
-        return None
-    try:
-        return _Ggml(found["ggml-base"], found["ggml"])
-    except AttributeError as exc:  # an older ggml without the device API
-        _log.debug("ggml lacks its device API (%s): states are copied from plain memory", exc)
-        return None
-
-
-def _library_files(folder: Path, name: str) -> list[Path]:
-    if sys.platform == "win32":
-        return [folder / f"{name}.dll"]
-    if sys.platform == "darwin":
-        return [folder / f"lib{name}.dylib"]
-    return [folder / f"lib{name}.so"]
-
-
 def device_host_buffer_type() -> HostBufferType | None:
     """The host buffer type of the first GPU ggml knows (pinned memory it copies to and from at the
     bus's speed), or None: no GPU in this build, or one without such a type (the CPU backend)."""
-    ggml = _ggml()
+    ggml = ggml_api()
     if ggml is None:
         return None
     for index in range(int(ggml.dev_count())):
@@ -164,21 +133,17 @@ def device_host_buffer_type() -> HostBufferType | None:
             continue
         buffer_type = ggml.dev_host_buffer_type(device)
         if buffer_type:
-            return HostBufferType(int(buffer_type), _text(ggml.buft_name(buffer_type)))
+            return HostBufferType(int(buffer_type), text(ggml.buft_name(buffer_type)))
     return None
 
 
 def cpu_buffer_type() -> HostBufferType | None:
     """ggml's plain CPU buffer type: allocated through the same calls as a pinned one, which the
     tests use on a build with no GPU."""
-    ggml = _ggml()
+    ggml = ggml_api()
     if ggml is None:
         return None
     return HostBufferType(int(ggml.cpu_buffer_type()), "CPU")
-
-
-def _text(raw: bytes | None) -> str:
-    return "" if raw is None else raw.decode("utf-8", "replace")
 
 
 def offloads_kv(llm: llama_cpp.Llama) -> bool:
@@ -208,7 +173,7 @@ class PinnedMemory:
     def allocate(self, size: int) -> npt.NDArray[np.uint8] | None:
         """`size` bytes of this type's memory, freed once the array (and every view of it) is gone;
         None when that would pass the limit or the backend refuses (out of pinned memory)."""
-        ggml = _ggml()
+        ggml = ggml_api()
         if ggml is None or size <= 0:
             return None
         with self._lock:
@@ -230,7 +195,7 @@ class PinnedMemory:
         finalizer.atexit = False  # at exit the process's memory goes anyway, the backend perhaps before it
         return np.frombuffer(memory, dtype=np.uint8)  # keeps `memory` alive
 
-    def _free(self, ggml: _Ggml, handle: int, size: int) -> None:
+    def _free(self, ggml: GgmlApi, handle: int, size: int) -> None:
         ggml.buffer_free(handle)
         self._give_back(size)
 
@@ -254,11 +219,9 @@ def pinned_memory_for(llm: llama_cpp.Llama) -> PinnedMemory | None:
         if not _pinned_looked:
             _pinned_looked = True
             buffer_type = device_host_buffer_type()
-            try:
-                limit = pinned_limit()
-            except InvalidArgument as exc:
-                _log.warning("%s ignored: %s", PINNED_MEMORY_ENV, exc)
-                limit = _default_limit()
+            limit, problem = checked_pinned_limit()
+            if problem is not None:
+                _log.warning("%s", problem)
             if buffer_type is not None and limit > 0:
                 _pinned = PinnedMemory(buffer_type, limit)
                 _log.info(

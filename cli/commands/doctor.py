@@ -255,7 +255,7 @@ def _exactness_check(directory: Path, llama: dict[str, Any]) -> Check:
     expected = (
         "a GPU build: expect inexact restores where layers run on the GPU"
         if llama["gpu_offload"]
-        else "a CPU build: exact, as long as flash attention stays off over an F16 K/V cache"
+        else "llama.cpp runs on the CPU: exact, as long as flash attention stays off over an F16 K/V cache"
     )
     return Check(
         "exactness",

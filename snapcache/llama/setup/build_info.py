@@ -7,6 +7,8 @@ from typing import Any
 
 import llama_cpp
 
+from snapcache.llama.state import ggml_devices
+
 __all__ = ["backends", "llama_cpp_build", "llama_system_info"]
 
 
@@ -18,13 +20,14 @@ def llama_system_info() -> str:
 
 
 def llama_cpp_build() -> dict[str, Any]:
-    """llama-cpp-python's version, llama.cpp's system info and backends, whether it offloads to a
-    GPU, maps files, how many devices it takes, and the versions of its state formats."""
+    """llama-cpp-python's version, llama.cpp's system info and backends (as ggml registered them,
+    each whether or not it found a device), whether it offloads to a GPU, maps files, how many
+    devices it takes, and the versions of its state formats."""
     system_info = llama_cpp.llama_print_system_info().decode("utf-8", "replace").strip()
     return {
         "version": llama_cpp.__version__,
         "system_info": system_info,
-        "backends": backends(system_info),
+        "backends": [backend.name for backend in ggml_devices.backends()] or backends(system_info),
         "gpu_offload": bool(llama_cpp.llama_supports_gpu_offload()),
         "mmap": bool(llama_cpp.llama_supports_mmap()),
         "max_devices": int(llama_cpp.llama_max_devices()),

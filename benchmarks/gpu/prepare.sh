@@ -19,6 +19,12 @@ grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/ex
 # What snapcache, its benchmarks and the test models need, beyond what the GPU image holds.
 # (blosc2 imports pydantic only for features snapcache does not use.)
 wheels=(blosc2 ndindex numexpr blake3 zstandard platformdirs gguf diskcache xxhash)
+# The device suite (run.sh --device-suite): pytest, the command line, `snapcache serve` and the
+# openai client, should the GPU machine's Python lack them.
+wheels+=(pytest pluggy iniconfig typer click shellingham prometheus-client fastapi starlette uvicorn h11
+    sse-starlette starlette-context pydantic-settings python-dotenv openai httpx httpcore anyio sniffio
+    distro jiter certifi idna pydantic pydantic-core typing-extensions annotated-types typing-inspection
+    rich pygments markdown-it-py mdurl)
 platforms=()
 for n in 17 24 27 28 31 34 35; do platforms+=(--platform "manylinux_2_${n}_x86_64"); done
 "$PYTHON" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \

@@ -8,6 +8,7 @@
 #     benchmarks/gpu/prepare.sh                 # first, where the package registry is reachable
 #     benchmarks/gpu/cuda_wheel.sh              # then, on the same machine: the CUDA build, ahead
 #     benchmarks/gpu/run.sh [--build-only | --bench-only] [--short]
+#     benchmarks/gpu/run.sh --device-suite      # after the table: tests/device on the real GPU
 #     benchmarks/gpu/run.sh --cpu-smoke         # the same steps on this CPU machine, in a minute
 #
 # Results (JSON per table, the build's log, the page) go to $OUT, or benchmarks/results/gpu.
@@ -25,6 +26,7 @@ for arg in "$@"; do
         --build-only) mode=build ;;
         --bench-only) mode=bench ;;
         --cpu-smoke) mode=smoke ;;
+        --device-suite) mode=device ;;
         --short) quick=(--sizes 1024 4096) ;;
         *) echo "run.sh: unknown option $arg" >&2; exit 2 ;;
     esac
@@ -46,11 +48,14 @@ fi
 
 python="${PYTHON:-python3}"
 built=$(ls .gpu/wheels/llama_cpp_python-*.whl 2>/dev/null | head -1)
-if [[ $mode != bench && -n $built ]]; then
+# --device-suite installs only on a machine that has not installed yet (a fresh loan).
+install=yes
+if [[ $mode == bench || ( $mode == device && -d $site/llama_cpp ) ]]; then install=no; fi
+if [[ $install == yes && -n $built ]]; then
     stamp "installing the carried wheels, $(basename "$built") among them, into $site"
     "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" \
         .gpu/wheels/*.whl
-elif [[ $mode != bench ]]; then
+elif [[ $install == yes ]]; then
     sdist=$(ls .gpu/src/llama_cpp_python-*.tar.gz 2>/dev/null | head -1)
     if [[ -z $sdist ]]; then
         echo "run.sh: no .gpu/src/llama_cpp_python-*.tar.gz: run benchmarks/gpu/prepare.sh and carry .gpu" >&2
@@ -71,6 +76,18 @@ elif [[ $mode != bench ]]; then
 fi
 if [[ $mode == build ]]; then
     exit 0
+fi
+if [[ $mode == device ]]; then
+    export PYTHONPATH="$root:$site${PYTHONPATH:+:$PYTHONPATH}"
+    if [[ -n $built ]]; then
+        for lib in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
+            if [[ -d $lib ]]; then export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; fi
+        done
+    fi
+    stamp "the device suite on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
+    "$python" -m pytest -m device tests/device -p no:cacheprovider -q -rs --junitxml "$out/device.xml" \
+        | tee "$out/device.log"
+    exit "${PIPESTATUS[0]}"
 fi
 
 export PYTHONPATH="$root:$site${PYTHONPATH:+:$PYTHONPATH}"

@@ -175,12 +175,12 @@ def test_a_text_answer_with_tools_offered_streams_as_it_comes(server: ServerProc
 
 # With --live-tool-calls, a call written as it streams, and one cut by max_tokens: each API sends the
 # call from the moment its name is known, its arguments in pieces as written; a call cut short stays a
-# call (as the hosted APIs end one at max_tokens) and its text is not sent again as text, while a whole
-# answer shows that text in its place.
+# call (as the hosted APIs end one at max_tokens) and its text is never sent as text: a whole answer
+# holds the partial call where its API can (Chat Completions, Responses), else the stop reason alone.
 WEATHER_TOOL = {"name": "get_weather", "description": "The weather in a city.", "input_schema": WEATHER}
 # One call a turn (offered a list, Gemma writes its call again), whole after this many tokens less
-# the closing `"}` and `}`: cut there, the answer ends inside the call's arguments (checked on the
-# whole answer).
+# the closing `"}` and `}`: cut there, the answer ends inside the call's arguments (checked: they are
+# no JSON yet).
 ONE_CALL = {"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True}
 CUT = 3
 
@@ -228,10 +228,9 @@ def test_a_messages_call_streams_as_written_and_a_cut_one_stays_a_call(server: S
 
         cut = whole.usage.output_tokens - CUT
         shown = anthropic_whole(api, cut)
-        # The premise: cut there, the answer ends inside the call's arguments.
+        # A whole message cut inside its call: the stop reason says so, and no call syntax as text.
         assert shown.stop_reason == "max_tokens"
-        assert [block.type for block in shown.content] == ["text"], shown
-        assert '"arguments"' in shown.content[0].text
+        assert [(block.type, block.text) for block in shown.content] == [("text", "")], shown
         events, message = anthropic_stream(api, cut)
     kinds = [event.type for event in events if event.type.startswith("content_block")]
     assert kinds[0] == "content_block_start"
@@ -245,7 +244,8 @@ def test_a_messages_call_streams_as_written_and_a_cut_one_stays_a_call(server: S
         if event.type == "content_block_delta" and event.delta.type == "input_json_delta"
     )
     assert written
-    assert shown.content[0].text.endswith(written)
+    with pytest.raises(json.JSONDecodeError):  # the premise: cut inside the call's arguments
+        json.loads(written)
 
 
 def test_a_responses_call_streams_as_written_and_a_cut_one_ends_incomplete(server: ServerProcess) -> None:
@@ -280,7 +280,7 @@ def test_a_responses_call_streams_as_written_and_a_cut_one_ends_incomplete(serve
         cut = whole.usage.output_tokens - CUT
         shown = api.responses.create(**request, max_output_tokens=cut)
         assert shown.status == "incomplete"
-        assert [item.type for item in shown.output] == ["message"], shown.output  # the premise
+        assert [(item.type, item.status) for item in shown.output] == [("function_call", "incomplete")]
         events = list(api.responses.create(**request, max_output_tokens=cut, stream=True))
     final = events[-1].response
     assert final.status == "incomplete"
@@ -288,8 +288,10 @@ def test_a_responses_call_streams_as_written_and_a_cut_one_ends_incomplete(serve
     written = "".join(
         event.delta for event in events if event.type == "response.function_call_arguments.delta"
     )
-    assert written == final.output[0].arguments
-    assert shown.output_text.endswith(written)
+    assert written == final.output[0].arguments == shown.output[0].arguments
+    with pytest.raises(json.JSONDecodeError):  # the premise: cut inside the call's arguments
+        json.loads(written)
+    assert not shown.output_text
     assert not [event for event in events if event.type == "response.output_text.delta"]
 
 
@@ -320,7 +322,8 @@ def test_a_chat_completions_call_streams_as_written_and_a_cut_one_stays_a_call(s
         cut = whole.usage.completion_tokens - CUT
         shown = api.chat.completions.create(**request, max_tokens=cut)
         assert shown.choices[0].finish_reason == "length"
-        assert not shown.choices[0].message.tool_calls  # the premise: the answer ends inside the call
+        assert not shown.choices[0].message.content  # the call's syntax is no answer
+        [partial] = shown.choices[0].message.tool_calls  # the call as far as it went, as OpenAI leaves one
         chunks = list(api.chat.completions.create(**request, max_tokens=cut, stream=True))
     deltas = [chunk.choices[0].delta for chunk in chunks if chunk.choices]
     named = [call for delta in deltas for call in delta.tool_calls or () if call.id]
@@ -330,5 +333,7 @@ def test_a_chat_completions_call_streams_as_written_and_a_cut_one_stays_a_call(s
     written = "".join(
         call.function.arguments or "" for delta in deltas for call in delta.tool_calls or () if call.function
     )
-    assert written
-    assert shown.choices[0].message.content.endswith(written)
+    assert written == partial.function.arguments
+    assert partial.function.name == "get_weather"
+    with pytest.raises(json.JSONDecodeError):  # the premise: the answer ends inside the call
+        json.loads(written)

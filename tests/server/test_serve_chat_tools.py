@@ -159,10 +159,12 @@ def test_streamed_deltas_reassemble_into_the_unstreamed_call(server: ServerProce
     assert first["choices"][0]["delta"]["role"] == "assistant"
 
 
-def test_by_default_a_streamed_call_is_sent_whole_and_a_cut_one_is_text(server: ServerProcess) -> None:
-    """Without --live-tool-calls a call goes out once it is whole (its arguments in one piece), and
-    a call max_tokens cuts comes back as text, streamed as a whole answer gives it: agents run with a
-    small output cap then end their turn, where a partial call would have them run it."""
+def test_by_default_a_streamed_call_is_sent_whole_and_a_cut_one_is_no_text(server: ServerProcess) -> None:
+    """Without --live-tool-calls a call goes out once it is whole (its arguments in one piece). A call
+    max_tokens cuts is never the format's text as content (an agent must not take a call's syntax for
+    its answer): finish_reason "length", and a whole answer holds the call as far as it went (its
+    arguments not JSON yet), as OpenAI leaves one; a stream, which sends calls whole, sends none, so
+    that an agent with a small output cap ends its turn rather than run half a call."""
     request: dict[str, Any] = {
         "model": "m",
         "messages": messages("And in Oslo?"),
@@ -184,12 +186,72 @@ def test_by_default_a_streamed_call_is_sent_whole_and_a_cut_one_is_text(server: 
         whole = api.chat.completions.create(**request, max_tokens=60)
         cut = list(api.chat.completions.create(**request, max_tokens=60, stream=True))
     assert whole.choices[0].finish_reason == "length"
-    assert not whole.choices[0].message.tool_calls
-    assert '"arguments"' in whole.choices[0].message.content  # the premise: cut inside the call
+    assert not whole.choices[0].message.content
+    [call] = whole.choices[0].message.tool_calls
+    assert call.function.name in {"get_weather", "get_time"}
+    with pytest.raises(json.JSONDecodeError):  # the premise: cut inside the call's arguments
+        json.loads(call.function.arguments)
     deltas = [chunk.choices[0].delta for chunk in cut]
-    assert not [call for delta in deltas for call in delta.tool_calls or ()]
-    assert "".join(delta.content or "" for delta in deltas) == whole.choices[0].message.content
+    assert not "".join(delta.content or "" for delta in deltas)
+    assert not [piece for delta in deltas for piece in delta.tool_calls or ()]
     assert cut[-1].choices[0].finish_reason == "length"
+
+
+def test_a_call_cut_short_is_no_text_in_any_dialect(server: ServerProcess) -> None:
+    """The same cut call through Messages, Responses and Ollama's chat: each dialect's own stop reason
+    for the token limit, and no call syntax as text."""
+    system, question = SYSTEM, "And in Oslo?"
+    tool = TOOLS[0]["function"]
+    messages_body = {
+        "model": "m",
+        "max_tokens": 60,
+        "system": system,
+        "messages": [{"role": "user", "content": question}],
+        "tools": [{"name": tool["name"], "description": tool["description"], "input_schema": WEATHER}],
+        "tool_choice": {"type": "any"},
+        "temperature": 0,
+    }
+    status, message, _ = http_json(
+        "POST", f"{server.base_url}/v1/messages", json.dumps(messages_body).encode()
+    )
+    assert status == 200, message
+    assert message["stop_reason"] == "max_tokens"
+    assert not [block for block in message["content"] if block["type"] == "tool_use"]
+    assert "".join(block.get("text", "") for block in message["content"]) == ""
+    responses_body = {
+        "model": "m",
+        "instructions": system,
+        "input": question,
+        "tools": [{"type": "function", **tool}],
+        "tool_choice": "required",
+        "parallel_tool_calls": False,
+        "max_output_tokens": 60,
+        "temperature": 0,
+        "store": False,
+    }
+    status, response, _ = http_json(
+        "POST", f"{server.api_url}/responses", json.dumps(responses_body).encode()
+    )
+    assert status == 200, response
+    assert response["status"] == "incomplete"
+    assert response["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert [(item["type"], item["status"]) for item in response["output"]] == [
+        ("function_call", "incomplete")
+    ]
+    assert response["output"][0]["name"] == tool["name"]
+    ollama_body = {
+        "model": "m",
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}],
+        "tools": [{"type": "function", "function": tool}],
+        "options": {"num_predict": 60, "temperature": 0},
+        "stream": False,
+    }
+    status, answer, _ = http_json("POST", f"{server.base_url}/api/chat", json.dumps(ollama_body).encode())
+    assert status == 200, answer
+    if answer["message"].get("tool_calls"):  # Ollama's tool choice is the model's: it may not call
+        return
+    assert answer["done_reason"] == "length"
+    assert '"tool_calls"' not in answer["message"]["content"]
 
 
 def test_a_tool_result_turn_is_answered_and_restores_its_prefix(server: ServerProcess) -> None:

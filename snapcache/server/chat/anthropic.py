@@ -26,6 +26,7 @@ from snapcache.server.chat.engine import (
     Finished,
     Started,
     TextDelta,
+    ToolCallCut,
     ToolCallDelta,
     ToolCallDropped,
     ToolCalled,
@@ -219,6 +220,8 @@ class _MessageStream:
             return [*opened, *piece, *self._closed(call.id)]
         if isinstance(event, ToolCallDropped):
             return self._closed(event.id) if event.id in self._announced else self._text(event.text)
+        if isinstance(event, ToolCallCut):
+            return []  # a tool_use block's input is an object: a cut call is only its stop reason
         return self._finished(event)
 
     def _started(self, usage: Usage) -> bytes:

@@ -34,6 +34,7 @@ from snapcache.server.chat.engine import (
     Finished,
     Started,
     TextDelta,
+    ToolCallCut,
     ToolCallDelta,
     ToolCallDropped,
     ToolCalled,
@@ -249,7 +250,9 @@ class _Answer:
         self.legacy = legacy_functions(body)
 
     def add(self, event: ChatEvent) -> None:
-        if isinstance(event, TextDelta | ToolCallDropped):
+        if isinstance(event, ToolCallCut):
+            self.calls.append(event.call)  # as far as it went, as OpenAI leaves a call it cut
+        elif isinstance(event, TextDelta | ToolCallDropped):
             self.text += event.text  # a dropped call's text in its place
         elif isinstance(event, ToolCalled):
             self.calls.append(event.call)

@@ -10,9 +10,13 @@ it; tools are rendered and their calls read by the request's `ToolChannel`: the 
 where its template has one (the answer then read with its special tokens as text, where call markers
 such as `[TOOL_CALLS]` live), else the generic one. A call comes as `ToolCalled` once it is whole;
 with `live_tool_calls`, `ToolCallDelta`s announce it first and carry its arguments as written, and
-`ToolCallDropped` says an announced call was not made (a stream cannot take back what it sent: a call
-cut by max_tokens stays a partial call, as the hosted APIs leave one). Without, a call cut short is
-text, in a stream as in a whole answer, which is what agents run with a small output cap expect.
+`ToolCallDropped` says an announced call was not made. A call the token limit cut short (the reply
+ended inside it) is never given back as text: the answer ends with "length", and `ToolCallCut`
+carries the call as far as it went (then a `ToolCallDropped` marked `cut`). A whole answer shows it
+where its API leaves a partial call (Chat Completions' `tool_calls`, an `incomplete` Responses item);
+a stream shows it only where live calls streamed it already, so that an agent run with a small
+output cap ends its turn on the stop reason rather than run half a call. A call that turned out
+malformed is given back as text where it stood.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ __all__ = [
     "Finished",
     "Started",
     "TextDelta",
+    "ToolCallCut",
     "ToolCallDelta",
     "ToolCallDropped",
     "ToolCalled",
@@ -106,7 +111,15 @@ class Finished:
     elapsed_ns: int = field(default=0, compare=False)  # timing, not what happened
 
 
-ChatEvent = Started | TextDelta | ToolCallDelta | ToolCalled | ToolCallDropped | Finished
+@dataclass(frozen=True, slots=True)
+class ToolCallCut:
+    """A call the token limit cut short, as far as it went: its name and its arguments as written
+    (no JSON yet). A `ToolCallDropped` marked `cut` follows it."""
+
+    call: ToolCall
+
+
+ChatEvent = Started | TextDelta | ToolCallDelta | ToolCalled | ToolCallCut | ToolCallDropped | Finished
 
 
 class ChatEngine:
@@ -185,6 +198,7 @@ class ChatEngine:
         chunks = model.create_chat_completion(tools.messages(request), **kwargs)
         stops = _StopMatcher(request.stop)
         reader = tools.reader(request)
+        calls = _CallEvents(live=self._live_tool_calls)
         started, reason, generated, called = False, "end", 0, False
         try:
             for chunk in chunks:
@@ -198,7 +212,7 @@ class ChatEngine:
                     ready, matched = stops.feed(piece)
                     items = reader.feed(ready) if ready else []
                     called = called or any(isinstance(item, ToolCall) for item in items)
-                    yield from _events(items, live=self._live_tool_calls)
+                    yield from calls.events(items)
                     if matched is not None:
                         reason = "stop_sequence"
                         break
@@ -213,9 +227,12 @@ class ChatEngine:
         if not started:
             yield Started(_usage(generated), time.monotonic_ns() - began)
         rest = stops.flush() if reason != "stop_sequence" else ""
-        items = [*(reader.feed(rest) if rest else ()), *reader.finish()]
+        held = reader.finish()
+        if reason == "length":  # the token limit ended the reply inside what the reader still held
+            held = [_cut(item) if isinstance(item, ToolCallDropped) else item for item in held]
+        items = [*(reader.feed(rest) if rest else ()), *held]
         called = called or any(isinstance(item, ToolCall) for item in items)
-        yield from _events(items, live=self._live_tool_calls)
+        yield from calls.events(items)
         if called:
             reason = "tool_calls"
         elapsed = time.monotonic_ns() - began
@@ -276,24 +293,43 @@ def _bias_by_token(model: Any, bias: Mapping[str, float]) -> dict[int, float]:
     }
 
 
-def _events(items: list[StreamItem], *, live: bool) -> Iterator[ChatEvent]:
+def _cut(dropped: ToolCallDropped) -> ToolCallDropped:
+    """A call the token limit ended the reply inside: cut short, its text not shown."""
+    return replace(dropped, text="", cut=True)
+
+
+class _CallEvents:
     """The events of what a reply's reader found. Unless calls are `live`, a call is given only once
-    it is whole: its deltas are left out, and a call dropped unfinished is its text, as text."""
-    for item in items:
-        event = _event(item)
-        if live or not isinstance(event, ToolCallDelta | ToolCallDropped):
-            yield event
-        elif isinstance(event, ToolCallDropped) and event.text:
-            yield TextDelta(event.text)
+    it is whole: its deltas are left out, and a call dropped malformed is its text, as text. A call
+    `cut` short is a `ToolCallCut` (built from its deltas) and its `ToolCallDropped`, live or not."""
 
+    def __init__(self, *, live: bool) -> None:
+        self._live = live
+        self._written: dict[str, ToolCall] = {}  # each call announced, as far as its deltas went
 
-def _event(item: StreamItem) -> ChatEvent:
-    """The event of what a reply's reader found."""
-    if isinstance(item, str):
-        return TextDelta(item)
-    if isinstance(item, ToolCall):
-        return ToolCalled(item)
-    return item
+    def events(self, items: list[StreamItem]) -> Iterator[ChatEvent]:
+        for item in items:
+            if isinstance(item, str):
+                yield TextDelta(item)
+            elif isinstance(item, ToolCall):
+                self._written.pop(item.id, None)
+                yield ToolCalled(item)
+            elif isinstance(item, ToolCallDelta):
+                so_far = self._written.get(item.id, ToolCall(item.id, item.name, ""))
+                self._written[item.id] = replace(so_far, arguments=so_far.arguments + item.arguments)
+                if self._live:
+                    yield item
+            else:
+                yield from self._dropped(item)
+
+    def _dropped(self, dropped: ToolCallDropped) -> Iterator[ChatEvent]:
+        written = self._written.pop(dropped.id, None)
+        if dropped.cut and written is not None:
+            yield ToolCallCut(written)
+        if self._live or dropped.cut:
+            yield dropped
+        elif dropped.text:
+            yield TextDelta(dropped.text)
 
 
 def _keep_special_text_when_asked(llm: Any) -> None:

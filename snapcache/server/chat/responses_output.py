@@ -19,6 +19,7 @@ from snapcache.server.chat.engine import (
     Finished,
     Started,
     TextDelta,
+    ToolCallCut,
     ToolCallDelta,
     ToolCallDropped,
     ToolCalled,
@@ -79,7 +80,8 @@ class _Answer:
 
     Calls are items from their first delta. A call dropped after it was announced is, in a stream
     (`streamed`), an item left `incomplete`, its arguments as far as they were written; in a whole
-    response its text takes its place, as text.
+    response its text takes its place, as text. A call the token limit cut short is an `incomplete`
+    item in a whole response (`ToolCallCut`), and in a stream where live deltas announced it.
     """
 
     def __init__(self, body: ResponsesRequest, *, streamed: bool) -> None:
@@ -102,6 +104,12 @@ class _Answer:
         if isinstance(event, ToolCalled):
             call = self._call(event.call.id, event.call.name)
             call.arguments, call.status = event.call.arguments, "completed"
+            return call
+        if isinstance(event, ToolCallCut):
+            if self.streamed:  # a stream shows a cut call only as its live deltas sent it
+                return None
+            call = self._call(event.call.id, event.call.name)
+            call.arguments, call.status = event.call.arguments, "incomplete"
             return call
         if isinstance(event, ToolCallDropped):
             return self._dropped(event)
@@ -133,7 +141,7 @@ class _Answer:
         call = next((i for i in self.items if isinstance(i, _FunctionCall) and i.call_id == event.id), None)
         if call is None:
             return self._text(event.text)
-        if self.streamed:
+        if self.streamed or event.cut:
             call.status = "incomplete"
             return call
         self.items.remove(call)

@@ -62,12 +62,15 @@ class ToolCallDropped:
 
     The reply ended inside it (a token limit), it turned out malformed, or it was a call the reply
     already made. `text` is what a whole reply shows in its place as content: the call's text as
-    written, or "" where it is left out (a repeat).
+    written, or "" where it is left out (a repeat, or a call `cut` short). `cut`: the token limit
+    ended the reply inside the call; its text is never shown, and the call as far as it went (its
+    deltas) is what the answer holds, as the hosted APIs leave a call they cut.
     """
 
     index: int
     id: str
     text: str
+    cut: bool = False
 
 
 @dataclass(frozen=True, slots=True)

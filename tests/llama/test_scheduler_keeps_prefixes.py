@@ -1,4 +1,4 @@
-"""Batching never makes the cache forget (the scheduler's promise in DESIGN.md).
+"""Batching never makes the cache forget (the scheduler's promise, docs/how-it-works/architecture.md).
 
 Random agent workloads on the tiny sliding-window model (gemma2, a 48-token window): sessions grow a
 main chat turn by turn, hand work to sub-agents (the same system prompt, a message of their own) and

@@ -4,9 +4,10 @@ The context is made from the Llama's model (its weights are held once) with the 
 context settings (cache types, flash attention, sliding-window size, RoPE, threads, batch sizes),
 but `n_seq_max` sequences and `kv_unified = false`: one KV stream per sequence, each of the
 Llama's `n_ctx` cells (or `seq_ctx`; rounded up to llama.cpp's 256), so that every request can use
-as many tokens as the Llama's own context allows, and memory grows with the number of sequences. Measured
-(DESIGN.md): with a stream per sequence, a sequence prefilled, restored or stepped alone gives
-bit for bit the logits of a 1-sequence context, whatever the other sequences hold.
+as many tokens as the Llama's own context allows, and memory grows with the number of sequences.
+Measured (docs/how-it-works/architecture.md, what llama.cpp does underneath): with a stream per
+sequence, a sequence prefilled, restored or stepped alone gives bit for bit the logits of a
+1-sequence context, whatever the other sequences hold.
 
 States go in and out in the 1-stream layout the Llama's own context uses (`_streams`), so that
 they are stored under the Llama's fingerprint, and `CachedLlama`, `snapcache warm` and this

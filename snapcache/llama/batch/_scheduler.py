@@ -31,9 +31,9 @@ Prompts are always read alone, in the chunks a single-sequence Llama reads them 
 KV cells, its first token and the states saved from it are those of a cold single-sequence run
 (the cache never adds a difference of its own). In `batched` mode the later tokens of a request
 that shares its steps with others come from batched decodes, whose logits differ slightly from a
-decode alone (DESIGN.md: up to 0.9), so greedy text can part from the solo text; a request
-generating alone decodes alone. `exact` mode keeps every answer token for token that of the same
-request run alone on a 1-sequence Llama, at the cost of the batching gain. `batched` is the
+decode alone (up to 0.9: docs/how-it-works/architecture.md), so greedy text can part from the solo
+text; a request generating alone decodes alone. `exact` mode keeps every answer token for token
+that of the same request run alone on a 1-sequence Llama, at the cost of the batching gain. `batched` is the
 default: several agents at once want throughput, and a lone request, every prompt read, every
 first token and every saved state stay exact. Measured (benchmarks/scheduler_throughput.py,
 Gemma-3-270M, 2 threads, 4 requests of 80 prompt and 128 generated tokens): 54.9 generated tokens/s

@@ -6,7 +6,7 @@ Both paths go through one `PrefixCache`: `CacheHook`'s one context (`prefix_load
 and the batched scheduler's N sequences (`batch._prefix`). They keep only what is about their
 sequences: capturing and restoring them, and what each holds live. The rules were written twice
 before, and the copies drifted: the batched path once lost an agent's main chat after its sub-agents
-(DESIGN.md, the scheduler's promise).
+(the scheduler's promise: docs/how-it-works/architecture.md).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from snapcache.server.chat.chat_completions import (
     completion_of,
 )
 from snapcache.server.chat.chat_completions_protocol import parsed
-from snapcache.server.chat.engine import ChatEvent, Finished, Started, TextDelta, ToolCalled, Usage
+from snapcache.server.chat.events import ChatEvent, Finished, Started, TextDelta, ToolCalled, Usage
 from snapcache.server.chat.request import NamedTool
 from snapcache.server.errors import BadRequest
 from snapcache.server.tools import ToolCall

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from snapcache.server.chat import ollama
 from snapcache.server.chat.anthropic_protocol import MessagesRequest
-from snapcache.server.chat.engine import Finished, Started, TextDelta, ToolCalled, Usage
+from snapcache.server.chat.events import Finished, Started, TextDelta, ToolCalled, Usage
 from snapcache.server.chat.ollama_protocol import ChatBody, GenerateBody
 from snapcache.server.chat.request import Sampling
 from snapcache.server.errors import BadRequest

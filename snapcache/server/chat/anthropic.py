@@ -21,7 +21,7 @@ from snapcache.server.chat.anthropic_protocol import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from snapcache.server.chat.engine import (
+from snapcache.server.chat.events import (
     ChatEvent,
     Finished,
     Started,

@@ -29,7 +29,7 @@ from snapcache.server.chat.chat_completions_protocol import (
     FunctionDefinition,
     Message,
 )
-from snapcache.server.chat.engine import (
+from snapcache.server.chat.events import (
     ChatEvent,
     Finished,
     Started,

@@ -26,14 +26,23 @@ import contextvars
 import re
 import time
 from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mapping
-from dataclasses import dataclass, field, replace
-from typing import Any, Literal, TypeVar
+from dataclasses import replace
+from typing import Any, TypeVar
 
 import anyio
 from llama_cpp import LogitsProcessorList, MinTokensLogitsProcessor
 from llama_cpp.llama_grammar import LlamaGrammar
 from llama_cpp.server import app as llama_server
 
+from snapcache.server.chat.events import (
+    ChatEvent,
+    Finished,
+    Started,
+    TextDelta,
+    ToolCallCut,
+    ToolCalled,
+    Usage,
+)
 from snapcache.server.chat.generic_tools import GenericTools
 from snapcache.server.chat.native_tools import NativeTools
 from snapcache.server.chat.request import ChatRequest
@@ -44,82 +53,12 @@ from snapcache.server.errors import BadRequest, client_error
 from snapcache.server.request import RequestRecord, serving
 from snapcache.server.tools import StreamItem, ToolCall, ToolCallDelta, ToolCallDropped
 
-__all__ = [
-    "ChatEngine",
-    "ChatEvent",
-    "Finished",
-    "Started",
-    "TextDelta",
-    "ToolCallCut",
-    "ToolCallDelta",
-    "ToolCallDropped",
-    "ToolCalled",
-    "Usage",
-]
+__all__ = ["ChatEngine"]
 
 T = TypeVar("T")
-FinishReason = Literal["end", "length", "stop_sequence", "tool_calls"]
 _TOO_LONG = re.compile(r"Requested tokens \((\d+)\) exceed context window of (\d+)")
 # Whether the model's text for the request running in this context keeps its special tokens.
 _SPECIAL_TEXT: contextvars.ContextVar[bool] = contextvars.ContextVar("snapcache_special_text", default=False)
-
-
-@dataclass(frozen=True, slots=True)
-class Usage:
-    """Tokens of one request: its prompt, those of it restored (not read), and those generated."""
-
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    completion_tokens: int = 0
-
-    @property
-    def read_tokens(self) -> int:
-        """Prompt tokens read afresh."""
-        return self.prompt_tokens - self.cached_tokens
-
-
-@dataclass(frozen=True, slots=True)
-class Started:
-    """The prompt is read; what it restored is known. `elapsed_ns`: since the request began to run
-    (its turn on the model taken), in nanoseconds."""
-
-    usage: Usage
-    elapsed_ns: int = field(default=0, compare=False)  # timing, not what happened
-
-
-@dataclass(frozen=True, slots=True)
-class TextDelta:
-    text: str
-
-
-@dataclass(frozen=True, slots=True)
-class ToolCalled:
-    """A call the answer made, whole (a `ToolCallDelta` with its `id` may have announced it; see
-    `snapcache.server.tools` for those and for `ToolCallDropped`: a call announced and not made)."""
-
-    call: ToolCall
-
-
-@dataclass(frozen=True, slots=True)
-class Finished:
-    """The answer is over: why, its usage, the stop sequence that ended it, and `elapsed_ns` since
-    the request began to run."""
-
-    reason: FinishReason
-    usage: Usage
-    stop_sequence: str | None = None
-    elapsed_ns: int = field(default=0, compare=False)  # timing, not what happened
-
-
-@dataclass(frozen=True, slots=True)
-class ToolCallCut:
-    """A call the token limit cut short, as far as it went: its name and its arguments as written
-    (no JSON yet). A `ToolCallDropped` marked `cut` follows it."""
-
-    call: ToolCall
-
-
-ChatEvent = Started | TextDelta | ToolCallDelta | ToolCalled | ToolCallCut | ToolCallDropped | Finished
 
 
 class ChatEngine:

@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from snapcache.server.chat.engine import (
+from snapcache.server.chat.events import (
     ChatEvent,
     Finished,
     Started,

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from snapcache.server.chat.engine import (
+from snapcache.server.chat.events import (
     ChatEvent,
     Finished,
     Started,

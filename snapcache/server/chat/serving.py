@@ -19,7 +19,8 @@ from fastapi.responses import JSONResponse, Response
 from snapcache.errors import InvalidArgument
 from snapcache.key import DEFAULT_SCOPE, validate_scope
 from snapcache.server.chat.dialect import Body, Dialect
-from snapcache.server.chat.engine import ChatEngine, ChatEvent
+from snapcache.server.chat.engine import ChatEngine
+from snapcache.server.chat.events import ChatEvent
 from snapcache.server.chat.streaming import EventStream, as_failure, until_disconnect
 from snapcache.server.errors import BadRequest
 from snapcache.server.request import RequestRecord

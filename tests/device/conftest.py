@@ -83,6 +83,18 @@ def gpu() -> Any:
     return found[0]
 
 
+NO_HOST_BUFFER = "a GPU without a pinned host buffer type"
+
+
+@pytest.fixture(scope="session")
+def pinned_gpu(gpu: Any) -> Any:
+    """The GPU, where it copies states through pinned host memory (CUDA, Vulkan; Metal shares its
+    memory with the CPU and has no such type: those tests skip there)."""
+    if not gpu.host_buffer_type:
+        pytest.skip(f"{NO_HOST_BUFFER} ({gpu.describe()}): states are copied from plain memory")
+    return gpu
+
+
 @pytest.fixture(scope="session")
 def gemma2_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny gemma2: a sliding window on every other layer."""

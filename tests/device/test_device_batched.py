@@ -51,7 +51,7 @@ def alone(llm: llama_cpp.Llama, prompt: Sequence[int]) -> list[int]:
 
 
 def test_four_sequences_restore_from_the_store_as_each_answers_alone(
-    on_gpu: Any, tiny_model_path: Path, store: SnapshotStore
+    gpu: Any, on_gpu: Any, tiny_model_path: Path, store: SnapshotStore
 ) -> None:
     llm = on_gpu(tiny_model_path, n_ctx=N_CTX)
     asked = prompts(llm)
@@ -68,8 +68,9 @@ def test_four_sequences_restore_from_the_store_as_each_answers_alone(
     for request in requests:
         assert request.restore is not None
         assert request.restore.restored_tokens >= 64
-    assert held is not None
-    assert str(held["buffer_type"]).endswith("_Host")
+    if gpu.host_buffer_type:  # the restores were staged in the device's pinned memory
+        assert held is not None
+        assert held["buffer_type"] == gpu.host_buffer_type
 
 
 def at_once(calls: list[Callable[[], Any]]) -> list[Any]:
@@ -113,8 +114,9 @@ def test_serve_parallel_4_answers_a_burst_after_a_restart_from_disk(
         status, stats, _ = http_json("GET", f"{second.base_url}/snapcache/stats")
     assert status == 200
     print(f"\nserve --parallel 4 on {gpu.describe()}: exactness {stats['exactness']}")
-    assert stats["pinned_memory"] is not None, "the states went through plain memory"
-    assert stats["pinned_memory"]["buffer_type"].endswith("_Host")
+    if gpu.host_buffer_type:
+        assert stats["pinned_memory"] is not None, "the states went through plain memory"
+        assert stats["pinned_memory"]["buffer_type"] == gpu.host_buffer_type
     for _, restored, source in answers:
         assert restored >= 64
         assert source == "disk"

@@ -14,7 +14,6 @@ and none documents a 422 where the server answers 400 instead.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +23,16 @@ from pydantic.json_schema import models_json_schema
 from snapcache.key import MAX_SCOPE_LENGTH
 from snapcache.server.chat.chat_completions_protocol import ChatCompletionRequest
 from snapcache.server.checks import ModelLimits
+from snapcache.server.schema_rules import (
+    END,
+    GBNF,
+    GRAMMAR_FORMAT,
+    gbnf_grammar,
+    given,
+    no_min_tokens_with_a_grammar,
+    refuse,
+    token_ids_in_logit_bias,
+)
 
 __all__ = ["GRAMMAR_FORMAT", "describe_api"]
 
@@ -70,15 +79,12 @@ _NOT_FOUND = {
     "description": "No completion has run in this scope",
     "content": {"application/json": {"schema": _REF}},
 }
-# The end of a pattern, for JavaScript's reading and Python's alike (Python's `$` also matches before
-# a last line break, and Python-based generators write one).
-_END = "(?!\\n)$"
 # What `snapcache.key.validate_scope` takes (else a 400).
 _SCOPE: Document = {
     "type": "string",
     "minLength": 1,
     "maxLength": MAX_SCOPE_LENGTH,
-    "pattern": f"^[^\\x00\\n\\r\\x1f]*{_END}",
+    "pattern": f"^[^\\x00\\n\\r\\x1f]*{END}",
 }
 # The one route whose body FastAPI checks (a 422); the server checks the others' itself (a 400).
 _VALIDATED_FORM = "/snapcache/warm"
@@ -124,11 +130,6 @@ _CHAT_EXAMPLES: Document = {
         "value": {"messages": _QUESTION, "grammar": 'root ::= "Paris" | "Lyon"', "max_tokens": 4},
     },
 }
-# The string format of a grammar: llama.cpp's GBNF, with a `root` rule, that llama.cpp can parse.
-GRAMMAR_FORMAT = "gbnf"
-_GBNF: Document = {"type": "string", "format": GRAMMAR_FORMAT}
-
-
 def describe_api(app: FastAPI, limits: ModelLimits, *, api_key: bool) -> None:
     """Make `app.openapi()` say what the server does for the model of `limits` (see the module
     docstring); `api_key`: whether clients must send one."""
@@ -175,18 +176,16 @@ def _ollama_messages_are_text(document: Document) -> None:
         return
     message = document["components"]["schemas"].get(ref.rsplit("/", 1)[1])
     if isinstance(message, dict):
-        _refuse(message, "images", _NOTHING, "null or none: text only")
+        refuse(message, "images", _NOTHING, "null or none: text only")
 
 
 def _ollama_generate(schema: Document, _limits: ModelLimits) -> None:
     """What `/api/generate` refuses: images, and what would bypass the model's chat template."""
-    _refuse(schema, "raw", {"anyOf": [{"const": False}]}, "false: prompts are rendered by the chat template")
+    refuse(schema, "raw", {"anyOf": [{"const": False}]}, "false: prompts are rendered by the chat template")
     for name in ("suffix", "template"):
-        _refuse(
-            schema, name, {"anyOf": [{"const": ""}, {"type": "null"}]}, "empty: the chat template renders"
-        )
-    _refuse(schema, "context", _NOTHING, "null or none: send a conversation to /api/chat")
-    _refuse(schema, "images", _NOTHING, "null or none: text only")
+        refuse(schema, name, {"anyOf": [{"const": ""}, {"type": "null"}]}, "empty: the chat template renders")
+    refuse(schema, "context", _NOTHING, "null or none: send a conversation to /api/chat")
+    refuse(schema, "images", _NOTHING, "null or none: text only")
 
 
 def _chat_completions(document: Document, limits: ModelLimits) -> None:
@@ -212,11 +211,11 @@ def _as_the_engine_checks(schemas: Document, limits: ModelLimits) -> None:
     request = schema["properties"]
     request["messages"]["contains"] = {"properties": {"role": {"enum": ["user", "assistant", "tool"]}}}
     request["n"] = {"anyOf": [{"type": "integer", "minimum": 1, "maximum": 1}, {"type": "null"}]}
-    _refuse(schema, "logprobs", {"anyOf": [{"const": False}, {"type": "null"}]}, "false or null")
-    _grammar(schema)
-    _token_ids_in_logit_bias(schema, limits.n_vocab)
-    grammar = _given("grammar", _GBNF)
-    response_format = _given(
+    refuse(schema, "logprobs", {"anyOf": [{"const": False}, {"type": "null"}]}, "false or null")
+    gbnf_grammar(schema)
+    token_ids_in_logit_bias(schema, limits.n_vocab)
+    grammar = given("grammar", GBNF)
+    response_format = given(
         "response_format",
         {
             "type": "object",
@@ -240,14 +239,14 @@ def _as_the_engine_checks(schemas: Document, limits: ModelLimits) -> None:
     )
     schemas[_CHAT + "ResponseFormat"].setdefault("allOf", []).append(
         {
-            "if": _given("type", {"const": "json_schema"}),
+            "if": given("type", {"const": "json_schema"}),
             "then": {"required": ["json_schema"], "properties": {"json_schema": {"required": ["schema"]}}},
         }
     )
     message = schemas[_CHAT + "Message"]
     message.setdefault("allOf", []).append(
         {
-            "if": _given("role", {"const": "tool"}),
+            "if": given("role", {"const": "tool"}),
             "then": {
                 "required": ["tool_call_id"],
                 "properties": {"tool_call_id": {"type": "string", "minLength": 1}},
@@ -314,71 +313,10 @@ def _completion(schema: Document, limits: ModelLimits) -> None:
         if choice.get("type") == "array":
             choice["maxItems"] = 1
     if not limits.logits_all:
-        _refuse(schema, "logprobs", {"type": "null"}, "null: the model keeps no log-probabilities")
-    _token_ids_in_logit_bias(schema, limits.n_vocab)
-    _grammar(schema)
-    _no_min_tokens_with_a_grammar(schema, [_given("grammar", _GBNF)])
-
-
-def _refuse(schema: Document, name: str, allowed: Document, why: str) -> None:
-    prop = schema.get("properties", {}).get(name)
-    if prop is None:
-        return
-    kept = {key: prop[key] for key in ("title", "description") if key in prop}
-    kept["description"] = f"{kept.get('description', '')} Only {why}.".strip()
-    schema["properties"][name] = {**kept, **copy.deepcopy(allowed)}
-
-
-def _grammar(schema: Document) -> None:
-    """`grammar` is GBNF that llama.cpp parses, with a `root` rule: the format says so."""
-    grammar = schema.get("properties", {}).get("grammar")
-    for choice in (grammar or {}).get("anyOf", ()):
-        if choice.get("type") == "string":
-            choice.update(_GBNF)
-
-
-def _token_ids_in_logit_bias(schema: Document, n_vocab: int) -> None:
-    """`logit_bias` keys are token ids of the vocabulary, unless `logit_bias_type` is "tokens"."""
-    if "logit_bias" not in schema.get("properties", {}):
-        return
-    ids = {"type": "object", "propertyNames": {"pattern": _decimal_below(n_vocab)}}
-    schema.setdefault("allOf", []).append(
-        {
-            "if": _given("logit_bias_type", {"const": "tokens"}),
-            "else": {"properties": {"logit_bias": {"anyOf": [ids, {"type": "null"}]}}},
-        }
-    )
-
-
-def _no_min_tokens_with_a_grammar(schema: Document, grammars: list[Document]) -> None:
-    """`min_tokens` only 0 where a grammar is given, as each of `grammars` describes a body that
-    gives one: llama.cpp fails where a grammar ends before `min_tokens`."""
-    if "min_tokens" not in schema.get("properties", {}):
-        return
-    for condition in grammars:
-        schema.setdefault("allOf", []).append(
-            {"if": condition, "then": {"properties": {"min_tokens": {"maximum": 0}}}}
-        )
-
-
-def _given(name: str, value: Document) -> Document:
-    return {"required": [name], "properties": {name: value}}
-
-
-def _decimal_below(n: int) -> str:
-    """A pattern of the decimal numbers 0 to n - 1 (leading zeros allowed)."""
-    top = str(n - 1)
-    shorter = len(top) - 1
-    choices = ["[0-9]" if shorter == 1 else f"[0-9]{{1,{shorter}}}"] if shorter else []
-    for i, digit in enumerate(top):
-        low = 1 if i == 0 and len(top) > 1 else 0
-        high = int(digit) - 1
-        if high >= low:
-            left = len(top) - i - 1
-            rest = "" if left == 0 else "[0-9]" if left == 1 else f"[0-9]{{{left}}}"
-            choices.append(top[:i] + (str(low) if high == low else f"[{low}-{high}]") + rest)
-    choices.append(top)
-    return f"^0*({'|'.join(choices)}){_END}"
+        refuse(schema, "logprobs", {"type": "null"}, "null: the model keeps no log-probabilities")
+    token_ids_in_logit_bias(schema, limits.n_vocab)
+    gbnf_grammar(schema)
+    no_min_tokens_with_a_grammar(schema, [given("grammar", GBNF)])
 
 
 def _warm(schema: Document, _limits: ModelLimits) -> None:

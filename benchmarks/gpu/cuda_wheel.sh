@@ -52,7 +52,37 @@ CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
     "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION" > "$out/cuda-build.log" 2>&1 \
     || { tail -40 "$out/cuda-build.log"; exit 1; }
 wheel=$(ls "$scratch"/llama_cpp_python-*.whl)
+stamp "built $(basename "$wheel"): $(du -h "$wheel" | cut -f1)"
+# A wheel holds no symbolic links: each library comes in three copies (libX.so, .so.0, .so.0.M.m),
+# twice over (llama.cpp's own install writes lib/ and include/ at the wheel's root as well), and
+# libggml-cuda is 57 MiB. Kept: llama_cpp/lib's libraries under the names something loads them by
+# (the soname, libX.so.0, for the dynamic linker; libX.so for those ctypes opens by name).
 rm -f "$out"/wheels/llama_cpp_python-*.whl
-mv "$wheel" "$out/wheels/"
-stamp "built $(basename "$wheel"): $(du -h "$out/wheels/$(basename "$wheel")" | cut -f1)"
+"$PYTHON" - "$wheel" "$out/wheels/$(basename "$wheel")" <<'PY'
+import re, sys, zipfile
+source, target = sys.argv[1:]
+by_name = {"libllama.so", "libggml.so", "libggml-base.so", "libmtmd.so"}  # opened with ctypes
+
+def kept(name: str) -> bool:
+    if name.endswith(".dist-info/RECORD"):
+        return True
+    if not name.startswith(("llama_cpp/", "llama_cpp_python-")):
+        return False  # the root's lib/, include/, bin/: llama.cpp's own install, never imported
+    file = name.rsplit("/", 1)[-1]
+    if name.startswith("llama_cpp/lib/") and ".so" in file:
+        return re.fullmatch(r"lib[\w.-]+?\.so\.0", file) is not None or file in by_name
+    return True
+
+with zipfile.ZipFile(source) as old, zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as new:
+    names = {info.filename for info in old.infolist() if kept(info.filename)}
+    for info in old.infolist():
+        if info.filename not in names:
+            continue
+        data = old.read(info)
+        if info.filename.endswith(".dist-info/RECORD"):
+            lines = data.decode().splitlines()
+            data = ("\n".join(line for line in lines if line.split(",", 1)[0] in names or line.endswith(",,")) + "\n").encode()
+        new.writestr(info, data, compress_type=zipfile.ZIP_DEFLATED, compresslevel=9)
+PY
+stamp "slimmed to $(du -h "$out/wheels/$(basename "$wheel")" | cut -f1): $(basename "$wheel")"
 du -ch "$out"/wheels/*.whl | tail -1

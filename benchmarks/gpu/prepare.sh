@@ -20,15 +20,20 @@ grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/ex
 # (blosc2 imports pydantic only for features snapcache does not use.)
 wheels=(blosc2 ndindex numexpr blake3 zstandard platformdirs gguf diskcache xxhash)
 # The device suite (run.sh --device-suite): pytest, the command line, `snapcache serve` and the
-# openai client, should the GPU machine's Python lack them.
-wheels+=(pytest pluggy iniconfig typer click shellingham prometheus-client fastapi starlette uvicorn h11
+# openai client, should the GPU machine's Python lack them. Apart from the table's wheels, so that
+# each call carries less than 64 MiB: the table's (with cuda_wheel.sh's 43 MiB build) first, then
+# these to the same machine while it is up.
+suite=(pytest pluggy iniconfig typer click shellingham prometheus-client fastapi starlette uvicorn h11
     sse-starlette starlette-context pydantic-settings python-dotenv openai httpx httpcore anyio sniffio
     distro jiter certifi idna pydantic pydantic-core typing-extensions annotated-types typing-inspection
     rich pygments markdown-it-py mdurl)
 platforms=()
 for n in 17 24 27 28 31 34 35; do platforms+=(--platform "manylinux_2_${n}_x86_64"); done
-"$PYTHON" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-    "${platforms[@]}" --platform manylinux2014_x86_64 --platform any -d "$out/wheels" "${wheels[@]}"
+download=("$PYTHON" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp
+    "${platforms[@]}" --platform manylinux2014_x86_64 --platform any)
+"${download[@]}" -d "$out/wheels" "${wheels[@]}"
+mkdir -p "$out/suite-wheels"
+"${download[@]}" -d "$out/suite-wheels" "${suite[@]}"
 
 sdist="$out/src/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION.tar.gz"
 if [[ ! -f "$sdist" ]]; then
@@ -52,4 +57,6 @@ if [[ ! -f "$sdist" ]]; then
     tar -czf "$sdist" -C "$scratch" "llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION"
 fi
 du -ch "$out"/wheels/*.whl "$sdist" | tail -1
-echo "ready: carry .gpu to the GPU machine and run benchmarks/gpu/run.sh there"
+du -ch "$out"/suite-wheels/*.whl | tail -1
+echo "ready: carry .gpu/wheels (and .gpu/src without a CUDA wheel) to the GPU machine and run"
+echo "benchmarks/gpu/run.sh there; then carry .gpu/suite-wheels for run.sh --device-suite"

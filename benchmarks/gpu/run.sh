@@ -84,6 +84,10 @@ if [[ $mode == device ]]; then
             if [[ -d $lib ]]; then export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; fi
         done
     fi
+    if compgen -G ".gpu/suite-wheels/*.whl" >/dev/null; then
+        "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" \
+            .gpu/suite-wheels/*.whl
+    fi
     stamp "the device suite on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
     "$python" -m pytest -m device tests/device -p no:cacheprovider -q -rs --junitxml "$out/device.xml" \
         | tee "$out/device.log"

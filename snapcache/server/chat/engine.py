@@ -166,10 +166,11 @@ class ChatEngine:
         if not started:
             yield Started(_usage(generated), time.monotonic_ns() - began)
         rest = stops.flush() if reason != "stop_sequence" else ""
+        fed = reader.feed(rest) if rest else []
         held = reader.finish()
         if reason == "length":  # the token limit ended the reply inside what the reader still held
             held = [_cut(item) if isinstance(item, ToolCallDropped) else item for item in held]
-        items = [*(reader.feed(rest) if rest else ()), *held]
+        items = [*fed, *held]
         called = called or any(isinstance(item, ToolCall) for item in items)
         yield from calls.events(items)
         if called:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from .report_check import Check
 
 if TYPE_CHECKING:
-    from snapcache.admin import GgmlBackend
+    from snapcache.admin import GgmlBackend, GgmlDevice
 
 GPU_BUILDS = (
     'CMAKE_ARGS="-DGGML_CUDA=on" (NVIDIA), "-DGGML_VULKAN=on" (AMD, Intel) or "-DGGML_METAL=on" (Apple)'
@@ -25,9 +25,14 @@ def backend_checks(llama: dict[str, Any], gpu_layers: int | None) -> list[Check]
     found = ggml_backends()
     layers = default_gpu_layers() if gpu_layers is None else gpu_layers
     checks = [backend_check(found), kv_cache_check(found, layers)]
-    if any(device.is_gpu for backend in found for device in backend.devices):
+    if _gpus(found):
         checks.append(pinned_memory_check())
     return checks
+
+
+def _gpus(found: list[GgmlBackend]) -> list[GgmlDevice]:
+    """The GPUs the backends found."""
+    return [device for backend in found for device in backend.devices if device.is_gpu]
 
 
 def backend_check(found: list[GgmlBackend]) -> Check:
@@ -38,7 +43,7 @@ def backend_check(found: list[GgmlBackend]) -> Check:
         if not found:
             return Check("backend", "warn", "ggml's backend API was not found in llama_cpp's libraries")
         return Check("backend", "ok", f"CPU only; for a GPU, rebuild llama-cpp-python with {GPU_BUILDS}")
-    gpus = [device for backend in accelerated for device in backend.devices if device.is_gpu]
+    gpus = _gpus(accelerated)
     names = ", ".join(backend.name for backend in accelerated)
     if not gpus:
         hint = (
@@ -58,8 +63,7 @@ def kv_cache_check(found: list[GgmlBackend], gpu_layers: int) -> Check:
     """Where a model loaded by the commands keeps its K/V cache (and so its states come from)."""
     from snapcache.admin import kv_cache_place
 
-    gpus = [device for backend in found for device in backend.devices if device.is_gpu]
-    return Check("K/V cache", "ok", f"{kv_cache_place(gpu_layers, gpus)}; --gpu-layers {gpu_layers}")
+    return Check("K/V cache", "ok", f"{kv_cache_place(gpu_layers, _gpus(found))}; --gpu-layers {gpu_layers}")
 
 
 def pinned_memory_check() -> Check:

@@ -109,3 +109,24 @@ def on_gpu(gpu: Any, make_llama: Any) -> Any:
         return make_llama(model_path, n_gpu_layers=gpu_layers, **kwargs)
 
     return factory
+
+
+def snapcache_json(*args: str, env: dict[str, str] | None = None) -> tuple[int, Any]:
+    """`python -m snapcache ARGS` (a command with `--json`) in a fresh process, as a user runs it:
+    its exit status and the JSON it printed; never a traceback."""
+    done = subprocess.run(
+        [sys.executable, "-m", "snapcache", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    assert "Traceback" not in done.stderr, done.stderr
+    return done.returncode, json.loads(done.stdout)
+
+
+@pytest.fixture
+def snapcache_command() -> Any:
+    """`snapcache_json`, for the tests (they cannot import a conftest)."""
+    return snapcache_json

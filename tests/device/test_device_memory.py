@@ -8,11 +8,8 @@ each case.
 from __future__ import annotations
 
 import gc
-import json
 import logging
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -163,22 +160,15 @@ def test_more_pinned_memory_than_the_machine_has_is_capped_with_a_warning(
     assert capture_buffer(cached.llm).pinned
 
 
-def doctor(env: dict[str, str]) -> dict[str, dict[str, str]]:
-    """`snapcache doctor --json` in a fresh process: its checks by name."""
-    done = subprocess.run(
-        [sys.executable, "-m", "snapcache", "doctor", "--json"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-        check=False,
-    )
-    assert "Traceback" not in done.stderr, done.stderr
-    return {check["name"]: check for check in json.loads(done.stdout)["checks"]}
+def checks_of(report: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """`snapcache doctor --json`'s checks by name."""
+    return {check["name"]: check for check in report["checks"]}
 
 
-def test_doctor_names_the_backend_the_device_and_where_the_k_v_cache_lives(gpu: Any) -> None:
-    checks = doctor(dict(os.environ))
+def test_doctor_names_the_backend_the_device_and_where_the_k_v_cache_lives(
+    gpu: Any, snapcache_command: Any
+) -> None:
+    checks = checks_of(snapcache_command("doctor", "--json")[1])
     assert checks["backend"]["status"] == "ok"
     assert gpu.describe() in checks["backend"]["detail"]
     assert gpu.describe() in checks["K/V cache"]["detail"]
@@ -194,24 +184,20 @@ def hidden_devices() -> dict[str, str]:
 
 
 def test_a_gpu_build_that_finds_no_device_says_so_and_runs_on_the_cpu(
-    gpu: Any, tiny_model_path: Path, tmp_path: Path
+    gpu: Any, snapcache_command: Any, tiny_model_path: Path, tmp_path: Path
 ) -> None:
     env = hidden_devices()
-    checks = doctor(env)
+    checks = checks_of(snapcache_command("doctor", "--json", env=env)[1])
     assert checks["backend"]["status"] == "warn"
     assert "found no GPU: every layer runs on the CPU" in checks["backend"]["detail"]
     assert checks["K/V cache"]["detail"].startswith("host memory (no GPU found")
     assert "pinned memory" not in checks
     prompt = tmp_path / "system.txt"
     prompt.write_text(PROMPT, encoding="utf-8")
-    command = [sys.executable, "-m", "snapcache", "--cache-dir", str(tmp_path / "cache"), "warm", str(prompt)]
-    warmed = subprocess.run(
-        [*command, "--model", str(tiny_model_path), "--threads", "2", "--json"],
-        capture_output=True,
-        text=True,
+    status, warmed = snapcache_command(
+        *("--cache-dir", str(tmp_path / "cache"), "warm", str(prompt)),
+        *("--model", str(tiny_model_path), "--threads", "2", "--json"),
         env=env,
-        timeout=300,
-        check=False,
     )
-    assert warmed.returncode == 0, warmed.stderr
-    assert json.loads(warmed.stdout)["token_count"] > 64
+    assert status == 0
+    assert warmed["token_count"] > 64

@@ -7,9 +7,6 @@ chose inexact, the choice and its reason are what the test shows.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -111,24 +108,20 @@ def test_a_restore_on_the_device_answers_as_cold_from_ram_and_from_disk(
 
 
 def test_auto_probes_the_device_and_says_what_it_chose_and_why(
-    gpu: Any, tiny_model_path: Path, tmp_path: Path
+    gpu: Any, snapcache_command: Any, tiny_model_path: Path, tmp_path: Path
 ) -> None:
     """`auto` measures once per fingerprint whether a split prompt reads on bit for bit on this build
     and device, and notes it in the cache directory: `snapcache warm` in a fresh process on the GPU
     (every layer, the commands' default on a GPU build), then what `snapcache doctor` shows of it."""
     prompt = tmp_path / "system.txt"
     prompt.write_text(PROMPT, encoding="utf-8")
-    cache = ["--cache-dir", str(tmp_path / "cache")]
-    warm = [sys.executable, "-m", "snapcache", *cache, "warm", str(prompt), "--model", str(tiny_model_path)]
-    warmed = subprocess.run([*warm, "--json"], capture_output=True, text=True, timeout=300, check=False)
-    assert warmed.returncode == 0, warmed.stderr
-    report = json.loads(warmed.stdout)
+    cache = ("--cache-dir", str(tmp_path / "cache"))
+    status, report = snapcache_command(*cache, "warm", str(prompt), "--model", str(tiny_model_path), "--json")
+    assert status == 0
     print(f"\nauto on {gpu.describe()}: {report['exactness']}")
     assert report["exactness"]["asked"] == "auto"
     assert report["exactness"]["reason"]
-    doctor = [sys.executable, "-m", "snapcache", *cache, "doctor", "--json"]
-    done = subprocess.run(doctor, capture_output=True, text=True, timeout=300, check=False)
-    checks = {check["name"]: check for check in json.loads(done.stdout)["checks"]}
+    checks = {check["name"]: check for check in snapcache_command(*cache, "doctor", "--json")[1]["checks"]}
     exact = report["exactness"]["mode"] == "exact"
     counts = f"{int(exact)} restore exactly and {int(not exact)} inexactly"
     probed = f"of the 1 model settings probed here, {counts}"

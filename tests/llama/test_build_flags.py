@@ -55,14 +55,26 @@ def test_a_source_not_as_the_guard_expects_stops_the_build(source: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("backend", "header", "guard"),
-    [("vulkan", 239, build_flags.LAYER_SETTINGS_GUARD), ("vulkan", 261, None), ("vulkan", None, None)],
+    ("header", "guard"), [(239, build_flags.LAYER_SETTINGS_GUARD), (261, None), (None, None)]
 )
-def test_the_guard_applies_to_vulkan_builds_on_older_headers_only(
-    backend: str, header: int | None, guard: str | None
-) -> None:
-    assert build_flags.source_guard(backend, header) == guard
-    assert build_flags.source_guard("cpu", header) is None
+def test_the_guard_applies_to_older_headers_only(header: int | None, guard: str | None) -> None:
+    assert build_flags.source_guard(header) == guard
+
+
+@pytest.mark.parametrize(
+    ("cmake_args", "vulkan"),
+    [
+        ("-DGGML_NATIVE=OFF -DGGML_VULKAN=on", True),
+        ("-DGGML_VULKAN=ON -DGGML_AVX2=ON", True),
+        ("-DGGML_VULKAN:BOOL=1", True),
+        ("-DGGML_VULKAN=OFF", False),
+        ("-DGGML_NATIVE=OFF", False),
+        ("", False),
+    ],
+)
+def test_a_vulkan_build_is_told_by_its_cmake_arguments(cmake_args: str, vulkan: bool) -> None:
+    """`--backend vulkan` and a user's own CMAKE_ARGS alike: a cpu build gets no guard."""
+    assert build_flags.builds_vulkan(cmake_args) == vulkan
 
 
 def test_the_vulkan_option_joins_the_cpu_flags_and_a_user_s_own_wins() -> None:

@@ -62,6 +62,7 @@ _X86_64 = frozenset({"x86_64", "amd64"})
 
 BACKENDS = ("cpu", "vulkan")
 VULKAN_OPTION = "-DGGML_VULKAN=on"
+_VULKAN_ON = re.compile(r"-DGGML_VULKAN(?::BOOL)?=(ON|1|TRUE|YES|Y)\b", re.IGNORECASE)
 # The first Vulkan headers with VK_EXT_layer_settings (vk::LayerSettingEXT).
 LAYER_SETTINGS_HEADER = 261
 VULKAN_SOURCE = Path("vendor/llama.cpp/ggml/src/ggml-vulkan/ggml-vulkan.cpp")
@@ -142,9 +143,15 @@ def vulkan_header_version(environ: Mapping[str, str]) -> int | None:
     return None
 
 
-def source_guard(backend: str, header_version: int | None) -> str | None:
-    """The guard a build of `backend` applies to llama.cpp's source with these headers, or None."""
-    if backend != "vulkan" or header_version is None or header_version >= LAYER_SETTINGS_HEADER:
+def builds_vulkan(cmake_args: str) -> bool:
+    """Whether a build with these CMake arguments has ggml's Vulkan backend (`--backend vulkan`, or a
+    user's own CMAKE_ARGS)."""
+    return _VULKAN_ON.search(cmake_args) is not None
+
+
+def source_guard(header_version: int | None) -> str | None:
+    """The guard a Vulkan build applies to llama.cpp's source with these headers, or None."""
+    if header_version is None or header_version >= LAYER_SETTINGS_HEADER:
         return None
     return LAYER_SETTINGS_GUARD
 
@@ -206,7 +213,7 @@ def install(python: str, environ: Mapping[str, str], *, quiet: bool = True, back
     flags = read_cpu_flags()
     machine = platform.machine()
     cmake_args = backend_cmake_args(chosen_cmake_args(environ, machine, flags), backend)
-    guard = source_guard(backend, vulkan_header_version(environ)) if "GGML_VULKAN" in cmake_args else None
+    guard = source_guard(vulkan_header_version(environ)) if builds_vulkan(cmake_args) else None
     python_tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
     key = build_key(LLAMA_CPP_PYTHON_VERSION, cmake_args, python_tag, machine, flags, guard)
     marker = Path(sys.prefix) / ".llama-cpp-python-build"

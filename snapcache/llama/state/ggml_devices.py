@@ -18,7 +18,7 @@ import ctypes
 import functools
 import logging
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -114,7 +114,8 @@ def text(raw: bytes | None) -> str:
 class Device:
     """One device ggml found: its name ("Vulkan0", "CUDA0", "CPU"), what it is ("NVIDIA H200",
     "llvmpipe (LLVM 15.0.6, 256 bits)"), its kind, its memory, and its pinned host buffer type
-    ("CUDA_Host", "Vulkan_Host"; "" where it has none)."""
+    ("CUDA_Host", "Vulkan_Host"; "" where it has none) with that type's handle (0: none), which
+    `host_memory` allocates from."""
 
     name: str
     description: str
@@ -122,6 +123,7 @@ class Device:
     memory_free: int
     memory_total: int
     host_buffer_type: str
+    host_buffer_handle: int = field(default=0, compare=False, repr=False)
 
     @property
     def is_gpu(self) -> bool:
@@ -154,6 +156,7 @@ def _device(api: GgmlApi, handle: int) -> Device:
         memory_free=int(free.value),
         memory_total=int(total.value),
         host_buffer_type=text(api.buft_name(buffer_type)) if buffer_type else "",
+        host_buffer_handle=int(buffer_type or 0),
     )
 
 

@@ -39,7 +39,7 @@ import numpy as np
 import numpy.typing as npt
 
 from snapcache.errors import InvalidArgument
-from snapcache.llama.state.ggml_devices import GgmlApi, ggml_api, text
+from snapcache.llama.state.ggml_devices import GgmlApi, ggml_api, gpu_devices
 
 __all__ = [
     "PINNED_MEMORY_ENV",
@@ -58,9 +58,6 @@ __all__ = [
 _log = logging.getLogger("snapcache")
 
 PINNED_MEMORY_ENV = "SNAPCACHE_PINNED_MEMORY"
-# ggml_backend_dev_type: CPU, GPU, IGPU (integrated), ACCEL.
-_DEVICE_TYPE_GPU = 1
-_DEVICE_TYPE_IGPU = 2
 _SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
@@ -124,16 +121,9 @@ class HostBufferType:
 def device_host_buffer_type() -> HostBufferType | None:
     """The host buffer type of the first GPU ggml knows (pinned memory it copies to and from at the
     bus's speed), or None: no GPU in this build, or one without such a type (the CPU backend)."""
-    ggml = ggml_api()
-    if ggml is None:
-        return None
-    for index in range(int(ggml.dev_count())):
-        device = ggml.dev_get(index)
-        if not device or int(ggml.dev_type(device)) not in (_DEVICE_TYPE_GPU, _DEVICE_TYPE_IGPU):
-            continue
-        buffer_type = ggml.dev_host_buffer_type(device)
-        if buffer_type:
-            return HostBufferType(int(buffer_type), text(ggml.buft_name(buffer_type)))
+    for device in gpu_devices():
+        if device.host_buffer_handle:
+            return HostBufferType(device.host_buffer_handle, device.host_buffer_type)
     return None
 
 

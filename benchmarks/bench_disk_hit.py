@@ -36,8 +36,8 @@ import numpy as np
 import xxhash
 from _common import Table, make_parser, report
 
+from snapcache.disk.disk_tier import DiskTier
 from snapcache.disk.files import FILES_DIR, decode_buffer, read_file  # the disk tier's own
-from snapcache.disk.tier import DiskTier
 from snapcache.formats import codec, snapshot_file
 from snapcache.formats.codec import ZSTD
 from snapcache.formats.threads import map_in_parallel

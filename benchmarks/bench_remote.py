@@ -77,7 +77,7 @@ def _restore(llm: Any, system: str, directory: Path, remote: Any) -> dict[str, A
 
 
 def _remote(url: str, prefix: str) -> Any:
-    from snapcache.remote.tier import RemoteTier
+    from snapcache.remote.remote_tier import RemoteTier
 
     # A larger write timeout than the default: this run measures, it does not test back-off.
     return RemoteTier(url, secret=SECRET, prefix=prefix, write_timeout_s=10.0)

@@ -119,8 +119,8 @@ PHASES = [
         "finish",
     ),
     ("  llama.cpp takes the state", "snapcache/llama/state/sequences.py", "restore_sequence"),
-    ("  is the system part restored? (decode)", "snapcache/llama/chat/chat_prefix.py", "reached"),
-    ("chat template probes", "snapcache/llama/chat/chat_prefix.py", "shared"),
+    ("  is the system part restored? (decode)", "snapcache/llama/templates/chat_prefix.py", "reached"),
+    ("chat template probes", "snapcache/llama/templates/chat_prefix.py", "shared"),
     ("tokenizing (prompt, and any system part)", "llama_cpp/llama.py", "tokenize"),
     ("llama.cpp evaluating (the question, then 7 tokens)", "llama_cpp/llama.py", "eval"),
 ]

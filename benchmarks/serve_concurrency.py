@@ -229,12 +229,31 @@ def launch_for(config: Config, model: Path, home: Path, n_ctx: int, binaries: di
 
 @dataclass
 class Answer:
-    """One streamed answer: seconds from the burst's start to its first content and to its end."""
+    """One streamed answer: seconds from the burst's start to its first content and to its end, and
+    where the server says the time to its first token went (its Server-Timing header, milliseconds
+    by phase; empty from servers that send none)."""
 
     first_s: float
     last_s: float
     text: str
     tokens: int
+    phases: dict[str, float] = field(default_factory=dict)
+    second_s: float | None = None  # its second piece of content: the first generation step after
+
+
+PHASES = ["queue", "restore", "read", "others-restore", "others-read", "save", "generate"]
+
+
+def server_timing(header: str | None) -> dict[str, float]:
+    """`Server-Timing: name;dur=ms, ...` as {name: ms} (entries without a duration left out)."""
+    phases: dict[str, float] = {}
+    for entry in (header or "").split(","):
+        name, _, duration = entry.strip().partition(";dur=")
+        try:
+            phases[name] = float(duration)
+        except ValueError:
+            continue
+    return phases
 
 
 def _ask(base: str, system: str, question: str, max_tokens: int, start: threading.Barrier) -> Answer:
@@ -245,28 +264,33 @@ def _ask(base: str, system: str, question: str, max_tokens: int, start: threadin
     start.wait()
     started = time.perf_counter()
     first: float | None = None
+    second: float | None = None
     parts: list[str] = []
     chunks = 0
     usage_tokens: int | None = None
     try:
-        stream = client.chat.completions.create(
+        raw = client.chat.completions.with_raw_response.create(
             model="model", messages=messages, max_tokens=max_tokens, temperature=0.0, stream=True,  # type: ignore[arg-type]
             stream_options={"include_usage": True},
             # llama-cpp-python's routes sample with a repeat penalty of 1.1 unless told.
             extra_body={"repeat_penalty": 1.0},
         )
-        for chunk in stream:
+        phases = server_timing(raw.headers.get("server-timing"))
+        for chunk in raw.parse():
             if chunk.usage is not None and chunk.usage.completion_tokens:
                 usage_tokens = chunk.usage.completion_tokens
             if chunk.choices and chunk.choices[0].delta.content:
                 if first is None:
                     first = time.perf_counter() - started
+                elif second is None:
+                    second = time.perf_counter() - started
                 parts.append(chunk.choices[0].delta.content)
                 chunks += 1
     finally:
         client.close()
     last = time.perf_counter() - started
-    return Answer(first if first is not None else last, last, "".join(parts), usage_tokens or chunks)
+    first_s = first if first is not None else last
+    return Answer(first_s, last, "".join(parts), usage_tokens or chunks, phases, second)
 
 
 def burst(base: str, asks: list[tuple[str, str]], max_tokens: int) -> list[Answer]:
@@ -284,6 +308,8 @@ class Run:
 
     one_by_one_s: float = 0.0
     bursts: dict[str, tuple[float, float]] = field(default_factory=dict)  # name -> (slowest first, last)
+    # name -> the server's phases (ms) of the request whose first token came last, where it sent them
+    phases: dict[str, dict[str, float]] = field(default_factory=dict)
     tokens_per_s: float = 0.0
     same_as_cold: int = 0
     start_s: list[float] = field(default_factory=list)
@@ -297,6 +323,10 @@ def run_server(config: Config, model: Path, systems: list[str], workdir: Path, t
 
     def measured(name: str, answers: list[Answer]) -> list[Answer]:
         run.bursts[name] = (max(a.first_s for a in answers), max(a.last_s for a in answers))
+        slowest = max(answers, key=lambda a: a.first_s)
+        if slowest.phases:
+            step = (slowest.second_s - slowest.first_s) * 1000 if slowest.second_s is not None else 0.0
+            run.phases[name] = {**slowest.phases, "first-step": step}
         say(f"{config.key}: {name}: slowest first token {run.bursts[name][0]:.2f} s, "
             f"last {run.bursts[name][1]:.2f} s")
         return answers
@@ -341,6 +371,10 @@ BURSTS = [
 ]
 
 
+# The bursts whose slowest request's phases are tabled.
+PHASED_BURSTS = {"seen": "prompts seen", "restart_same": "after a restart, same questions"}
+
+
 def _median(values: list[float]) -> float:
     return float(statistics.median(values))
 
@@ -355,6 +389,11 @@ def summarize(runs: list[Run]) -> dict[str, Any]:
         "tokens_per_s": _median([r.tokens_per_s for r in runs]),
         "same_as_cold": min(r.same_as_cold for r in runs),
         "start_s": _median([s for r in runs for s in r.start_s]),
+        "phases": {
+            name: {phase: _median([r.phases[name].get(phase, 0.0) for r in runs]) for phase in
+                   [*PHASES, "first-token", "first-step"]}
+            for name in PHASED_BURSTS if all(name in r.phases for r in runs)
+        },
     }
 
 
@@ -377,9 +416,10 @@ def build_tables(summaries: dict[str, dict[str, Any]], model_name: str, tokens: 
                         "(cold) answers, the worst run")
     bursts.notes.extend(skipped)
     tables = [bursts]
+    phased = phase_table(summaries)
     peer = summaries.get("llama-server")
     if peer is None:
-        return tables
+        return tables if phased is None else [*tables, phased]
     targets = Table(
         "Against llama-server -np 4 (targets of issue 35; ratio = snapcache / llama-server)",
         ["snapcache serve", "first token, seen (<= 1.5)", "last token, seen (<= 1.25)",
@@ -401,7 +441,36 @@ def build_tables(summaries: dict[str, dict[str, Any]], model_name: str, tokens: 
             ratio("seen", 0, 1.5), ratio("seen", 1, 1.25), ratio("restart_same", 0, 0.2),
             ratio("restart_new", 0, 0.2), f"{rate:.2f}x {'met' if rate >= 0.8 else 'missed'}",
         )
-    return [bursts, targets]
+    # The phases come last: pages quote the tables before them by their place.
+    return [*tables, targets] if phased is None else [*tables, targets, phased]
+
+
+def phase_table(summaries: dict[str, dict[str, Any]]) -> Table | None:
+    """Where the slowest first token of a burst went, as the server's Server-Timing header says
+    (snapcache's batched servers send it); None when no server sent one."""
+    table = Table(
+        "Where the slowest first token's time went, by the server's Server-Timing header (ms; "
+        "median of runs)",
+        ["server, burst", *PHASES, "first token (server)", "first step (client)"],
+    )
+    for key, summary in summaries.items():
+        for name, label in PHASED_BURSTS.items():
+            phases = summary.get("phases", {}).get(name)
+            if phases is None:
+                continue
+            table.add(f"{BY_KEY[key].label.removeprefix('snapcache serve ')}, {label}",
+                      *[f"{phases[phase]:.0f}" for phase in [*PHASES, "first-token", "first-step"]])
+    if not table.rows:
+        return None
+    table.notes.append(
+        "queue: waiting for a sequence, and for the steps before it was admitted; restore: its own "
+        "restore; read: its own prompt read (the tokens after the restored prefix); others-restore, "
+        "others-read: the other requests' restores and reads while it waited; save: states stored "
+        "meanwhile; generate: generation steps meanwhile. first token (server): from the request's "
+        "arrival at the scheduler to its first token; the client's figure above adds the HTTP side. "
+        "first step (client): from that request's first piece of content to its second, as the client "
+        "saw them (the first generation step after the burst's reads)")
+    return table
 
 
 # -- main -------------------------------------------------------------------------------------------------

@@ -106,7 +106,7 @@ def prepare_model(quick: bool, workdir: Path) -> tuple[Path, str]:
     model = choose_model(quick, workdir)
     if model.is_tiny:
         return model.path, model.name
-    from snapcache.llama.chat.chat_templates import GEMMA3_TEMPLATE
+    from snapcache.llama.templates.chat_templates import GEMMA3_TEMPLATE
 
     copy = RESULTS_DIR / f"{model.path.stem}.chat-template.gguf"
     print(f"  model: {copy.relative_to(_common.ROOT)} (a copy of {model.path.name} with Gemma 3's chat "

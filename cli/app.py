@@ -13,8 +13,8 @@ from typer.core import TyperGroup
 
 import snapcache
 
+from .command_errors import CliError, describe
 from .commands import bench, bundle, check, doctor, entries, serve, warm, why
-from .errors import CliError, describe
 from .formatting import parse_size
 from .settings import (
     FLASH_ATTN_ENV,

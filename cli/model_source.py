@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .errors import CliError
+from .command_errors import CliError
 
 if TYPE_CHECKING:
     from llama_cpp import Llama

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .errors import CliError
+from .command_errors import CliError
 
 # Far beyond any context window; stops a mistaken path (a model, an archive) being read into memory.
 MAX_PROMPT_BYTES = 64 << 20

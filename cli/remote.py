@@ -8,7 +8,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from .errors import CliError
+from .command_errors import CliError
 
 API_KEY_ENV = "SNAPCACHE_API_KEY"
 # Reading a long prompt on a laptop CPU can take minutes; the server answers when it is done.

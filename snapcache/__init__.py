@@ -18,7 +18,7 @@ from snapcache.errors import (
 from snapcache.formats.snapshot_file import FORMAT_VERSION as SNAPSHOT_FILE_FORMAT_VERSION
 from snapcache.key import DEFAULT_SCOPE, SnapshotKey, prefix_hash
 from snapcache.snapshot import Snapshot
-from snapcache.tier import EntryInfo
+from snapcache.tier_contract import EntryInfo
 from snapcache.version import __version__ as __version__
 
 if TYPE_CHECKING:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ..errors import CliError
+from ..command_errors import CliError
 from ..formatting import format_size, render_pairs
 from ..model_source import choose_model, load_llama
 from ..settings import settings_of

@@ -162,7 +162,7 @@ def _existing_ancestor(path: Path) -> Path:
 def _store_check(settings: Settings, found: DirectoryReport) -> Check:
     """Whether the store opens, what it holds, and whether its index and files agree; a directory
     or index not there yet is left so."""
-    from ..errors import describe
+    from ..command_errors import describe
 
     if found.problems:
         return Check("store", "fail", found.problems[0].message)
@@ -266,7 +266,7 @@ def _exactness_check(directory: Path, llama: dict[str, Any]) -> Check:
 
 def _remote_check(settings: Settings) -> list[Check]:
     """The remote tier, when --remote or SNAPCACHE_REMOTE names one: reachable, and what it holds."""
-    from ..errors import describe
+    from ..command_errors import describe
 
     url = settings.remote or os.environ.get("SNAPCACHE_REMOTE") or None
     if url is None:
@@ -302,7 +302,7 @@ def _model_check() -> Check:
     """Which model `warm` and `bench` use without --model; the demo model is not assembled here."""
     from snapcache.admin import DEMO_MODEL_NAME, DEMO_PACKAGE
 
-    from ..errors import CliError
+    from ..command_errors import CliError
     from ..model_source import MODEL_ENV, ModelChoice, check_gguf
 
     configured = os.environ.get(MODEL_ENV)

@@ -13,7 +13,7 @@ import typer
 
 from snapcache import SavingsLedger, ScopeSavings
 
-from ..errors import CliError
+from ..command_errors import CliError
 from ..formatting import (
     format_age,
     format_duration,

@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from ..errors import CliError
+from ..command_errors import CliError
 from ..formatting import parse_size
 from ..model_source import choose_model, load_llama, quiet_llama_cpp
 from ..remote import API_KEY_ENV

@@ -10,7 +10,7 @@ import typer
 from snapcache import DEFAULT_SCOPE
 from snapcache.admin import BLOCK_TOKENS, block_keys
 
-from ..errors import CliError
+from ..command_errors import CliError
 from ..formatting import format_duration, format_size, render_pairs
 from ..model_source import choose_model, load_llama
 from ..progress import prompt_progress

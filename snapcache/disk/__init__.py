@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from snapcache.disk.cache_dir import DirectoryReport, default_cache_dir, inspect_store_dir
+from snapcache.disk.disk_tier import Change, DiskTier, Miss
 from snapcache.disk.repair import CheckReport
-from snapcache.disk.tier import Change, DiskTier, Miss
 
 __all__ = [
     "Change",

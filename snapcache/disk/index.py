@@ -43,7 +43,7 @@ from snapcache.disk.index_schema import (
     to_signed64,
     transaction,
 )
-from snapcache.tier import CatalogRow
+from snapcache.tier_contract import CatalogRow
 
 __all__ = ["SCHEMA_VERSION", "Change", "DiskIndex", "IndexDamaged", "IndexRow", "to_signed64"]
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from snapcache.disk.index_schema import COLUMNS, GENERATION, INSERT, IndexRow, row_of
-from snapcache.tier import EVICTION_ORDER
+from snapcache.tier_contract import EVICTION_ORDER
 
 # Keys one query asks for at most (SQLite's oldest builds allow 999 bound parameters).
 KEYS_PER_QUERY = 500

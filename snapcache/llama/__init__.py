@@ -5,7 +5,6 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-from snapcache.llama.chat.chat_templates import GEMMA3_TEMPLATE, gemma3_chat_handler
 from snapcache.llama.exactness.adapters import set_control_vector, set_lora_adapters
 from snapcache.llama.exactness.fingerprint import file_fingerprint, model_fingerprint
 from snapcache.llama.exactness.support import unsupported_reason
@@ -18,6 +17,7 @@ from snapcache.llama.state.sequences import (
     restore_sequence,
     truncate_sequence,
 )
+from snapcache.llama.templates.chat_templates import GEMMA3_TEMPLATE, gemma3_chat_handler
 
 if TYPE_CHECKING:
     from snapcache.llama.hook.cached import CachedLlama, attach, detach

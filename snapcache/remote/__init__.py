@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from snapcache.remote.tier import RemoteStats, RemoteTier
+from snapcache.remote.remote_tier import RemoteStats, RemoteTier
 
 __all__ = ["RemoteStats", "RemoteTier"]

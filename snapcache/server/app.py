@@ -35,12 +35,12 @@ from snapcache.llama.hook.cache_hook import CacheHook
 from snapcache.llama.hook.cached import attach, detach
 from snapcache.server.chat import ChatEngine, PromptRules, install_dialects
 from snapcache.server.checks import CHAT_PATH, ModelLimits, RequestChecks
-from snapcache.server.errors import answer_client_errors
+from snapcache.server.error_answers import answer_client_errors
 from snapcache.server.middleware import SnapcacheMiddleware
 from snapcache.server.monitor import ServeMonitor
 from snapcache.server.openapi import describe_api
 from snapcache.server.parallel import ModelTurns, parallel_model, unlock_routes
-from snapcache.server.request import current_scope
+from snapcache.server.request_record import current_scope
 from snapcache.server.routes import extras_router, llama_cpp_router, snapcache_router
 from snapcache.server.served_model import ServedModel
 from snapcache.store import SavingsLedger, SnapshotStore
@@ -161,7 +161,7 @@ def create_app(llm: llama_cpp.Llama, store: SnapshotStore, options: ServeOptions
             allow_origins=list(options.cors_origins),
             allow_methods=["*"],
             allow_headers=["*"],
-            expose_headers=["X-Snapcache-Restored-Tokens", "X-Snapcache-Source"],
+            expose_headers=["X-Snapcache-Restored-Tokens", "X-Snapcache-Source", "Server-Timing"],
         )
 
     _log.info(

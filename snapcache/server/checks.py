@@ -29,7 +29,7 @@ from llama_cpp.server.types import (
 )
 from pydantic import BaseModel, BeforeValidator, ValidationError
 
-from snapcache.server.errors import BadRequest
+from snapcache.server.error_answers import BadRequest
 
 __all__ = [
     "AS_JSON_INTEGER",

@@ -29,8 +29,8 @@ from snapcache.key import DEFAULT_SCOPE, validate_scope
 from snapcache.llama.hook.request_streams import RequestStreams
 from snapcache.server.chat.ollama_routes import OLLAMA_PATHS
 from snapcache.server.checks import COMPLETION_PATHS, RequestChecks, parse_body
-from snapcache.server.errors import BadRequest, client_error, error_document
-from snapcache.server.request import RequestRecord, serving
+from snapcache.server.error_answers import BadRequest, client_error, error_document
+from snapcache.server.request_record import RequestRecord, serving
 
 __all__ = ["COMPLETION_PATHS", "SCOPE_HEADER", "SnapcacheMiddleware", "error_document"]
 

@@ -24,7 +24,7 @@ from prometheus_client.registry import Collector
 from snapcache.llama.exactness.choice import ExactnessChoice
 from snapcache.llama.state.host_memory import pinned_report
 from snapcache.llama.stored.reports import CompletionReport, RestoreInfo
-from snapcache.server.request import current_record
+from snapcache.server.request_record import current_record
 from snapcache.store import MIN_TIMED_TOKENS, SavingsLedger, ScopeSavings, SnapshotStore
 
 __all__ = ["ScopeTotals", "ServeMonitor"]
@@ -97,6 +97,14 @@ class ServeMonitor:
             buckets=_RESTORE_BUCKETS,
             registry=self.registry,
         )
+        self._phase_seconds = Histogram(
+            "snapcache_first_token_phase_seconds",
+            "Where the time to a batched completion's first token went, by phase (see "
+            "FirstTokenPhases: queue, restore, read, others_restore, others_read, save, generate).",
+            ["phase"],
+            buckets=_RESTORE_BUCKETS,
+            registry=self.registry,
+        )
         self.registry.register(_StoreCollector(store))
         if exactness is not None:
             chosen = Info(
@@ -147,6 +155,10 @@ class ServeMonitor:
         self._cached_tokens.labels(report.scope).inc(restore.cached_tokens)
         self._seconds_saved.labels(report.scope).inc(saved)
         self._restore_seconds.labels(restore.source or "none").observe(restore.restore_seconds)
+        if restore.phases is not None:
+            for phase, seconds in restore.phases.as_dict().items():
+                if phase != "first_token":
+                    self._phase_seconds.labels(phase).observe(seconds)
         if self._ledger is not None:
             self._ledger.record(
                 self._fingerprint,

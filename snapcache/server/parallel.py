@@ -29,7 +29,7 @@ from snapcache.llama.exactness.fingerprint_notes import FingerprintNotes
 from snapcache.llama.hook.miss import MissExplanation, explain_prompt
 from snapcache.llama.hook.request_streams import current_streams
 from snapcache.llama.stored.reports import CompletionListener
-from snapcache.server.request import current_scope
+from snapcache.server.request_record import current_scope
 from snapcache.store import SnapshotStore
 
 __all__ = ["ModelTurns", "ParallelModel", "parallel_model", "unlock_routes"]

@@ -27,7 +27,7 @@ from snapcache.llama.hook.cache_hook import CacheHook
 from snapcache.llama.stored.reports import WarmResult
 from snapcache.server.chat.rules import PromptRules
 from snapcache.server.checks import AS_JSON_INTEGER, DETOKENIZE_PATH
-from snapcache.server.errors import error_document
+from snapcache.server.error_answers import error_document
 from snapcache.server.monitor import ServeMonitor
 from snapcache.server.parallel import ModelTurns, ParallelModel
 

@@ -16,7 +16,7 @@ from snapcache.store.prefix_index import PrefixIndex
 from snapcache.store.ram import RamTier
 from snapcache.store.report import Counters, memory_row
 from snapcache.store.write_behind import PendingWrite, WriteBehind
-from snapcache.tier import EntryInfo
+from snapcache.tier_contract import EntryInfo
 
 
 class StoreMemory:

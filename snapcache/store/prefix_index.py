@@ -17,7 +17,7 @@ import numpy.typing as npt
 
 from snapcache.errors import InvalidArgument
 from snapcache.key import SnapshotKey, TokenArray, prefix_hash_of_array, rolling_prefix_hashes
-from snapcache.tier import CatalogRow
+from snapcache.tier_contract import CatalogRow
 
 GroupId = tuple[str, str]  # (model fingerprint, scope)
 PrefixHashes = npt.NDArray[np.uint64]

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from snapcache.key import SnapshotKey, rolling_hash, validate_budget
 from snapcache.snapshot import Snapshot
-from snapcache.tier import EntryInfo, TierName, may_evict
+from snapcache.tier_contract import EntryInfo, TierName, may_evict
 
 # Rebuild the heap once stale items outnumber live ones by this factor (plus a small floor).
 _COMPACT_FACTOR = 2

@@ -24,7 +24,7 @@ from snapcache.store.deferred_uses import DeferredUses
 from snapcache.store.memory import StoreMemory
 from snapcache.store.prefix_index import PrefixIndex
 from snapcache.store.report import Counters
-from snapcache.tier import TierName
+from snapcache.tier_contract import TierName
 
 if TYPE_CHECKING:
     from snapcache.disk import DiskTier, Miss

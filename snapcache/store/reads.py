@@ -34,7 +34,7 @@ from snapcache.store.read_tiers import (
     disk_call,
 )
 from snapcache.store.report import Counters
-from snapcache.tier import TierName
+from snapcache.tier_contract import TierName
 
 if TYPE_CHECKING:
     from snapcache.disk import DiskTier

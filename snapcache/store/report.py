@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from snapcache.key import SnapshotKey, rolling_hash
 from snapcache.snapshot import Snapshot
-from snapcache.tier import EntryInfo, TierName
+from snapcache.tier_contract import EntryInfo, TierName
 
 if TYPE_CHECKING:
     from snapcache.store.ram import RamTier

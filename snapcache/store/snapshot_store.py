@@ -40,6 +40,7 @@ from snapcache.snapshot import Buffer, Snapshot
 from snapcache.store.catalogs import DiskCatalogs
 from snapcache.store.closing import close_tiers, flush_tiers
 from snapcache.store.deferred_puts import DeferredPuts
+from snapcache.store.entry_rows import disk_figures, follow_disk, local_entries
 from snapcache.store.inputs import (
     DEFAULT_DIRECTORY,
     Default,
@@ -47,14 +48,13 @@ from snapcache.store.inputs import (
     check_key,
     resolve_compression,
 )
-from snapcache.store.listing import disk_figures, follow_disk, local_entries
 from snapcache.store.local_puts import LocalPuts, put_everywhere, snapshot_to_put
 from snapcache.store.memory import StoreMemory
 from snapcache.store.opening import DiskParts, close_at_exit, closed_already, open_disk, open_tiers_args
 from snapcache.store.reads import TierReads, disk_call
 from snapcache.store.report import Counters, StoreEntry, StoreStats, store_stats
 from snapcache.store.shared_payloads import share_payloads
-from snapcache.tier import EntryInfo, TierName, in_eviction_order
+from snapcache.tier_contract import EntryInfo, TierName, in_eviction_order
 
 if TYPE_CHECKING:
     from snapcache.disk import Change, CheckReport, DirectoryReport

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from block_snapshots import block_snapshots
 
-from snapcache.disk.tier import FILES_DIR, DiskTier, Miss
+from snapcache.disk.disk_tier import FILES_DIR, DiskTier, Miss
 from snapcache.formats import codec
 from snapcache.formats import threads as _threads
 from snapcache.key import SnapshotKey

@@ -13,8 +13,8 @@ import pytest
 from small_filesystem import mounted
 
 from snapcache.disk import files as disk_files
+from snapcache.disk.disk_tier import FILES_DIR, DiskTier
 from snapcache.disk.index import DiskIndex
-from snapcache.disk.tier import FILES_DIR, DiskTier
 from snapcache.errors import StoreUnavailable
 from snapcache.key import SnapshotKey
 from snapcache.snapshot import Snapshot

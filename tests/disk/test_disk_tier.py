@@ -19,7 +19,7 @@ import pytest
 from reliability_workers.disk_files import garbage_inside, garbage_over
 
 from snapcache.disk.cache_dir import default_cache_dir, prepare_cache_dir
-from snapcache.disk.tier import FILES_DIR, INDEX_NAME, TEMP_PREFIX, DiskTier
+from snapcache.disk.disk_tier import FILES_DIR, INDEX_NAME, TEMP_PREFIX, DiskTier
 from snapcache.errors import (
     InsecureDirectory,
     InvalidArgument,
@@ -223,7 +223,7 @@ def test_data_version_ignores_reads_and_their_last_use(tmp_path: Path) -> None:
 
 
 def test_on_change_reports_each_transaction_exactly(tmp_path: Path) -> None:
-    from snapcache.disk.tier import Change
+    from snapcache.disk.disk_tier import Change
 
     changes: list[Change] = []
     size = file_size(tmp_path)
@@ -700,7 +700,7 @@ import sys
 from pathlib import Path
 sys.path[:0] = sys.argv[4:]
 from test_disk_tier import make_snapshot
-from snapcache.disk.tier import DiskTier
+from snapcache.disk.disk_tier import DiskTier
 tier = DiskTier(Path(sys.argv[1]), int(sys.argv[2]))
 first = int(sys.argv[3])
 for seed in range(first, first + 15):
@@ -901,7 +901,7 @@ def fill_and_close(directory: Path, snaps: list[Snapshot], secret: bytes | None 
 def test_a_damaged_or_lost_index_is_rebuilt_from_the_files(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, damage: str
 ) -> None:
-    from snapcache.disk.tier import QUARANTINE_DIR
+    from snapcache.disk.disk_tier import QUARANTINE_DIR
 
     directory = tmp_path / "c"
     snaps = [make_snapshot(i, priority=i, logits=i % 2 == 1, n_tokens=20 + i) for i in range(6)]
@@ -1000,7 +1000,7 @@ _OPENER = """
 import sys
 from pathlib import Path
 sys.path[:0] = [sys.argv[2]]
-from snapcache.disk.tier import DiskTier
+from snapcache.disk.disk_tier import DiskTier
 tier = DiskTier(Path(sys.argv[1]), 1 << 30)
 print(len(tier))
 tier.close()
@@ -1011,7 +1011,7 @@ def test_processes_opening_a_damaged_index_together_rebuild_it_once(tmp_path: Pa
     import subprocess
     import sys
 
-    from snapcache.disk.tier import QUARANTINE_DIR
+    from snapcache.disk.disk_tier import QUARANTINE_DIR
 
     directory = tmp_path / "c"
     snaps = [make_snapshot(i) for i in range(8)]

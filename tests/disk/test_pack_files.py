@@ -15,8 +15,8 @@ import pytest
 from block_snapshots import block_snapshots
 
 from snapcache.disk import index_schema
+from snapcache.disk.disk_tier import PACK_MEMBERS, DiskTier, Miss
 from snapcache.disk.files import FILES_DIR, INDEX_NAME, is_pack_name
-from snapcache.disk.tier import PACK_MEMBERS, DiskTier, Miss
 from snapcache.errors import CorruptSnapshot
 from snapcache.formats.codec import ZSTD
 from snapcache.formats.pack_file import decode_member, encode_pack, read_member_tokens, read_pack_head

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import xxhash
 
-from snapcache.disk.tier import FILES_DIR, INDEX_NAME, DiskTier
+from snapcache.disk.disk_tier import FILES_DIR, INDEX_NAME, DiskTier
 from snapcache.errors import CorruptSnapshot
 from snapcache.formats import codec, snapshot_file
 from snapcache.formats.codec import ZSTD

@@ -16,7 +16,7 @@ from chat_support import chat_reply as reply_of
 from chat_support import common_prefix, context_of
 
 from snapcache.llama.hook.cached import CachedLlama
-from snapcache.llama.stored.checkpoints import CHECKPOINT_ALIGN
+from snapcache.llama.stored.checkpoints import CHECKPOINT_ALIGN, FINAL_TAIL_TOKENS, final_point
 
 pytestmark = [pytest.mark.model, pytest.mark.gemma, pytest.mark.slow]
 
@@ -113,7 +113,10 @@ def test_stream_gives_the_same_tokens_and_saves_when_exhausted(cached, cold_runs
     assert (streamed, context_of(warm.llm)) == cold_runs(messages)
     saved = {entry.key.token_count for entry in store.entries()}
     assert warm.last_restore.checkpoints >= 1
-    assert max(saved) == len(context_of(warm.llm)) or len(context_of(warm.llm)) - max(saved) < 32
+    # The prompt end is saved: 1 to 64 tokens before the reply on the 64 grid, 16 to 19 on Gemma's
+    # measured 4-token grid (see `final_point`); the context holds the reply too.
+    prompt = warm.last_restore.prompt_tokens
+    assert prompt - max(saved) <= FINAL_TAIL_TOKENS + CHECKPOINT_ALIGN
 
 
 def test_new_chat_question_reuses_the_shared_prefix_without_warm(cached, cold_runs):
@@ -145,8 +148,9 @@ def test_new_raw_question_reuses_the_shared_prefix_without_warm(cached, cold_run
     shared = common_prefix(prompt1, prompt2)
     assert shared > 640
     # A sliding-window model restores at the stored points that hold a window: on a raw prompt, every
-    # window length (512 tokens for Gemma 3) and the prompt's end.
-    assert second.last_restore.restored_tokens == shared // 512 * 512
+    # window length (512 tokens for Gemma 3) and the prompt's end (see `final_point`).
+    points = [shared // 512 * 512, final_point(len(prompt1), first.alignment)]
+    assert second.last_restore.restored_tokens == max(p for p in points if p <= shared)
     assert (text, context_of(second.llm)) == cold_runs(prompt)
 
 
@@ -216,17 +220,19 @@ def test_a_chat_restored_to_its_warmed_system_part_tokenizes_only_its_prompt(cac
     # A system part not stored yet is tokenized once more, to put a checkpoint at its end.
     seen.clear()
     fresh.llm.reset()
-    longer = chat_with(SYSTEM + " Sign every message.", "Tell Sam I will be ten minutes late.")
+    # Longer by more than a checkpoint's worth (`min_tokens`) on any grid.
+    signed = SYSTEM + " Sign every message with your first name, keep each one under five short lines," * 3
+    longer = chat_with(signed, "Tell Sam I will be ten minutes late.")
     fresh.create_chat_completion(longer, **GREEDY)
     assert len(seen) == 2
     later = cached()
-    later.create_chat_completion(chat_with(SYSTEM + " Sign every message.", "Any news?"), **GREEDY)
+    later.create_chat_completion(chat_with(signed, "Any news?"), **GREEDY)
     assert later.last_restore.restored_tokens > warmed.token_count  # the new system part's checkpoint
 
 
 def test_decoding_at_once_gives_what_detokenize_gives_token_by_token(make_llama, gemma_model_path):
     from snapcache.key import as_token_array
-    from snapcache.llama.chat.chat_prefix import _decode_at_once
+    from snapcache.llama.templates.chat_prefix import _decode_at_once
 
     llm = make_llama(gemma_model_path, n_ctx=N_CTX)
     rendered = f"<start_of_turn>user\n{SYSTEM}\n\n¿Qué tal? 1 + 1 = ?<end_of_turn>\n<start_of_turn>model\n"

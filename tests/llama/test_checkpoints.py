@@ -48,7 +48,7 @@ def test_a_head_on_a_fine_grid_ends_where_it_ends() -> None:
     assert head_point(prompt, prompt[:421], alignment=1) == 421
     assert plan(prompt, prompt[:421], alignment=4) == [
         RestorePoint(420, 3, KIND_PREFIX),
-        RestorePoint(468, 3, KIND_PROMPT_END),
+        RestorePoint(484, 3, KIND_PROMPT_END),  # 16 tokens and more before the end: FINAL_TAIL_TOKENS
     ]
 
 

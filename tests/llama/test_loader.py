@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from snapcache import InvalidArgument, ModelError, SnapcacheError, load_llama
-from snapcache.llama.chat.chat_templates import GEMMA3_TEMPLATE
 from snapcache.llama.setup.loader import usable_cores
+from snapcache.llama.templates.chat_templates import GEMMA3_TEMPLATE
 
 SYSTEM = "You are Desk, a careful assistant. Never delete files."
 QUESTION = "Where is the plumber's invoice?"

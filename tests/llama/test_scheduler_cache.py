@@ -287,3 +287,28 @@ def test_a_stored_prompt_end_supersedes_the_one_its_conversation_stored_before(
     assert store.held_priority(SnapshotKey.for_tokens(s.fingerprint, DEFAULT_SCOPE, new_end)) is not None
     assert store.held_priority(keys[0]) is None
     assert store.held_priority(keys[1]) is not None
+
+
+def test_a_request_says_where_its_time_to_the_first_token_went(llm: llama_cpp.Llama, scheduler: Any) -> None:
+    first, second, third = prompts(llm, 3, SYSTEM)
+    running = scheduler(n_seq=2, mode="exact")
+    running.submit(first, GREEDY).result(60)
+    burst = [running.submit(p, GREEDY) for p in (second, third)]
+    for request in burst:
+        request.result(60)
+        assert request.restore is not None
+        assert request.restore.phases is not None
+        phases = request.restore.phases
+        assert request.first_token_seconds is not None
+        assert phases.restore > 0
+        assert phases.read > 0
+        assert min(phases.as_dict().values()) >= 0
+        # The phases add up to no more than the time to the first token, and cover most of it.
+        assert phases.total <= phases.first_token + 1e-3
+        assert phases.first_token <= request.first_token_seconds + 1e-3
+        assert phases.total >= 0.5 * phases.first_token
+    # Both were admitted in one step: the later one's first token waited for the earlier one's read.
+    later = max(burst, key=lambda r: r.first_token_seconds or 0.0).restore
+    assert later is not None
+    assert later.phases is not None
+    assert later.phases.others_read + later.phases.queue > 0

@@ -106,7 +106,9 @@ def test_a_warmed_state_serves_requests_across_the_window(
         two = s.submit(second, GREEDY, scope="elsewhere")
         assert two.result(300) == cold(second)
         assert two.restore is not None
-        assert 512 < two.restore.restored_tokens <= len(system)  # where `other` saved, aligned
+        # where `other` saved (its system part's end or its prompt's, on the split alignment)
+        shared = next(i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b)
+        assert 512 < two.restore.restored_tokens <= shared
 
 
 def test_a_chat_through_batched_llama_is_the_llamas_and_restores_its_system_part(
@@ -139,7 +141,10 @@ def test_every_request_of_a_burst_stores_its_prompt_end(
 
     system = list(gemma.tokenize(SYSTEM.encode()))
     CachedLlama(gemma, store, "agents").warm(system)
-    asks = [prompt_of(gemma, q) for q in QUESTIONS[:2]]
+    # Questions long enough for a prompt-end point on any grid past the system part by more than
+    # `min_tokens` (32 tokens or more before the reply: see `final_point`).
+    detail = " Answer in full, step by step, and give one example for each step you describe to me."
+    asks = [prompt_of(gemma, q + detail * 4) for q in QUESTIONS[:2]]
     with Scheduler(gemma, store, n_seq=2, mode="exact") as s:
         assert s.fingerprint is not None
         alignment = s._cache.alignment
@@ -175,3 +180,40 @@ def test_an_inexact_scheduler_restores_and_reuses_a_sliding_window_model_at_any_
             assert request.finish_reason in ("stop", "length")
             assert request.restore is not None
             assert request.restore.restored_tokens >= len(system)
+
+
+def test_a_sequence_whose_window_wrapped_is_cut_back_for_its_scopes_next_question(
+    gemma: llama_cpp.Llama, cold: Any, store: SnapshotStore
+) -> None:
+    """A window-sized cache goes round its ring (1,024 cells here) on a prompt past it; the next
+    question of the scope reads on from that sequence cut back to their shared prefix (no restore),
+    where its ring still holds the cut point's window, and answers as cold."""
+    from snapcache.llama.state.sequences import window_cells
+
+    system = (Path(__file__).resolve().parents[2] / "examples" / "system_prompt.txt").read_text()[:5200]
+    first, second = (prompt_of(gemma, q, system) for q in QUESTIONS[:2])
+    ring = window_cells(gemma, N_CTX)
+    with Scheduler(gemma, store, n_seq=2, mode="exact") as s:
+        assert s.submit(first, GREEDY, scope="agents").result(300) == cold(first)
+        again = s.submit(second, GREEDY, scope="agents")
+        assert again.result(300) == cold(second)
+    assert again.restore is not None
+    if gemma.context_params.swa_full:
+        return  # a full-size cache holds every cell: cut back from position 0, as before
+    assert ring
+    assert len(first) > ring
+    assert again.restore.source == "context"
+    assert again.restore.restored_tokens > len(system) // 8  # most of the system prompt, in tokens
+
+
+def test_a_window_is_cut_back_only_where_a_cold_read_would_lay_it_out() -> None:
+    from snapcache.llama.state.sequences import window_cut_reads_cold
+
+    # A ring of 1,024 cells, a 512-token window, a sequence read cold to position 1,400 (it holds
+    # positions 377..1,400).
+    assert window_cut_reads_cold(377, 1400, 1300, 512, 1024)
+    assert window_cut_reads_cold(377, 1400, 1025, 512, 1024)
+    assert not window_cut_reads_cold(377, 1400, 1023, 512, 1024)  # the cut would wrap the ring
+    assert not window_cut_reads_cold(377, 1400, 880, 512, 1024)  # its window is gone
+    assert not window_cut_reads_cold(377, 1400, 1300, 512, 0)  # not a window-sized cache
+    assert not window_cut_reads_cold(700, 1400, 1100, 512, 1024)  # held from 700: 589.. is gone

@@ -150,7 +150,7 @@ def test_a_chat_handler_that_tokenizes_something_else_first_still_warms_its_syst
 
 def test_a_chat_handler_that_hands_over_text_warms_the_tokens_create_completion_reads(cached):
     from snapcache.key import as_token_array
-    from snapcache.llama.chat.chat_prefix import text_prompt_tokens
+    from snapcache.llama.templates.chat_prefix import text_prompt_tokens
 
     warmer = cached(scope="text")
     llm = warmer.llm

@@ -14,7 +14,7 @@ from reliability_workers.payload import FINGERPRINT, SCOPE, large_state_for, tok
 from small_filesystem import mounted
 
 from snapcache import SnapshotKey, SnapshotStore
-from snapcache.disk.tier import DiskTier
+from snapcache.disk.disk_tier import DiskTier
 
 FS_BYTES = 2 << 20
 STATE_BYTES = 200 << 10

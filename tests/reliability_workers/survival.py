@@ -15,7 +15,7 @@ from reliability_workers.payload import FINGERPRINT, KEYS, SCOPE, problem_with, 
 from reliability_workers.procs import worker_env
 from reliability_workers.reports import IN_FLIGHT_DEBRIS, check_problems
 from snapcache import SnapshotKey, SnapshotStore
-from snapcache.disk.tier import DiskTier
+from snapcache.disk.disk_tier import DiskTier
 
 
 def start_worker(command: list[str], log: Path) -> subprocess.Popen[str]:

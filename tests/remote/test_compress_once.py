@@ -18,7 +18,7 @@ from redis_server import RedisServer, emptied, running_redis  # noqa: E402
 from snapcache import SnapshotKey, SnapshotStore  # noqa: E402
 from snapcache.formats import codec  # noqa: E402
 from snapcache.formats.snapshot_file import encode, mac_key  # noqa: E402
-from snapcache.remote.tier import RemoteTier  # noqa: E402
+from snapcache.remote.remote_tier import RemoteTier  # noqa: E402
 from snapcache.store.shared_payloads import SharedPayloads  # noqa: E402
 
 SECRET = b"compress once"

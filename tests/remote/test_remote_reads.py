@@ -14,7 +14,7 @@ redis = pytest.importorskip("redis", reason="the remote tier needs the redis cli
 from redis_server import RedisServer, emptied, running_redis  # noqa: E402
 
 from snapcache.key import BLOCK_TOKENS, SnapshotKey, block_keys  # noqa: E402
-from snapcache.remote.tier import RemoteTier  # noqa: E402
+from snapcache.remote.remote_tier import RemoteTier  # noqa: E402
 from snapcache.store import SnapshotStore  # noqa: E402
 
 SECRET = b"team secret"

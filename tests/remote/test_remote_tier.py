@@ -18,7 +18,7 @@ from redis_server import RedisServer, emptied, running_redis  # noqa: E402
 from snapcache.formats.codec import ZSTD  # noqa: E402
 from snapcache.formats.snapshot_file import encode  # noqa: E402
 from snapcache.key import SnapshotKey, as_token_array, block_keys, rolling_hash  # noqa: E402
-from snapcache.remote.tier import RemoteTier  # noqa: E402
+from snapcache.remote.remote_tier import RemoteTier  # noqa: E402
 from snapcache.remote.writes import RemoteWrites  # noqa: E402
 from snapcache.snapshot import Snapshot  # noqa: E402
 
@@ -519,7 +519,7 @@ def test_a_machine_with_another_secret_reads_the_prompt_itself(server, tmp_path,
 
 
 def test_store_with_a_dead_redis_keeps_working_locally(server, tmp_path):
-    from snapcache.remote.tier import RemoteTier
+    from snapcache.remote.remote_tier import RemoteTier
 
     server.kill()
     remote = RemoteTier(server.url, secret=SECRET, backoff_s=60)
@@ -606,7 +606,7 @@ def test_store_reads_the_remote_from_the_environment(server, tmp_path, monkeypat
 
 
 def test_store_survives_redis_killed_and_restarted_amid_puts_and_lookups(server, tmp_path):
-    from snapcache.remote.tier import RemoteTier
+    from snapcache.remote.remote_tier import RemoteTier
 
     remote = RemoteTier(server.url, secret=SECRET, backoff_s=0.2)
     errors: list[BaseException] = []

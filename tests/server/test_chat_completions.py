@@ -16,9 +16,9 @@ from snapcache.server.chat.chat_completions import (
     completion_of,
 )
 from snapcache.server.chat.chat_completions_protocol import parsed
+from snapcache.server.chat.chat_request import NamedTool
 from snapcache.server.chat.events import ChatEvent, Finished, Started, TextDelta, ToolCalled, Usage
-from snapcache.server.chat.request import NamedTool
-from snapcache.server.errors import BadRequest
+from snapcache.server.error_answers import BadRequest
 from snapcache.server.tools import ToolCall
 
 TOOL = {"type": "function", "function": {"name": "read", "parameters": {"type": "object"}}}

@@ -14,7 +14,7 @@ from typing import Any
 import anyio
 
 from snapcache.server.chat.streaming import EventStream, Final
-from snapcache.server.errors import BadRequest
+from snapcache.server.error_answers import BadRequest
 
 
 def _error_event(failure: BadRequest) -> bytes:

@@ -11,10 +11,10 @@ from pydantic import ValidationError
 
 from snapcache.server.chat import ollama
 from snapcache.server.chat.anthropic_protocol import MessagesRequest
+from snapcache.server.chat.chat_request import Sampling
 from snapcache.server.chat.events import Finished, Started, TextDelta, ToolCalled, Usage
 from snapcache.server.chat.ollama_protocol import ChatBody, GenerateBody
-from snapcache.server.chat.request import Sampling
-from snapcache.server.errors import BadRequest
+from snapcache.server.error_answers import BadRequest
 from snapcache.server.served_model import ServedModel
 from snapcache.server.tools import ToolCall
 

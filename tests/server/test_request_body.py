@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from snapcache.server.checks import parse_body
-from snapcache.server.errors import BadRequest
+from snapcache.server.error_answers import BadRequest
 
 
 @pytest.mark.parametrize(

@@ -158,7 +158,7 @@ def test_llama_cpp_pythons_route_errors_that_are_the_clients_are_400s() -> None:
     from jinja2 import TemplateError
     from llama_cpp.server.errors import RouteErrorHandler
 
-    from snapcache.server.errors import answer_client_errors
+    from snapcache.server.error_answers import answer_client_errors
 
     answer_client_errors()
     answer_client_errors()  # once per process, however often it is called

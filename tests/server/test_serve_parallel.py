@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +48,7 @@ class Answer:
     source: str
     restored_tokens: int
     finish_reason: str | None
+    timing: dict[str, float] | None = None  # Server-Timing: phase -> milliseconds
 
     @property
     def reply(self) -> tuple[str, int]:
@@ -98,7 +100,15 @@ def ask(
         headers["x-snapcache-source"],
         int(headers["x-snapcache-restored-tokens"]),
         finish,
+        _server_timing(headers.get("server-timing")),
     )
+
+
+def _server_timing(header: str | None) -> dict[str, float] | None:
+    if header is None:
+        return None
+    entries = [entry.strip().split(";dur=") for entry in header.split(",")]
+    return {name: float(milliseconds) for name, milliseconds in entries}
 
 
 def at_once(calls: list[Any]) -> list[Answer]:
@@ -168,6 +178,19 @@ def test_four_concurrent_streams_all_get_complete_answers(batched: ServerProcess
     assert set(sources[:3]) <= {"context", "ram"}
     assert sum(a.cached_tokens >= 64 for a in answers) == 3
     assert stats(batched)["scopes"][scope]["requests"] == 4
+    # Each says where its time to the first token went (Server-Timing, milliseconds).
+    phases = {"queue", "restore", "read", "others-restore", "others-read", "save", "generate", "first-token"}
+    for answer in answers:
+        assert answer.timing is not None
+        assert set(answer.timing) == phases
+        assert answer.timing["read"] > 0
+        spent = sum(ms for name, ms in answer.timing.items() if name != "first-token")
+        assert spent <= answer.timing["first-token"] + 0.2  # each rounded to 0.1 ms
+    waited = [a.timing["queue"] + a.timing["others-read"] for a in answers if a.timing is not None]
+    assert max(waited) > 0  # a prompt is read alone: the last one's first token waited
+    with urllib.request.urlopen(f"{batched.base_url}/metrics", timeout=30) as response:
+        metrics = response.read().decode()
+    assert 'snapcache_first_token_phase_seconds_count{phase="read"}' in metrics
 
 
 def test_exact_mode_answers_each_request_as_if_it_ran_alone(

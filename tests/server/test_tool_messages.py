@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from snapcache.llama.chat.chat_templates import GEMMA3_TEMPLATE
-from snapcache.server.chat.request import text_of
-from snapcache.server.errors import BadRequest
+from snapcache.llama.templates.chat_templates import GEMMA3_TEMPLATE
+from snapcache.server.chat.chat_request import text_of
+from snapcache.server.error_answers import BadRequest
 from snapcache.server.tools import (
     ChatTemplateError,
     ToolCall,

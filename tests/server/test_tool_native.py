@@ -14,11 +14,11 @@ import pytest
 from llama_cpp.server import app as llama_server
 from tool_models import MISTRAL_SPECIALS, QWEN_SPECIALS, write_template_model
 
+from snapcache.server.chat.chat_request import ChatMessage, ChatRequest, NamedTool, Sampling
 from snapcache.server.chat.engine import ChatEngine, tool_channel_for
 from snapcache.server.chat.events import Finished, Started, TextDelta, ToolCalled
 from snapcache.server.chat.generic_tools import GenericTools
 from snapcache.server.chat.native_tools import NativeTools
-from snapcache.server.chat.request import ChatMessage, ChatRequest, NamedTool, Sampling
 from snapcache.server.chat.rules import PromptRules
 from snapcache.server.tools import ToolCall, ToolCallDelta, ToolSpec
 

@@ -9,7 +9,7 @@ import pytest
 import tiny_model
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-from snapcache.llama.chat.chat_templates import GEMMA3_TEMPLATE
+from snapcache.llama.templates.chat_templates import GEMMA3_TEMPLATE
 from snapcache.server.tools import ToolSpec, render_messages, render_prompt, tool_format_for
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "data" / "chat_templates"

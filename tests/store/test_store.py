@@ -14,7 +14,7 @@ import pytest
 
 from snapcache import InvalidArgument, KeyMismatch, SnapcacheError, SnapshotKey, StoreUnavailable
 from snapcache.store import SnapshotStore, StoreEntry
-from snapcache.tier import Tier
+from snapcache.tier_contract import Tier
 
 FP = "fp-store"
 SCOPE = "store"

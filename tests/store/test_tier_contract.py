@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pytest
 
-from snapcache.disk.tier import DiskTier
+from snapcache.disk.disk_tier import DiskTier
 from snapcache.key import SnapshotKey, as_token_array
 from snapcache.snapshot import Snapshot
 from snapcache.store.ram import RamTier
-from snapcache.tier import Tier
+from snapcache.tier_contract import Tier
 
 if TYPE_CHECKING:
     from redis_server import RedisServer
@@ -62,7 +62,7 @@ def make_tier(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MakeTi
         elif request.param == "disk":
             tier = DiskTier(tmp_path / f"disk-{len(made)}", budget)
         else:
-            from snapcache.remote.tier import RemoteTier
+            from snapcache.remote.remote_tier import RemoteTier
 
             tier = RemoteTier(
                 url, secret=b"contract", prefix=f"contract-{len(made)}", budget_bytes=budget, background=False

@@ -35,9 +35,14 @@ from snapcache.llama.batch._detached import DetachedStream
 from snapcache.llama.batch._request import Request, SchedulerError
 from snapcache.llama.batch._sampling import LazyGrammar, SamplingParams, batched_unsupported
 from snapcache.llama.batch._scheduler import Scheduler
-from snapcache.llama.chat.chat_prefix import ChatPrefixFinder, agent_head, render_options, text_prompt_tokens
 from snapcache.llama.hook.request_streams import stop_with_request
 from snapcache.llama.stored.reports import CompletionListener, CompletionReport
+from snapcache.llama.templates.chat_prefix import (
+    ChatPrefixFinder,
+    agent_head,
+    render_options,
+    text_prompt_tokens,
+)
 
 __all__ = ["BatchedLlama"]
 

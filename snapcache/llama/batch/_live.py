@@ -4,7 +4,8 @@ A sequence keeps the prompt its last request read (or restored); the next reques
 reuses the longest prefix any sequence holds: its own sequence cut back, or another's copied in
 (`SequenceContext.copy`, a state copy within the context). Cuts fall on the model's split alignment,
 where reading on gives bit for bit a cold read; a sliding-window cache is cut back only while it
-holds its sequence's cells from position 0, and never below what a padded restore left whole.
+holds its sequence's cells from position 0 or, window-sized, the window of the cut point
+(`SequenceContext.can_cut`), and never below what a padded restore left whole.
 """
 
 from __future__ import annotations
@@ -116,7 +117,7 @@ class LivePrefixes:
         if source != seq_id and not context.copy(source, seq_id):
             return False
         if n_tokens <= context.last_position(seq_id):
-            cuttable = self._truncates or context.first_position(seq_id) == 0
+            cuttable = self._truncates or context.can_cut(seq_id, n_tokens)
             if not (cuttable and context.cut(seq_id, n_tokens)):
                 context.clear(seq_id)
                 return False

@@ -40,7 +40,11 @@ Gemma-3-270M, 2 threads, 4 requests of 80 prompt and 128 generated tokens): 54.9
 batched, 40.1 exact, 39.3 one by one on the Llama; exact mode's gain is fairness (slowest first
 token 1.0 s instead of 10.0 s), not throughput.
 
-The module stays whole at about 480 lines: the loop, admission, the step and the end of a request
+Each request's first token says where its time went (`FirstTokenPhases`, on its restore report):
+its own restore and read, and the others' work it waited for, from the seconds the scheduler counts
+by kind of work (`PhaseClock`).
+
+The module stays whole at about 530 lines of code: the loop, admission, the step and the end of a request
 are one state machine over the same slots; what sequences keep between requests is `_live`.
 """
 
@@ -76,6 +80,7 @@ from snapcache.llama.stored.checkpoints import (
     align_down,
     head_point,
 )
+from snapcache.llama.stored.phases import PhaseClock, RequestTimer
 from snapcache.llama.stored.reports import RestoreInfo
 from snapcache.store import SnapshotStore
 
@@ -111,6 +116,7 @@ class _Slot:
     prompt_end: SnapshotKey | None = None  # its conversation's latest stored prompt end
     head: int = 0  # where the head its conversations share ends (`checkpoints.head_point`; 0: none)
     left: Held | None = None  # what its sequence kept once it finished, for saves stored after
+    timer: RequestTimer | None = None  # its own seconds, for the phases of its first token
 
     def held(self) -> Held:
         """What the sequence holds of the prompt so far, as a later request may reuse it."""
@@ -193,6 +199,7 @@ class Scheduler:
         self._closing = False
         self._cond = threading.Condition()
         self.decode_calls = 0
+        self._clock = PhaseClock()  # the seconds of each kind of work, for requests' phases
         self._thread = threading.Thread(target=self._loop, name="snapcache-scheduler", daemon=True)
         self._thread.start()
 
@@ -341,6 +348,7 @@ class Scheduler:
 
     def _admit(self, request: Request, seq_id: int) -> None:
         started = time.perf_counter()
+        timer = RequestTimer(self._clock, queued=started - request.submitted_at)
         context = self._context
         tokens = request.prompt
         try:
@@ -400,6 +408,9 @@ class Scheduler:
         request.restore = RestoreInfo(
             n, reused, n - reused, restored.source, 0, time.perf_counter() - started
         )
+        timer.restore = request.restore.restore_seconds
+        self._clock.restore += timer.restore
+        slot.timer = timer
         self._slots[seq_id] = slot
 
     def _step(self) -> None:
@@ -437,7 +448,9 @@ class Scheduler:
         cache = self._cache
         while self._saves and cache is not None:
             slot, pending = self._saves.pop(0)
+            started = time.perf_counter()
             stored = cache.save(pending)
+            self._clock.save += time.perf_counter() - started
             if not stored:
                 continue
             slot.checkpoints += stored
@@ -456,7 +469,9 @@ class Scheduler:
         # consecutive, increasing sequence ids, and each ubatch reads every weight once.
         group = sorted(group, key=lambda s: s.seq_id)
         chunks = [Chunk(s.seq_id, [s.next_token], s.n_past, True) for s in group]
+        started = time.perf_counter()
         code, rows = self._context.decode(chunks)
+        self._clock.generate += time.perf_counter() - started
         self.decode_calls += 1
         if code != 0:
             self._fail(group, code)
@@ -474,6 +489,7 @@ class Scheduler:
         end = min(n, slot.n_past + self._context.n_batch)
         if slot.stops and slot.stops[0].n_tokens < end:
             end = slot.stops[0].n_tokens
+        started = time.perf_counter()
         code, rows = self._context.decode(
             [Chunk(slot.seq_id, tokens[slot.n_past : end], slot.n_past, end == n)]
         )
@@ -489,8 +505,15 @@ class Scheduler:
             if pending is not None:
                 self._saves.append((slot, pending))
         if end < n:
+            self._count_read(slot, started)
             return
-        reason = self._take(slot, slot.sampler.sample(self._context.ctx, rows[0]))
+        token = slot.sampler.sample(self._context.ctx, rows[0])
+        self._count_read(slot, started)
+        if slot.timer is not None and slot.request.restore is not None:
+            first_token = time.perf_counter() - slot.request.submitted_at
+            phases = slot.timer.phases(self._clock, first_token)
+            slot.request.restore = replace(slot.request.restore, phases=phases)
+        reason = self._take(slot, token)
         # The sequence holds exactly the prompt until the first token is decoded: take its state
         # now, after that token went to its reader.
         if cache is not None and cache.one_capture:
@@ -501,6 +524,12 @@ class Scheduler:
                 self._saves.append((slot, pending))
         if reason is not None:
             self._finish(slot, reason)
+
+    def _count_read(self, slot: _Slot, started: float) -> None:
+        spent = time.perf_counter() - started
+        self._clock.read += spent
+        if slot.timer is not None:
+            slot.timer.read += spent
 
     def _take(self, slot: _Slot, token: int) -> FinishReason | None:
         """Hand a sampled token to its request; why the request ends with it, or None."""

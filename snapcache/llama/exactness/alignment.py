@@ -12,8 +12,8 @@ question leaves, for a <= 16) and after 64; the alignment is the finest a whose
 splits, and every coarser one's, give the last token's logits of the whole read bit for bit. It
 costs a dozen reads of 128 tokens (seconds on a small model on 2 cores), once per model
 fingerprint: the result is kept with the fingerprint's notes in the cache directory and in the
-process. Sliding-window models keep 64 (see below). None means no split point holds: such a model
-is not cached.
+process. Sliding-window models with a full-size window cache keep 64 (see below). None means no
+split point holds: such a model is not cached.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import llama_cpp
 import numpy as np
 import numpy.typing as npt
 
-from snapcache.llama.chat.chat_prefix import text_prompt_tokens
+from snapcache.llama.templates.chat_prefix import text_prompt_tokens
 
 __all__ = ["COARSEST_ALIGNMENT", "PROBE_TOKENS", "measure_alignment", "remember", "remembered"]
 
@@ -62,10 +62,11 @@ def measure_alignment(llm: llama_cpp.Llama) -> int | None:
     Uses the Llama's context and leaves it empty. A context too small for the probe gets the
     coarsest alignment, the one snapcache has always used.
     """
-    if int(llama_cpp.llama_model_n_swa(llm.model)) > 0:
-        # Sliding-window models keep the coarsest: restored on finer points, Gemma-3-270M drifted
+    if int(llama_cpp.llama_model_n_swa(llm.model)) > 0 and bool(llm.context_params.swa_full):
+        # A full-size window cache keeps the coarsest: restored on finer points, Gemma-3-270M drifted
         # from a cold read in a chat test although this probe found 4-token splits exact (the probe
-        # stays inside one window, and a restore pads the window of a sliding-window cache).
+        # stays inside one window, and a restore pads the window of such a cache). A window-sized
+        # cache is restored as the ring a cold read leaves, cell for cell, and splits as the probe finds.
         return COARSEST_ALIGNMENT
     tokens = _probe_tokens(llm)
     if len(tokens) < PROBE_TOKENS or int(llm.n_ctx()) <= PROBE_TOKENS + 1:

@@ -35,7 +35,6 @@ from llama_cpp import llama_chat_format
 
 from snapcache.errors import InvalidArgument
 from snapcache.key import DEFAULT_SCOPE, TokenArray, validate_priority, validate_scope
-from snapcache.llama.chat.chat_prefix import ChatPrefixFinder, SharedPrefix, agent_head, render_options
 from snapcache.llama.exactness.choice import AUTO, Exactness, ExactnessChoice, choose_exactness
 from snapcache.llama.exactness.fingerprint import model_fingerprint
 from snapcache.llama.exactness.fingerprint_notes import FingerprintNotes
@@ -50,6 +49,7 @@ from snapcache.llama.setup.amx import warn_once
 from snapcache.llama.stored.checkpoints import DEFAULT_PREFIX_REUSE
 from snapcache.llama.stored.prefix_cache import PrefixCache
 from snapcache.llama.stored.reports import CompletionListener, RestoreInfo, WarmResult
+from snapcache.llama.templates.chat_prefix import ChatPrefixFinder, SharedPrefix, agent_head, render_options
 from snapcache.store import SnapshotStore
 
 __all__ = ["CacheHook", "ScopeSource", "attached_hook"]

@@ -20,12 +20,12 @@ from typing import TypeVar
 import llama_cpp
 
 from snapcache.key import BLOCK_TOKENS, SnapshotKey, TokenArray
-from snapcache.llama.chat.chat_prefix import SharedPrefix
 from snapcache.llama.exactness.readiness import Readiness
 from snapcache.llama.hook.prefix_loader import PrefixLoader
 from snapcache.llama.state.blocks import KIND_PROMPT_END
 from snapcache.llama.stored.checkpoints import RestorePoint, head_point
 from snapcache.llama.stored.reports import CompletionListener, CompletionReport, RestoreInfo
+from snapcache.llama.templates.chat_prefix import SharedPrefix
 from snapcache.prompt_tokens import PromptTokens
 
 __all__ = ["Completion", "CompletionCache", "LastPrompt"]

@@ -12,10 +12,10 @@ from typing import Any
 
 import llama_cpp
 
-from snapcache.llama.chat.chat_prefix import patched
 from snapcache.llama.hook.completion import Completion, CompletionCache
 from snapcache.llama.hook.request_streams import stop_with_request
 from snapcache.llama.stored.reports import RestoreInfo
+from snapcache.llama.templates.chat_prefix import patched
 
 _MISSING = object()
 

@@ -16,8 +16,8 @@ import llama_cpp
 import numpy as np
 
 from snapcache.key import SnapshotKey, TokenArray
-from snapcache.llama.chat.chat_prefix import common_prefix
 from snapcache.llama.exactness.fingerprint_notes import FingerprintNotes
+from snapcache.llama.templates.chat_prefix import common_prefix
 from snapcache.store import SnapshotStore
 
 __all__ = ["MissExplanation", "explain_prompt"]

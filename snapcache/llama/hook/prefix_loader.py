@@ -17,7 +17,6 @@ import numpy as np
 
 from snapcache.errors import SnapcacheError
 from snapcache.key import SnapshotKey, TokenArray
-from snapcache.llama.chat.chat_prefix import common_prefix
 from snapcache.llama.state.blocks import KIND_PREFIX, KIND_PROMPT_END
 from snapcache.llama.state.capture_buffer import capture_buffer
 from snapcache.llama.state.sequences import (
@@ -30,6 +29,7 @@ from snapcache.llama.stored.checkpoints import RestorePoint, align_down
 from snapcache.llama.stored.prefix_cache import PrefixCache
 from snapcache.llama.stored.reports import Source, WarmResult
 from snapcache.llama.stored.stored_states import Found, StoredStates
+from snapcache.llama.templates.chat_prefix import common_prefix
 from snapcache.prompt_tokens import PromptTokens
 
 __all__ = ["PrefixLoader", "Progress"]

@@ -11,11 +11,11 @@ import llama_cpp
 
 from snapcache.errors import InvalidArgument
 from snapcache.key import TokenArray, as_token_array, validate_priority
-from snapcache.llama.chat.chat_prefix import system_head, text_prompt_tokens
 from snapcache.llama.exactness.readiness import Readiness
 from snapcache.llama.hook.prefix_loader import PrefixLoader, Progress
 from snapcache.llama.stored.checkpoints import MIN_PREFIX_TOKENS, align_down
 from snapcache.llama.stored.reports import WarmResult
+from snapcache.llama.templates.chat_prefix import system_head, text_prompt_tokens
 
 # What every chat starting with these system messages shares (rendered with these options), or None
 # when the chat format cannot render them.

@@ -23,8 +23,8 @@ from typing import Any
 import llama_cpp
 
 from snapcache.errors import InvalidArgument, ModelError
-from snapcache.llama.chat.chat_templates import fallback_chat_handler
 from snapcache.llama.setup.amx import amx_condition, loading_without_extra_buffers
+from snapcache.llama.templates.chat_templates import fallback_chat_handler
 
 __all__ = [
     "DEFAULT_N_CTX",

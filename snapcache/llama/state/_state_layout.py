@@ -202,15 +202,29 @@ def ring_window(
     off += k * CELL_META_BYTES
     out[off : off + 8] = state[window.data_header[0] : window.data_header[1]]
     off += 8
+    runs = _runs(dst)
     for layer in window.layers:
         out[off : off + 12] = state[layer.header[0] : layer.header[1]]
         off += 12
         n_bytes = layer.width * k * layer.row_bytes
         rows = state[layer.data : layer.data + layer.width * m * layer.row_bytes].reshape(layer.width, m, -1)
-        out[off : off + n_bytes].reshape(layer.width, k, -1)[:, dst, :] = rows
+        slots = out[off : off + n_bytes].reshape(layer.width, k, -1)
+        for source, target, length in runs:
+            slots[:, target : target + length, :] = rows[:, source : source + length, :]
         off += n_bytes
     populate_for_reading(out)
     return out, k > m
+
+
+def _runs(dst: npt.NDArray[np.int64]) -> list[tuple[int, int, int]]:
+    """`dst` (the slot of each cell) as runs of consecutive slots: (first cell, first slot, length).
+    A window's cells are consecutive positions, so a ring holds them in at most two runs, each
+    copied as whole rows (a V layer's transposed rows are 2 bytes wide: copied cell by cell, they
+    took 30 ms of a 1,300-token Gemma-3 restore)."""
+    breaks = np.flatnonzero(np.diff(dst) != 1) + 1
+    starts = [0, *breaks.tolist()]
+    ends = [*breaks.tolist(), len(dst)]
+    return [(start, int(dst[start]), end - start) for start, end in zip(starts, ends, strict=True)]
 
 
 def write_cells(cells: npt.NDArray[np.uint8], first_position: int, seq_id: int) -> None:

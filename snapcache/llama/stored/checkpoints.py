@@ -1,12 +1,13 @@
 """Where a completion saves restore points (records, see `blocks`) on its way through a prompt.
 
 They sit at multiples of the model's measured split alignment (see `alignment`: 4 tokens for
-Gemma-3-270M Q4_K_M on a CPU build, 1 for f32 weights, at most 64; sliding-window models keep 64),
-where a prompt read on from a point gives bit-for-bit the results of a cold read.
+Gemma-3-270M Q4_K_M on a CPU build, 1 for f32 weights, at most 64; a sliding-window model with a
+full-size window cache keeps 64), where a prompt read on from a point gives bit-for-bit the results
+of a cold read.
 
 - chat completions: the end of the head every conversation of an agent shares (its system messages
   and its tools as the template renders them, see `chat_prefix`), and near the end of the prompt
-  (32 to 32 + alignment - 1 tokens before the reply; 1 to 64 on the 64 grid): the next turn of the
+  (16 to 16 + alignment - 1 tokens before the reply; 1 to 64 on the 64 grid): the next turn of the
   same chat starts with it. The prompt end is a record of kind `KIND_PROMPT_END`, which that next
   turn supersedes; the head is `KIND_PREFIX` and is never superseded, also where both fall on one
   point (a short question after a long head);
@@ -49,8 +50,9 @@ MIN_PREFIX_TOKENS = 64
 # The checkpoint at the end of a prompt leaves at least this many tokens to read with the prompt's
 # last token: a batch of a token or two can go through other kernels than the same tokens in a
 # longer batch (measured: a 1-token batch on f32 weights), and the alignment probe reads tails of
-# 16 to 63 tokens.
-FINAL_TAIL_TOKENS = 32
+# 16 to 63 tokens, so 16 is what every measured alignment of 16 or finer was checked with (32 until
+# 2026-11-29: each next turn of a chat read 16 tokens more than the probe asks).
+FINAL_TAIL_TOKENS = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +83,7 @@ def checkpoint_plan(
     lower = max(-MAX_PRIORITY, priority - 1)
     points = {p: (lower, KIND_PREFIX) for p in ladder if p < n - 1}
     # On the coarsest grid the tail is 1 to 64 tokens, as every model's tests showed exact; a finer
-    # grid leaves a tail of 32 or more (see FINAL_TAIL_TOKENS).
+    # grid leaves a tail of 16 or more (see FINAL_TAIL_TOKENS).
     points[final_point(n, alignment, exact=exact)] = (priority, KIND_PROMPT_END)
     if head:
         points[head] = (priority, KIND_PREFIX)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from snapcache.key import SnapshotKey
+from snapcache.llama.stored.phases import FirstTokenPhases
 
 __all__ = ["CompletionListener", "CompletionReport", "RestoreInfo", "Source", "WarmResult"]
 
@@ -22,7 +23,8 @@ class RestoreInfo:
     snapshot evaluates its last token again (a state carries no logits), so the two can add up to one
     more than `prompt_tokens`. `checkpoints` counts the states saved while reading the prompt.
     `restore_seconds` is the time spent finding that prefix and handing it to llama.cpp (on a miss,
-    the time the lookup took).
+    the time the lookup took). `phases`: where the time to the first token went, on the batched
+    path (None on the single-sequence one, where it is the restore and the read).
     """
 
     prompt_tokens: int
@@ -31,6 +33,7 @@ class RestoreInfo:
     source: Source | None
     checkpoints: int
     restore_seconds: float = 0.0
+    phases: FirstTokenPhases | None = None
 
     @property
     def cached_tokens(self) -> int:

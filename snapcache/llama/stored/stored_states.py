@@ -40,7 +40,7 @@ from snapcache.llama.stored.reports import Source
 from snapcache.prompt_tokens import PromptTokens
 from snapcache.snapshot import Snapshot
 from snapcache.store import SnapshotStore
-from snapcache.tier import TierName, slowest
+from snapcache.tier_contract import TierName, slowest
 
 __all__ = ["Found", "RestorePoint", "StoredStates"]
 

@@ -8,8 +8,8 @@ one place a chat runs on the model (see `engine`).
 
 from __future__ import annotations
 
+from snapcache.server.chat.chat_request import ChatMessage, ChatRequest
 from snapcache.server.chat.engine import ChatEngine
-from snapcache.server.chat.request import ChatMessage, ChatRequest
 from snapcache.server.chat.routes import install_dialects
 from snapcache.server.chat.rules import BILLING_HEADER_RULE, PromptRules
 from snapcache.server.tools import ToolSpec

@@ -21,6 +21,15 @@ from snapcache.server.chat.anthropic_protocol import (
     ToolResultBlock,
     ToolUseBlock,
 )
+from snapcache.server.chat.chat_request import (
+    ChatMessage,
+    ChatRequest,
+    NamedTool,
+    Sampling,
+    ToolChoice,
+    normalized_messages,
+    text_of,
+)
 from snapcache.server.chat.events import (
     ChatEvent,
     Finished,
@@ -32,18 +41,9 @@ from snapcache.server.chat.events import (
     ToolCalled,
     Usage,
 )
-from snapcache.server.chat.request import (
-    ChatMessage,
-    ChatRequest,
-    NamedTool,
-    Sampling,
-    ToolChoice,
-    normalized_messages,
-    text_of,
-)
 from snapcache.server.chat.streaming import Final
 from snapcache.server.checks import schema_problem
-from snapcache.server.errors import BadRequest
+from snapcache.server.error_answers import BadRequest
 from snapcache.server.tools import ToolCall, ToolSpec, arguments_json
 
 __all__ = ["chat_request", "error_body", "error_event", "message_events", "message_of"]

@@ -29,6 +29,14 @@ from snapcache.server.chat.chat_completions_protocol import (
     FunctionDefinition,
     Message,
 )
+from snapcache.server.chat.chat_request import (
+    ChatMessage,
+    ChatRequest,
+    NamedTool,
+    Sampling,
+    ToolChoice,
+    normalized_messages,
+)
 from snapcache.server.chat.events import (
     ChatEvent,
     Finished,
@@ -40,17 +48,9 @@ from snapcache.server.chat.events import (
     ToolCalled,
     Usage,
 )
-from snapcache.server.chat.request import (
-    ChatMessage,
-    ChatRequest,
-    NamedTool,
-    Sampling,
-    ToolChoice,
-    normalized_messages,
-)
 from snapcache.server.chat.streaming import Final
 from snapcache.server.checks import schema_problem
-from snapcache.server.errors import BadRequest
+from snapcache.server.error_answers import BadRequest
 from snapcache.server.tools import ToolCall, ToolSpec, arguments_json
 
 __all__ = [

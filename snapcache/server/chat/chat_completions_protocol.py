@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
 from snapcache.server.checks import AS_JSON_INTEGER
-from snapcache.server.errors import BadRequest
+from snapcache.server.error_answers import BadRequest
 
 __all__ = [
     "ChatCompletionRequest",

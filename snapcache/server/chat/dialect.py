@@ -18,11 +18,11 @@ from typing import Any, Generic, TypeVar
 from snapcache.server.chat import anthropic, chat_completions, ollama, responses, responses_output
 from snapcache.server.chat.anthropic_protocol import MessagesRequest
 from snapcache.server.chat.chat_completions_protocol import ChatCompletionRequest
+from snapcache.server.chat.chat_request import ChatRequest
 from snapcache.server.chat.events import ChatEvent
 from snapcache.server.chat.ollama_protocol import ChatBody, GenerateBody
-from snapcache.server.chat.request import ChatRequest
 from snapcache.server.chat.responses_protocol import ResponsesRequest
-from snapcache.server.errors import BadRequest
+from snapcache.server.error_answers import BadRequest
 
 __all__ = [
     "CHAT_COMPLETIONS",

@@ -34,6 +34,7 @@ from llama_cpp import LogitsProcessorList, MinTokensLogitsProcessor
 from llama_cpp.llama_grammar import LlamaGrammar
 from llama_cpp.server import app as llama_server
 
+from snapcache.server.chat.chat_request import ChatRequest
 from snapcache.server.chat.events import (
     ChatEvent,
     Finished,
@@ -45,12 +46,11 @@ from snapcache.server.chat.events import (
 )
 from snapcache.server.chat.generic_tools import GenericTools
 from snapcache.server.chat.native_tools import NativeTools
-from snapcache.server.chat.request import ChatRequest
 from snapcache.server.chat.rules import PromptRules
 from snapcache.server.chat.tool_channel import ToolChannel
 from snapcache.server.checks import ModelLimits, check_grammar, check_logit_bias
-from snapcache.server.errors import BadRequest, client_error
-from snapcache.server.request import RequestRecord, serving
+from snapcache.server.error_answers import BadRequest, client_error
+from snapcache.server.request_record import RequestRecord, serving
 from snapcache.server.tools import StreamItem, ToolCall, ToolCallDelta, ToolCallDropped
 
 __all__ = ["ChatEngine"]

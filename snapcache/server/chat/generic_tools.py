@@ -21,7 +21,7 @@ from typing import Any
 
 from llama_cpp.llama_grammar import LlamaGrammar
 
-from snapcache.server.chat.request import ChatMessage, ChatRequest, NamedTool
+from snapcache.server.chat.chat_request import ChatMessage, ChatRequest, NamedTool
 from snapcache.server.chat.tool_channel import PlainReader, ReplyReader, checked_grammar
 from snapcache.server.tools import (
     GenericCallStream,

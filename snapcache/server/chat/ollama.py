@@ -25,6 +25,7 @@ from collections.abc import AsyncIterator, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
+from snapcache.server.chat.chat_request import ChatMessage, ChatRequest, Sampling, normalized_messages
 from snapcache.server.chat.events import (
     ChatEvent,
     Finished,
@@ -34,10 +35,9 @@ from snapcache.server.chat.events import (
     ToolCalled,
 )
 from snapcache.server.chat.ollama_protocol import ChatBody, GenerateBody, Message, Options, Tool
-from snapcache.server.chat.request import ChatMessage, ChatRequest, Sampling, normalized_messages
 from snapcache.server.chat.streaming import Final
 from snapcache.server.checks import schema_problem
-from snapcache.server.errors import BadRequest
+from snapcache.server.error_answers import BadRequest
 from snapcache.server.tools import ToolCall, ToolSpec, arguments_json, arguments_object
 
 __all__ = [

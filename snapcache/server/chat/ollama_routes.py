@@ -17,7 +17,7 @@ from snapcache.server.chat.dialect import OLLAMA_CHAT, OLLAMA_GENERATE, Dialect
 from snapcache.server.chat.engine import ChatEngine
 from snapcache.server.chat.ollama_protocol import ChatBody, GenerateBody, ShowBody
 from snapcache.server.chat.serving import check_text, error_answers, failure, serve
-from snapcache.server.errors import BadRequest
+from snapcache.server.error_answers import BadRequest
 from snapcache.server.served_model import ServedModel
 
 __all__ = ["OLLAMA_PATHS", "ollama_router"]

@@ -6,10 +6,10 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from snapcache.llama.chat.chat_prefix import ChatPrefixFinder
+from snapcache.llama.templates.chat_prefix import ChatPrefixFinder
+from snapcache.server.chat.chat_request import ChatRequest
 from snapcache.server.chat.engine import ChatEngine
-from snapcache.server.chat.request import ChatRequest
-from snapcache.server.errors import BadRequest
+from snapcache.server.error_answers import BadRequest
 
 __all__ = ["PromptCounter"]
 

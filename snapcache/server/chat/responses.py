@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from snapcache.server.chat.request import (
+from snapcache.server.chat.chat_request import (
     ChatMessage,
     ChatRequest,
     NamedTool,
@@ -29,7 +29,7 @@ from snapcache.server.chat.responses_protocol import (
     ResponsesRequest,
 )
 from snapcache.server.checks import schema_problem
-from snapcache.server.errors import BadRequest
+from snapcache.server.error_answers import BadRequest
 from snapcache.server.tools import ToolCall, ToolSpec
 
 __all__ = ["chat_request", "error_event"]

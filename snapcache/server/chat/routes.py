@@ -34,7 +34,7 @@ from snapcache.server.chat.prompt_size import PromptCounter
 from snapcache.server.chat.responses_protocol import ResponsesRequest
 from snapcache.server.chat.serving import check_text, error_answers, failure, request_scope, serve
 from snapcache.server.checks import CHAT_PATH, parse_body
-from snapcache.server.errors import BadRequest
+from snapcache.server.error_answers import BadRequest
 from snapcache.server.served_model import ServedModel
 
 __all__ = ["MESSAGES_PATHS", "RESPONSES_PATH", "install_dialects"]

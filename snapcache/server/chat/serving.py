@@ -22,8 +22,8 @@ from snapcache.server.chat.dialect import Body, Dialect
 from snapcache.server.chat.engine import ChatEngine
 from snapcache.server.chat.events import ChatEvent
 from snapcache.server.chat.streaming import EventStream, as_failure, until_disconnect
-from snapcache.server.errors import BadRequest
-from snapcache.server.request import RequestRecord
+from snapcache.server.error_answers import BadRequest
+from snapcache.server.request_record import RequestRecord
 
 __all__ = ["check_text", "error_answers", "failure", "request_scope", "serve"]
 

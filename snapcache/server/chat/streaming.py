@@ -24,7 +24,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from snapcache.llama.hook.request_streams import RequestStreams
-from snapcache.server.errors import BadRequest
+from snapcache.server.error_answers import BadRequest
 
 __all__ = ["EventStream", "Final", "as_failure", "until_disconnect"]
 

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import llama_cpp
 from llama_cpp.llama_grammar import LlamaGrammar
 
-from snapcache.server.chat.request import ChatRequest
+from snapcache.server.chat.chat_request import ChatRequest
 from snapcache.server.tools import StreamItem
 
 __all__ = ["PlainReader", "ReplyReader", "ToolChannel", "chat_template", "checked_grammar"]

@@ -31,10 +31,10 @@ from pathlib import Path
 from snapcache.disk import files
 from snapcache.disk.auth import OtherAuthentication
 from snapcache.disk.cache_dir import prepare_cache_dir
+from snapcache.disk.disk_listing import Catalog, entries
 from snapcache.disk.files import FILES_DIR, INDEX_NAME, LOCK_NAME, QUARANTINE_DIR, TEMP_PREFIX
 from snapcache.disk.index import Change, DiskIndex, IndexRow
 from snapcache.disk.index_reads import IndexedReads, Miss
-from snapcache.disk.listing import Catalog, entries
 from snapcache.disk.puts import checked, pack_rows, pack_runs
 from snapcache.disk.reads import StoredFiles
 from snapcache.disk.removals import Removals
@@ -53,7 +53,7 @@ from snapcache.formats.pack_file import (
 from snapcache.formats.snapshot_file import EncodedFile, Encoding, mac_key
 from snapcache.key import SnapshotKey, TokenArray, rolling_hash, validate_budget
 from snapcache.snapshot import Buffer, Snapshot
-from snapcache.tier import CatalogRow, EntryInfo, TierName
+from snapcache.tier_contract import CatalogRow, EntryInfo, TierName
 
 logger = logging.getLogger("snapcache")
 

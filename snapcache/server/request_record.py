@@ -14,10 +14,20 @@ from dataclasses import dataclass
 from snapcache.key import DEFAULT_SCOPE
 from snapcache.llama.stored.reports import RestoreInfo
 
-__all__ = ["RESTORED_HEADER", "SOURCE_HEADER", "RequestRecord", "current_record", "current_scope", "serving"]
+__all__ = [
+    "RESTORED_HEADER",
+    "SOURCE_HEADER",
+    "TIMING_HEADER",
+    "RequestRecord",
+    "current_record",
+    "current_scope",
+    "serving",
+]
 
 RESTORED_HEADER = b"x-snapcache-restored-tokens"
 SOURCE_HEADER = b"x-snapcache-source"
+# W3C Server Timing: where the time to the first token went (batched requests), in milliseconds.
+TIMING_HEADER = b"server-timing"
 
 _current: ContextVar[RequestRecord | None] = ContextVar("snapcache_request", default=None)
 
@@ -33,14 +43,22 @@ class RequestRecord:
 
     def reuse_headers(self) -> list[tuple[bytes, bytes]]:
         """The response headers that say what the request reused: the tokens restored and the tier
-        they came from ("none" where nothing was); none before its prompt was read."""
+        they came from ("none" where nothing was), and on the batched path where the time to its
+        first token went (`Server-Timing`); none before its prompt was read."""
         restore = self.restore
         if restore is None:
             return []
-        return [
+        headers = [
             (RESTORED_HEADER, str(restore.restored_tokens).encode()),
             (SOURCE_HEADER, (restore.source or "none").encode()),
         ]
+        if restore.phases is not None:
+            timing = ", ".join(
+                f"{name.replace('_', '-')};dur={seconds * 1000:.1f}"
+                for name, seconds in restore.phases.as_dict().items()
+            )
+            headers.append((TIMING_HEADER, timing.encode()))
+        return headers
 
 
 def current_record() -> RequestRecord | None:

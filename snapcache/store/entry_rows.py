@@ -13,7 +13,7 @@ from snapcache.store.catalogs import DiskCatalogs
 from snapcache.store.memory import StoreMemory
 from snapcache.store.read_tiers import disk_call
 from snapcache.store.report import DiskFigures, merge_entries
-from snapcache.tier import EntryInfo
+from snapcache.tier_contract import EntryInfo
 
 if TYPE_CHECKING:
     from snapcache.disk import Change, DiskTier

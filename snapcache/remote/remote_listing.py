@@ -14,7 +14,7 @@ from snapcache.key import SnapshotKey, rolling_hash
 from snapcache.remote.budget import BudgetKeys
 from snapcache.remote.connection import Connection
 from snapcache.remote.writes import RemoteWrites
-from snapcache.tier import EntryInfo
+from snapcache.tier_contract import EntryInfo
 
 __all__ = ["RemoteStats", "entries", "stats"]
 

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
-from snapcache.server.errors import BadRequest
+from snapcache.server.error_answers import BadRequest
 from snapcache.server.tools import ToolCall, ToolSpec, UnsupportedContent, content_text
 
 __all__ = [

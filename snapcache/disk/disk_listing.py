@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from snapcache.disk.index import DiskIndex
 from snapcache.errors import InvalidArgument
-from snapcache.tier import CatalogRow, EntryInfo
+from snapcache.tier_contract import CatalogRow, EntryInfo
 
 __all__ = ["Catalog", "entries"]
 

@@ -29,13 +29,13 @@ from snapcache.formats import codec
 from snapcache.formats.compression import CodecChoice, PayloadSource
 from snapcache.formats.snapshot_file import Encoding, MacMismatch, decode, mac_key
 from snapcache.key import SnapshotKey, rolling_hash, validate_budget
-from snapcache.remote import listing
+from snapcache.remote import remote_listing
 from snapcache.remote.budget import FORGET, PUT, TOUCH, BudgetKeys
 from snapcache.remote.connection import Connection, validate_prefix, warn_no_secret
-from snapcache.remote.listing import RemoteStats
+from snapcache.remote.remote_listing import RemoteStats
 from snapcache.remote.writes import RemoteWrites
 from snapcache.snapshot import Snapshot
-from snapcache.tier import CatalogRow, EntryInfo
+from snapcache.tier_contract import CatalogRow, EntryInfo
 
 log = logging.getLogger("snapcache")
 
@@ -263,7 +263,7 @@ class RemoteTier:
     def entries(self) -> list[EntryInfo]:
         """One row per value the namespace holds whose head verifies as this namespace's (its MAC
         aside): read from each value's head and the budget's records, a few round trips in all."""
-        return listing.entries(
+        return remote_listing.entries(
             self._redis, self._keys, mac_key=self._mac_key, store_id=self._store_id, value_key=self.value_key
         )
 
@@ -271,7 +271,7 @@ class RemoteTier:
         """The namespace's figures from Redis (one round trip, unless backing off) and the counters."""
         with self._lock:
             counts = dict(self._counts)
-        return listing.stats(
+        return remote_listing.stats(
             self._redis,
             self._keys,
             prefix=self.prefix,

@@ -34,10 +34,9 @@ def test_a_full_size_window_cache_keeps_the_coarsest_alignment(make_llama, gemma
     assert measure_alignment(make_llama(gemma_model_path, n_ctx=1024, swa_cache="full")) == 64
 
 
-def test_a_window_sized_cache_splits_as_measured(make_llama, gemma_model_path) -> None:
-    # Restored as the ring a cold read leaves, cell for cell, a window splits where the probe finds
-    # splits exact (Gemma-3-270M Q4_K_M on a CPU build: by 4, its kernels' row groups).
-    assert measure_alignment(make_llama(gemma_model_path, n_ctx=1024, swa_cache="window")) < 64
+def test_a_window_sized_cache_keeps_the_coarsest_alignment_too(make_llama, gemma_model_path) -> None:
+    # Finer points drifted from cold on a grammar-constrained tool call (see `measure_alignment`).
+    assert measure_alignment(make_llama(gemma_model_path, n_ctx=1024, swa_cache="window")) == 64
 
 
 def test_a_chat_restores_all_but_the_last_tokens(cached, make_llama, tiny_model_path) -> None:

@@ -1,8 +1,8 @@
 """Where a completion saves restore points (records, see `blocks`) on its way through a prompt.
 
 They sit at multiples of the model's measured split alignment (see `alignment`: 4 tokens for
-Gemma-3-270M Q4_K_M on a CPU build, 1 for f32 weights, at most 64; a sliding-window model with a
-full-size window cache keeps 64), where a prompt read on from a point gives bit-for-bit the results
+Gemma-3-270M Q4_K_M on a CPU build, 1 for f32 weights, at most 64; sliding-window models keep
+64), where a prompt read on from a point gives bit-for-bit the results
 of a cold read.
 
 - chat completions: the end of the head every conversation of an agent shares (its system messages

@@ -7,7 +7,13 @@ import pytest
 
 from snapcache.key import SnapshotKey, as_token_array
 from snapcache.llama.state.blocks import KIND_PREFIX, KIND_PROMPT_END
-from snapcache.llama.stored.checkpoints import CHECKPOINT_ALIGN, RestorePoint, checkpoint_plan, head_point
+from snapcache.llama.stored.checkpoints import (
+    CHECKPOINT_ALIGN,
+    RestorePoint,
+    checkpoint_plan,
+    final_point,
+    head_point,
+)
 from snapcache.llama.stored.stored_states import StoredStates
 from snapcache.store import SnapshotStore
 
@@ -51,6 +57,12 @@ def test_a_head_on_a_fine_grid_ends_where_it_ends() -> None:
         RestorePoint(484, 3, KIND_PROMPT_END),  # 16 tokens and more before the end: FINAL_TAIL_TOKENS
     ]
 
+
+
+def test_the_prompt_end_leaves_the_shortest_tail_the_probe_checked_for_its_grid() -> None:
+    # The probe reads last batches of 16 tokens for alignments up to 16, of 32 for 32.
+    assert [500 - final_point(500, alignment) for alignment in (1, 4, 16, 32, 64)] == [16, 16, 20, 52, 52]
+    assert final_point(500, 1, exact=False) == 499  # inexact: all but the last token
 
 @pytest.mark.parametrize(
     ("shared", "expected"),

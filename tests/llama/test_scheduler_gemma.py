@@ -207,7 +207,7 @@ def test_a_sequence_whose_window_wrapped_is_cut_back_for_its_scopes_next_questio
 
 
 def test_a_window_is_cut_back_only_where_a_cold_read_would_lay_it_out() -> None:
-    from snapcache.llama.state.sequences import window_cut_reads_cold
+    from snapcache.llama.state.window_cuts import window_cut_reads_cold
 
     # A ring of 1,024 cells, a 512-token window, a sequence read cold to position 1,400 (it holds
     # positions 377..1,400).

@@ -109,17 +109,15 @@ def cached_tokens(response: dict[str, Any]) -> int:
     return int(response["usage"]["prompt_tokens_details"]["cached_tokens"])
 
 
-def one_at_a_time(llm: llama_cpp.Llama, waves: list[list[list[dict[str, str]]]]) -> list[tuple[int, str]]:
-    """(cached tokens, where they came from) of each chat, asked one at a time."""
+def one_at_a_time(llm: llama_cpp.Llama, waves: list[list[list[dict[str, str]]]]) -> list[int]:
     llm.reset()
-    restored = []
     with SnapshotStore(None, ram_bytes=1 << 30) as store:
         cached = CachedLlama(llm, store, "agents")
-        for wave in waves:
-            for chat in wave:
-                tokens = cached_tokens(cached.create_chat_completion(messages=chat, **OPTIONS))
-                restored.append((tokens, cached.last_restore.source or "none"))
-    return restored
+        return [
+            cached_tokens(cached.create_chat_completion(messages=chat, **OPTIONS))
+            for wave in waves
+            for chat in wave
+        ]
 
 
 def batched(llm: llama_cpp.Llama, waves: list[list[list[dict[str, str]]]], n_seq: int) -> list[int]:
@@ -156,20 +154,10 @@ def test_every_request_restores_at_least_what_it_restores_one_at_a_time(
     llamas: tuple[llama_cpp.Llama, llama_cpp.Llama], waves: list[list[list[dict[str, str]]]], n_seq: int
 ) -> None:
     scheduled, single = llamas
-    alone_with_sources = one_at_a_time(single, waves)
-    alone = [tokens for tokens, _ in alone_with_sources]
+    alone = one_at_a_time(single, waves)
     together = batched(scheduled, waves, n_seq)
     chats = [chat for wave in waves for chat in wave]
-    # A window-sized cache copied from a running sequence holds only its window and cannot be cut
-    # back: a request sharing more than the stored head with one running beside it restores that
-    # head and reads the rest, where one at a time cuts its own cold context back ("context").
-    # Nothing stored is skipped: it restores at least what the store gave one at a time.
-    cut_back = not scheduled.context_params.swa_full
-    short = [
-        (i, together[i], alone[i])
-        for i in range(len(chats))
-        if together[i] < alone[i] and not (cut_back and alone_with_sources[i][1] == "context")
-    ]
+    short = [(i, together[i], alone[i]) for i in range(len(chats)) if together[i] < alone[i]]
     assert not short, f"(request, restored batched, one at a time): {short}"
     # every return to a main chat restores its earlier turns
     assert all(restored > 0 for restored in together[-len(waves[-1]) :]), together

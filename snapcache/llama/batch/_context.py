@@ -31,13 +31,8 @@ from snapcache.key import TokenArray
 from snapcache.llama.batch._streams import to_one_stream, to_streams
 from snapcache.llama.state.capture_buffer import CaptureBuffer
 from snapcache.llama.state.host_memory import pinned_memory_for
-from snapcache.llama.state.sequences import (
-    CapturedState,
-    _checked_blob,
-    reset_head,
-    window_cells,
-    window_cut_reads_cold,
-)
+from snapcache.llama.state.sequences import CapturedState, _checked_blob, reset_head, window_cells
+from snapcache.llama.state.window_cuts import window_cuts_back
 from snapcache.snapshot import Snapshot
 
 __all__ = ["Chunk", "SequenceContext"]
@@ -152,12 +147,9 @@ class SequenceContext:
         return bool(llama_cpp.llama_memory_seq_rm(self._memory, seq_id, n_tokens, -1))
 
     def can_cut(self, seq_id: int, n_tokens: int) -> bool:
-        """Whether the sliding-window sequence cut back to `n_tokens` reads on as a cold read: it
-        holds its cells from position 0, or its window-sized cache still holds the cut point's
-        window (`window_cut_reads_cold`)."""
-        first, last = self.first_position(seq_id), self.last_position(seq_id)
-        n_swa = int(llama_cpp.llama_model_n_swa(self.llm.model))
-        return first == 0 or window_cut_reads_cold(first, last, n_tokens, n_swa, self.window_cells)
+        """Whether the sliding-window sequence cut back to `n_tokens` reads on as a cold read
+        (`window_cuts_back`)."""
+        return window_cuts_back(self._memory, self.llm.model, seq_id, n_tokens, self.window_cells)
 
     def last_position(self, seq_id: int) -> int:
         return int(llama_cpp.llama_memory_seq_pos_max(self._memory, seq_id))

@@ -12,8 +12,8 @@ question leaves, for a <= 16) and after 64; the alignment is the finest a whose
 splits, and every coarser one's, give the last token's logits of the whole read bit for bit. It
 costs a dozen reads of 128 tokens (seconds on a small model on 2 cores), once per model
 fingerprint: the result is kept with the fingerprint's notes in the cache directory and in the
-process. Sliding-window models keep 64 (see below). None means no
-split point holds: such a model is not cached.
+process. Sliding-window models keep 64 (see below). None means no split point holds: such a model
+is not cached.
 """
 
 from __future__ import annotations

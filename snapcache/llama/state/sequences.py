@@ -33,6 +33,7 @@ from snapcache.llama.state._state_layout import (
     ring_window,
 )
 from snapcache.llama.state.capture_buffer import capture_buffer
+from snapcache.llama.state.window_cuts import window_cuts_back
 from snapcache.snapshot import Snapshot
 
 __all__ = [
@@ -44,7 +45,6 @@ __all__ = [
     "restore_sequence",
     "truncate_sequence",
     "window_cells",
-    "window_cut_reads_cold",
 ]
 
 _log = logging.getLogger("snapcache")
@@ -254,27 +254,7 @@ def can_truncate_to(llm: llama_cpp.Llama, n_tokens: int, seq_id: int = 0) -> boo
     if restored is not None and n_tokens < restored - 1:
         return False
     memory = llama_cpp.llama_get_memory(llm.ctx)
-    first = int(llama_cpp.llama_memory_seq_pos_min(memory, seq_id))
-    last = int(llama_cpp.llama_memory_seq_pos_max(memory, seq_id))
-    n_swa = int(llama_cpp.llama_model_n_swa(model))
-    return first == 0 or window_cut_reads_cold(first, last, n_tokens, n_swa, window_cells(llm))
-
-
-def window_cut_reads_cold(first: int, last: int, n_tokens: int, n_swa: int, ring: int) -> bool:
-    """Whether a window-sized sliding-window cache of `ring` cells per stream (0: not one), holding
-    positions `first`..`last` of a sequence read cold, cut back to its first `n_tokens` reads on bit
-    for bit as a cold read of them (see docs/how-it-works/architecture.md, "Sliding windows").
-
-    A cold read lays position p at slot p % ring and overwrites the oldest cells as it goes round. A
-    cut frees the slots of positions `n_tokens`..`last`; where they do not wrap round the ring, the
-    search head goes back to slot `n_tokens` % ring, where a cold read's next token goes. The cells
-    a cold read of `n_tokens` would have there instead are older than the window of every token to
-    come (masked, so they add nothing), and the window of position `n_tokens` is still held:
-    `last - n_tokens <= ring - n_swa`."""
-    if ring <= 0 or n_swa <= 0 or not 0 < n_tokens <= last:
-        return False
-    window_held = first <= n_tokens - n_swa + 1 and last - n_tokens <= ring - n_swa
-    return window_held and n_tokens // ring == last // ring
+    return window_cuts_back(memory, model, seq_id, n_tokens, window_cells(llm))
 
 
 def truncate_sequence(llm: llama_cpp.Llama, n_tokens: int, seq_id: int = 0) -> bool:

@@ -1,16 +1,15 @@
 """Where a completion saves restore points (records, see `blocks`) on its way through a prompt.
 
 They sit at multiples of the model's measured split alignment (see `alignment`: 4 tokens for
-Gemma-3-270M Q4_K_M on a CPU build, 1 for f32 weights, at most 64; sliding-window models keep
-64), where a prompt read on from a point gives bit-for-bit the results
-of a cold read.
+Gemma-3-270M Q4_K_M on a CPU build, 1 for f32 weights, at most 64; sliding-window models keep 64),
+where a prompt read on from a point gives bit-for-bit the results of a cold read.
 
 - chat completions: the end of the head every conversation of an agent shares (its system messages
   and its tools as the template renders them, see `chat_prefix`), and near the end of the prompt
-  (16 to 16 + alignment - 1 tokens before the reply; 1 to 64 on the 64 grid): the next turn of the
-  same chat starts with it. The prompt end is a record of kind `KIND_PROMPT_END`, which that next
-  turn supersedes; the head is `KIND_PREFIX` and is never superseded, also where both fall on one
-  point (a short question after a long head);
+  (16 to 16 + alignment - 1 tokens before the reply, 32 to 63 on a 32 grid; 1 to 64 on the 64
+  grid): the next turn of the same chat starts with it. The prompt end is a record of kind
+  `KIND_PROMPT_END`, which that next turn supersedes; the head is `KIND_PREFIX` and is never
+  superseded, also where both fall on one point (a short question after a long head);
 - raw completions on sliding-window models: a sparse ladder along the prompt (`ladder_points`, cut
   to multiples of the window length), since such a model restores only where a window was stored.
   Models with one cache need no ladder: every 64-token block of a prompt is stored, and any run of
@@ -50,8 +49,8 @@ MIN_PREFIX_TOKENS = 64
 # The checkpoint at the end of a prompt leaves at least this many tokens to read with the prompt's
 # last token: a batch of a token or two can go through other kernels than the same tokens in a
 # longer batch (measured: a 1-token batch on f32 weights), and the alignment probe reads tails of
-# 16 to 63 tokens, so 16 is what every measured alignment of 16 or finer was checked with (32 until
-# 2026-11-29: each next turn of a chat read 16 tokens more than the probe asks).
+# 16 to 63 tokens: 16 for every alignment of 16 or finer, the alignment itself for 32 (`final_point`).
+# It was 32 for all until 2026-11-29: each next turn of a chat read 16 tokens more than the probe asks.
 FINAL_TAIL_TOKENS = 16
 
 
@@ -130,7 +129,7 @@ def window_ladder(n_swa: int, n_ctx: int, prefix_reuse: float | None) -> list[in
 def final_point(n_tokens: int, alignment: int, *, exact: bool = True) -> int:
     """The checkpoint near the end of a prompt of `n_tokens` (see `checkpoint_plan`); without
     `exact`, every token but the last (which a completion reads again for its logits)."""
-    tail = 1 if alignment >= CHECKPOINT_ALIGN or not exact else FINAL_TAIL_TOKENS
+    tail = 1 if alignment >= CHECKPOINT_ALIGN or not exact else max(FINAL_TAIL_TOKENS, alignment)
     return align_down(n_tokens - tail, alignment)
 
 

@@ -1,7 +1,8 @@
 """The modules a request passes on its way to the store, read off the call stack at the store's first
-read (an Anthropic Messages request through the server) and first write (`CachedLlama.warm`): each
-layer is entered once and in order (server, then the llama adapter, then the store), no module is
-visited twice, and the two paths share the adapter's stored-state modules. `-s` prints the paths."""
+read (an Anthropic Messages request through the server, at the default `--parallel` and at 1) and
+first write (`CachedLlama.warm`): each layer is entered once and in order (server, then the llama
+adapter, then the store), no module is visited twice, and the paths share the adapter's stored-state
+modules. `-s` prints the paths."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 import snapcache
+from snapcache.llama.batch import Scheduler
 from snapcache.server.app import ServeOptions, create_app
 from snapcache.store import SnapshotStore
 from snapcache.store.snapshot_store import SnapshotStore as StoreClass
@@ -32,8 +34,9 @@ class FirstCall:
     """The snapcache modules on the stack at the first call of one of `verbs` on the store, from
     outside it (consecutive frames of one module as one)."""
 
-    def __init__(self, verbs: tuple[str, ...]) -> None:
+    def __init__(self, verbs: tuple[str, ...], owner: type = StoreClass) -> None:
         self.verbs = verbs
+        self.owner = owner
         self.path: list[str] | None = None
         self._lock = threading.Lock()
 
@@ -49,13 +52,13 @@ class FirstCall:
 
     def watching(self, monkeypatch: pytest.MonkeyPatch) -> None:
         for verb in self.verbs:
-            monkeypatch.setattr(StoreClass, verb, self._wrapped(getattr(StoreClass, verb)))
+            monkeypatch.setattr(self.owner, verb, self._wrapped(getattr(self.owner, verb)))
 
     def _wrapped(self, method: Callable[..., Any]) -> Callable[..., Any]:
         def watched(*args: Any, **kwargs: Any) -> Any:
             with self._lock:
                 if self.path is None:
-                    self.path = [*self.modules(sys._getframe(1)), StoreClass.__module__]
+                    self.path = [*self.modules(sys._getframe(1)), self.owner.__module__]
             return method(*args, **kwargs)
 
         return watched
@@ -78,13 +81,19 @@ def tiny_llama(tiny_model_path: Path) -> Iterator[llama_cpp.Llama]:
     llm.close()
 
 
+@pytest.mark.parametrize("parallel", [ServeOptions().parallel, 1], ids=["default", "parallel-1"])
 def test_a_messages_request_reaches_the_store_through_each_layer_once(
-    tiny_llama: llama_cpp.Llama, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_llama: llama_cpp.Llama, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, parallel: int
 ) -> None:
+    """The request's worker thread starts in the chat engine and reaches the llama adapter through the
+    model engine: at the default `--parallel` it hands its prompt to the scheduler, whose thread
+    reads the store; at `--parallel 1` it reads the store itself, through the hook."""
     first_read = FirstCall(READS)
-    app = create_app(tiny_llama, SnapshotStore(directory=tmp_path / "cache"), ServeOptions(parallel=1))
+    submitted = FirstCall(("submit",), owner=Scheduler)
+    app = create_app(tiny_llama, SnapshotStore(directory=tmp_path / "cache"), ServeOptions(parallel=parallel))
     with TestClient(app) as client:
         first_read.watching(monkeypatch)
+        submitted.watching(monkeypatch)
         body = {
             "model": "m",
             "max_tokens": 2,
@@ -94,11 +103,26 @@ def test_a_messages_request_reaches_the_store_through_each_layer_once(
         assert client.post("/v1/messages", json=body).status_code == 200
     path = first_read.path
     assert path is not None
-    print("\nAnthropic Messages, route to the store's first read (worker thread):", " > ".join(path))
-    assert path[0] == "snapcache.server.chat.engine"  # where the request's worker thread begins
-    assert layers_in_order(path) == list(LAYERS)
     assert len(path) == len(set(path)), path
     assert "snapcache.llama.stored.prefix_cache" in path  # the one prefix cache both paths use
+    if parallel == 1:
+        assert submitted.path is None  # no scheduler
+        print("\nAnthropic Messages at --parallel 1, route to the store's first read:", " > ".join(path))
+        assert path[0] == "snapcache.server.chat.engine"  # where the request's worker thread begins
+        assert "snapcache.server.model_engine" in path
+        assert "snapcache.llama.hook.completion_flow" in path  # the hook, installed for the call
+        assert layers_in_order(path) == list(LAYERS)
+        return
+    request = submitted.path
+    assert request is not None
+    print(f"\nAnthropic Messages at --parallel {parallel}, route to the scheduler:", " > ".join(request))
+    print("  then the scheduler's thread, to the store's first read:", " > ".join(path))
+    assert request[0] == "snapcache.server.chat.engine"  # where the request's worker thread begins
+    assert "snapcache.server.model_engine" in request
+    assert layers_in_order(request) == ["snapcache.server", "snapcache.llama"]
+    assert len(request) == len(set(request)), request
+    assert path[0] == request[-1] == "snapcache.llama.batch._scheduler"
+    assert layers_in_order(path) == ["snapcache.llama", "snapcache.store"]
 
 
 def test_a_warmed_prompt_reaches_the_store_through_each_layer_once(

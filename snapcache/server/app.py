@@ -1,29 +1,26 @@
-"""`snapcache serve`: llama-cpp-python's OpenAI-compatible server with the cache hook attached.
+"""`snapcache serve`: the server's ASGI app, with one model engine behind every route.
 
-The OpenAI routes (`/v1/chat/completions`, `/v1/completions`, `/v1/models`, ...), their request
-models, error handling, streaming and API-key check are llama-cpp-python's own (`llama_cpp.server`);
-snapcache adds the hook on the model, a middleware for scopes and reuse (see `middleware`) that
-checks every JSON body before it reaches the model (see `checks`), and its routes (see `routes`).
-With `parallel` above 1, up to that many completions run at once on the one model, batched by a
-scheduler (see `parallel`); otherwise requests run one at a time, as in llama-cpp-python's server.
-A streaming request is never cut short by the next one (`interrupt_requests` off), so every client
-queued behind it gets its answer.
+`create_app` builds the `ModelEngine` (the loaded Llama, its cache, and with `parallel` above 1 the
+scheduler that runs that many completions at once) and hands it to the routes: OpenAI's text
+completions and the tokenizer's (`completion_routes`), the chat dialects (`chat`: Chat Completions,
+Responses, Anthropic Messages, Ollama) through their `ChatEngine`, and snapcache's own (`routes`).
+They call it with each request's scope and record. A middleware scopes text completions and reports
+what they reused (see `middleware`), after checking every JSON body before it reaches the model
+(see `checks`). llama-cpp-python's request and response models describe the OpenAI text routes;
+its server module, its globals and the served Llama's methods are left as they are.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import llama_cpp
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
-from llama_cpp.server import app as llama_server
-from llama_cpp.server.settings import ServerSettings
 
 import snapcache
 from snapcache.key import DEFAULT_SCOPE
@@ -31,17 +28,16 @@ from snapcache.llama.batch import Mode
 from snapcache.llama.exactness.choice import AUTO, Exactness, choose_exactness
 from snapcache.llama.exactness.fingerprint import model_fingerprint
 from snapcache.llama.exactness.fingerprint_notes import FingerprintNotes
-from snapcache.llama.hook.cache_hook import CacheHook
-from snapcache.llama.hook.cached import attach, detach
+from snapcache.llama.state.capture_buffer import release_capture_buffer
+from snapcache.server.api_key import bearer_key_check
 from snapcache.server.chat import ChatEngine, PromptRules, install_dialects
-from snapcache.server.checks import CHAT_PATH, ModelLimits, RequestChecks
-from snapcache.server.error_answers import answer_client_errors
+from snapcache.server.checks import ModelLimits, RequestChecks
+from snapcache.server.completion_routes import completion_router
 from snapcache.server.middleware import SnapcacheMiddleware
+from snapcache.server.model_engine import EngineOptions, ModelEngine
 from snapcache.server.monitor import ServeMonitor
 from snapcache.server.openapi import describe_api
-from snapcache.server.parallel import ModelTurns, parallel_model, unlock_routes
-from snapcache.server.request_record import current_scope
-from snapcache.server.routes import extras_router, llama_cpp_router, snapcache_router
+from snapcache.server.routes import snapcache_router
 from snapcache.server.served_model import ServedModel
 from snapcache.store import SavingsLedger, SnapshotStore
 
@@ -83,76 +79,54 @@ class ServeOptions:
     live_tool_calls: bool = False
 
 
-class _OneModel:
-    """What llama-cpp-python's routes ask of their model proxy, for the one model already loaded
-    (the Llama, or the `ParallelModel` that runs its completions several at once)."""
-
-    def __init__(self, llm: Any, alias: str) -> None:
-        self._llm = llm
-        self._alias = alias
-
-    def __call__(self, model: str | None = None) -> Any:
-        return self._llm
-
-    def __iter__(self) -> Iterator[str]:
-        yield self._alias
-
-
 def create_app(llm: llama_cpp.Llama, store: SnapshotStore, options: ServeOptions | None = None) -> FastAPI:
     """The server's ASGI app, serving `llm` with `store` behind it.
 
-    Attaches the cache hook to `llm` (undone when the app shuts down); with `options.parallel`
-    above 1, starts the scheduler (closed when the app shuts down). llama-cpp-python keeps its
-    server's model and settings in module globals, so a process serves one app at a time.
+    With `options.parallel` above 1, starts the scheduler (closed when the app shuts down). `llm` is
+    left as it was given: nothing is attached to it, and several apps may serve Llamas in one process.
     """
     options = options or ServeOptions()
-    # Chosen once, so that the hook and the scheduler save and find states under one fingerprint.
+    # Chosen once, so that the one-at-a-time path and the scheduler save and find states under one
+    # fingerprint.
     exactness = choose_exactness(llm, options.exact, FingerprintNotes(store.directory))
     fingerprint = model_fingerprint(llm, exact=exactness.exact)
     ledger = SavingsLedger(store.directory) if store.directory is not None else None
     monitor = ServeMonitor(store, fingerprint, ledger, exactness)
-    hook: CacheHook = attach(
-        llm, store, scope=current_scope, priority=options.priority, listener=monitor, exact=exactness
-    )
-    parallel = parallel_model(
+    engine = ModelEngine(
         llm,
         store,
-        options.parallel,
-        mode=options.batch_mode,
-        priority=options.priority,
-        exact=exactness,
+        EngineOptions(
+            priority=options.priority,
+            parallel=options.parallel,
+            batch_mode=options.batch_mode,
+            seq_ctx=options.seq_ctx,
+        ),
+        exactness=exactness,
         listener=monitor,
-        seq_ctx=options.seq_ctx,
     )
     alias = options.model_alias or Path(llm.model_path).name
-    llama_server.set_server_settings(ServerSettings(api_key=options.api_key, interrupt_requests=False))
-    llama_server._llama_proxy = _OneModel(parallel or llm, alias)  # type: ignore[assignment]
-    turns = ModelTurns(parallel.batched.own_context if parallel is not None else None)
-    answer_client_errors()
     limits = ModelLimits.of(llm)
     checks = RequestChecks(limits, options.max_tokens_default)
     rules = PromptRules(options.normalize, keep_billing_header=options.keep_billing_header)
+    authenticate = bearer_key_check(options.api_key)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         yield
-        if parallel is not None:
-            parallel.close()
-        detach(llm)
+        engine.close()
+        release_capture_buffer(llm)
         if ledger is not None:
             ledger.close()
 
     app = FastAPI(title="snapcache", version=snapcache.__version__, lifespan=lifespan)
-    app.include_router(extras_router())  # first: its routes answer before llama-cpp-python's
-    app.include_router(llama_cpp_router(taken_over={CHAT_PATH}))  # the chat engine answers chats
-    app.include_router(snapcache_router(hook, monitor, turns, parallel, rules))
+    app.include_router(completion_router(engine, alias, authenticate))
+    app.include_router(snapcache_router(engine, monitor, rules, authenticate))
     install_dialects(
         app,
-        ChatEngine(llm, rules, options.max_tokens_default, live_tool_calls=options.live_tool_calls),
+        ChatEngine(engine, rules, options.max_tokens_default, live_tool_calls=options.live_tool_calls),
         ServedModel.of(llm, alias, fingerprint),
         options.api_key,
     )
-    unlock_routes(app, parallel is not None)
     app.add_middleware(SnapcacheMiddleware, checks=checks)
     describe_api(app, limits, api_key=options.api_key is not None)
     if options.cors_origins:
@@ -165,10 +139,11 @@ def create_app(llm: llama_cpp.Llama, store: SnapshotStore, options: ServeOptions
         )
 
     _log.info(
-        "serving %s (fingerprint %s, %s), default scope %r",
+        "serving %s (fingerprint %s, %s, %s), default scope %r",
         alias,
         fingerprint[:12],
         exactness.describe(),
+        engine.path,
         DEFAULT_SCOPE,
     )
     return app

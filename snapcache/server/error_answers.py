@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["BadRequest", "error_document"]
+__all__ = ["BadRequest", "client_error", "error_document"]
 
 
 def error_document(
@@ -54,26 +54,3 @@ def client_error(error: BaseException) -> dict[str, Any] | None:
         )
         return error_document(message, param="max_tokens", code="context_length_exceeded")
     return None
-
-
-def answer_client_errors() -> None:
-    """Make llama-cpp-python's route handler answer the failures of `client_error` with a 400.
-
-    Its handler answers every exception it has no pattern for with a 500 and a traceback on stderr,
-    and the exception is known only there. Installed once per process, like the rest of that
-    server's module state.
-    """
-    from llama_cpp.server.errors import RouteErrorHandler
-
-    original = RouteErrorHandler.error_message_wrapper
-    if getattr(original, "_snapcache", False):
-        return
-
-    def error_message_wrapper(self: RouteErrorHandler, error: Exception, body: Any = None) -> Any:
-        document = client_error(error)
-        if document is not None:
-            return 400, document["error"]
-        return original(self, error, body)
-
-    error_message_wrapper._snapcache = True  # type: ignore[attr-defined]
-    RouteErrorHandler.error_message_wrapper = error_message_wrapper  # type: ignore[method-assign]

@@ -1,4 +1,4 @@
-"""The ASGI layer around llama-cpp-python's text completion routes: scope in, reuse out.
+"""The ASGI layer around the text completion routes: scope in, reuse out.
 
 In: the `X-Snapcache-Scope` header picks the request's scope (a bad one is a 400), and JSON bodies
 are checked (see `checks`) before they queue for the model. Chat routes are left to the chat engine's
@@ -30,7 +30,7 @@ from snapcache.llama.hook.request_streams import RequestStreams
 from snapcache.server.chat.ollama_routes import OLLAMA_PATHS
 from snapcache.server.checks import COMPLETION_PATHS, RequestChecks, parse_body
 from snapcache.server.error_answers import BadRequest, client_error, error_document
-from snapcache.server.request_record import RequestRecord, serving
+from snapcache.server.request_record import RECORD_STATE, RequestRecord
 
 __all__ = ["COMPLETION_PATHS", "SCOPE_HEADER", "SnapcacheMiddleware", "error_document"]
 
@@ -83,7 +83,7 @@ class SnapcacheMiddleware:
             if changed is not None:
                 request, body = changed, json.dumps(changed).encode()
             # The body is JSON whatever its Content-Type said (`curl -d` sends a form's): FastAPI
-            # parses it only under a JSON type, and llama-cpp-python's routes answer 500 otherwise.
+            # parses it only under a JSON type.
             scope = {**scope, "headers": _json_headers(scope.get("headers", []), len(body))}
             options = request.get("stream_options")
             record.stream_usage = (
@@ -95,7 +95,7 @@ class SnapcacheMiddleware:
             await _answered_as_json(self.app, scope, _replay(body, more, receive), send)
             return
         response = _Response(send, record)
-        token = serving.set(record)
+        scope = {**scope, "state": {**(scope.get("state") or {}), RECORD_STATE: record}}
         try:
             with RequestStreams.opened() as streams:
                 await self.app(scope, _replay(body, more, receive, streams.cancel_all), response.send)
@@ -105,8 +105,6 @@ class SnapcacheMiddleware:
                 raise
             status, payload = _failure(exc)
             await _send_error(send, status, payload)
-        finally:
-            serving.reset(token)
 
 
 async def _answered_as_json(app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:

@@ -1,7 +1,7 @@
 """What the server's completions reused: per-scope totals, Prometheus metrics and the savings ledger.
 
-`ServeMonitor` is the hook's listener. It hands each completion's restore to the request being
-served (for its headers and usage), counts tokens per scope since the server started, records every
+`ServeMonitor` is the model engine's listener (each request's own record hears first, see
+`model_engine`). It counts tokens per scope since the server started, records every
 completion in the on-disk savings ledger (so `snapcache stats` can say what was saved across
 restarts), and exposes both, with the store's own counters, to `/snapcache/stats` and `/metrics`.
 
@@ -24,7 +24,6 @@ from prometheus_client.registry import Collector
 from snapcache.llama.exactness.choice import ExactnessChoice
 from snapcache.llama.state.host_memory import pinned_report
 from snapcache.llama.stored.reports import CompletionReport, RestoreInfo
-from snapcache.server.request_record import current_record
 from snapcache.store import MIN_TIMED_TOKENS, SavingsLedger, ScopeSavings, SnapshotStore
 
 __all__ = ["ScopeTotals", "ServeMonitor"]
@@ -46,7 +45,7 @@ class ScopeTotals:
 
 
 class ServeMonitor:
-    """The listener the server attaches with the hook; thread-safe."""
+    """The listener of the server's model engine; thread-safe."""
 
     def __init__(
         self,
@@ -116,17 +115,12 @@ class ServeMonitor:
                 {"mode": exactness.mode, "asked": str(exactness.asked).lower(), "reason": exactness.reason}
             )
 
-    # -- the hook's listener ------------------------------------------------------------------------
+    # -- the engine's listener ----------------------------------------------------------------------
 
     def restored(self, scope: str, info: RestoreInfo) -> None:
-        record = current_record()
-        if record is not None:
-            record.restore = info
+        """Nothing to count before the completion ends (the request's record holds it already)."""
 
     def finished(self, report: CompletionReport) -> None:
-        record = current_record()
-        if record is not None:
-            record.completion_tokens = report.completion_tokens
         restore = report.restore
         read_tokens = restore.evaluated_tokens
         with self._lock:

@@ -130,6 +130,8 @@ _CHAT_EXAMPLES: Document = {
         "value": {"messages": _QUESTION, "grammar": 'root ::= "Paris" | "Lyon"', "max_tokens": 4},
     },
 }
+
+
 def describe_api(app: FastAPI, limits: ModelLimits, *, api_key: bool) -> None:
     """Make `app.openapi()` say what the server does for the model of `limits` (see the module
     docstring); `api_key`: whether clients must send one."""

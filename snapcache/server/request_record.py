@@ -1,35 +1,30 @@
-"""What the server knows about the request being served, where the cache hook can reach it.
+"""What the server knows about one completion request: its scope, and what it reused.
 
-A completion runs on a worker thread that the server starts for it; the request's context variables
-travel with it. The middleware (text completions) or the chat engine puts one `RequestRecord` into
-that context; the hook reads its scope from there and the monitor writes back what the completion
-restored, for the response headers (`reuse_headers`) and the usage.
+The middleware makes the record of a text completion (from its `X-Snapcache-Scope` header) and keeps
+it in the request's ASGI state, where the route finds it (`record_of`); a chat dialect's route makes
+its own. The route hands it to the model engine with the completion, which writes into it what the
+completion restored and generated, for the response headers (`reuse_headers`) and the usage.
 """
 
 from __future__ import annotations
 
-from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request
 
 from snapcache.key import DEFAULT_SCOPE
 from snapcache.llama.stored.reports import RestoreInfo
 
-__all__ = [
-    "RESTORED_HEADER",
-    "SOURCE_HEADER",
-    "TIMING_HEADER",
-    "RequestRecord",
-    "current_record",
-    "current_scope",
-    "serving",
-]
+__all__ = ["RECORD_STATE", "RESTORED_HEADER", "SOURCE_HEADER", "TIMING_HEADER", "RequestRecord", "record_of"]
 
 RESTORED_HEADER = b"x-snapcache-restored-tokens"
 SOURCE_HEADER = b"x-snapcache-source"
 # W3C Server Timing: where the time to the first token went (batched requests), in milliseconds.
 TIMING_HEADER = b"server-timing"
 
-_current: ContextVar[RequestRecord | None] = ContextVar("snapcache_request", default=None)
+# Where the middleware keeps a text completion's record in the request's ASGI state.
+RECORD_STATE = "snapcache_record"
 
 
 @dataclass(slots=True)
@@ -61,14 +56,8 @@ class RequestRecord:
         return headers
 
 
-def current_record() -> RequestRecord | None:
-    return _current.get()
-
-
-def current_scope() -> str:
-    """The scope of the request being served (the default scope outside a request)."""
-    record = _current.get()
-    return record.scope if record is not None else DEFAULT_SCOPE
-
-
-serving = _current
+def record_of(request: Request) -> RequestRecord:
+    """The record the middleware made for `request` (one in the default scope if it made none)."""
+    state: dict[str, Any] = request.scope.get("state") or {}
+    record = state.get(RECORD_STATE)
+    return record if isinstance(record, RequestRecord) else RequestRecord()

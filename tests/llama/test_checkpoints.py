@@ -58,11 +58,11 @@ def test_a_head_on_a_fine_grid_ends_where_it_ends() -> None:
     ]
 
 
-
 def test_the_prompt_end_leaves_the_shortest_tail_the_probe_checked_for_its_grid() -> None:
     # The probe reads last batches of 16 tokens for alignments up to 16, of 32 for 32.
     assert [500 - final_point(500, alignment) for alignment in (1, 4, 16, 32, 64)] == [16, 16, 20, 52, 52]
     assert final_point(500, 1, exact=False) == 499  # inexact: all but the last token
+
 
 @pytest.mark.parametrize(
     ("shared", "expected"),

@@ -115,21 +115,19 @@ def test_flash_attention_over_f16_is_a_miss_when_exact_and_restored_when_not(
     assert cold
 
 
-def test_serve_options_carry_exact_false_to_the_hook(
+def test_serve_options_carry_exact_false_to_the_engine(
     make_llama: Any, tiny_model_path: Path, store: SnapshotStore
 ) -> None:
     pytest.importorskip("fastapi")
-    from snapcache.llama.hook.cached import attached_hook, detach
+    from fastapi.testclient import TestClient
+
     from snapcache.server import ServeOptions, create_app
 
     llm = make_llama(tiny_model_path, n_ctx=N_CTX)
-    create_app(llm, store, ServeOptions(exact=False))
-    try:
-        hook = attached_hook(llm)
-        assert hook is not None
-        assert not hook.exact
-    finally:
-        detach(llm)
+    with TestClient(create_app(llm, store, ServeOptions(exact=False, parallel=1))) as client:
+        stats = client.get("/snapcache/stats").json()
+    assert stats["exactness"]["mode"] == "inexact"
+    assert stats["exactness"]["asked"] is False
 
 
 def test_an_exact_cache_never_reads_on_from_a_context_an_inexact_one_left(

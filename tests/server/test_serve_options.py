@@ -154,21 +154,17 @@ def test_a_bad_max_completion_tokens_is_a_400(capped_server: ServerProcess) -> N
         assert document["error"]["param"] == "max_completion_tokens"
 
 
-def test_llama_cpp_pythons_route_errors_that_are_the_clients_are_400s() -> None:
+def test_completion_failures_that_are_the_clients_are_400s() -> None:
     from jinja2 import TemplateError
-    from llama_cpp.server.errors import RouteErrorHandler
 
-    from snapcache.server.error_answers import answer_client_errors
+    from snapcache.server.error_answers import client_error
 
-    answer_client_errors()
-    answer_client_errors()  # once per process, however often it is called
-    answer = RouteErrorHandler.error_message_wrapper
-    status, error = answer(None, TemplateError("Conversation roles must alternate user/assistant"))
-    assert status == 400
-    assert error["message"] == (
+    error = client_error(TemplateError("Conversation roles must alternate user/assistant"))
+    assert error is not None
+    assert error["error"]["message"] == (
         "the model's chat template refused the messages: Conversation roles must alternate user/assistant"
     )
-    status, error = answer(None, RuntimeError("llama_decode returned 1"))
-    assert (status, error["code"]) == (400, "context_length_exceeded")
-    status, error = answer(None, RuntimeError("something else"))
-    assert (status, error["type"]) == (500, "internal_server_error")
+    error = client_error(RuntimeError("llama_decode returned 1"))
+    assert error is not None
+    assert error["error"]["code"] == "context_length_exceeded"
+    assert client_error(RuntimeError("something else")) is None

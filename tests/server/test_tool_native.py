@@ -11,7 +11,6 @@ from pathlib import Path
 import anyio
 import llama_cpp
 import pytest
-from llama_cpp.server import app as llama_server
 from tool_models import MISTRAL_SPECIALS, QWEN_SPECIALS, write_template_model
 
 from snapcache.server.chat.chat_request import ChatMessage, ChatRequest, NamedTool, Sampling
@@ -20,7 +19,9 @@ from snapcache.server.chat.events import Finished, Started, TextDelta, ToolCalle
 from snapcache.server.chat.generic_tools import GenericTools
 from snapcache.server.chat.native_tools import NativeTools
 from snapcache.server.chat.rules import PromptRules
+from snapcache.server.model_engine import EngineOptions, ModelEngine
 from snapcache.server.tools import ToolCall, ToolCallDelta, ToolSpec
+from snapcache.store import SnapshotStore
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "data" / "chat_templates"
 WEATHER = ToolSpec("get_weather", "Weather.", {"type": "object", "properties": {"city": {"type": "string"}}})
@@ -146,12 +147,10 @@ def test_functiongemma_stops_where_it_would_write_a_result_itself(functiongemma)
     ]
 
 
-def engine_events(
-    monkeypatch: pytest.MonkeyPatch, llm: llama_cpp.Llama, request: ChatRequest, *, live: bool = False
-) -> list[object]:
-    """The events of `request` from a ChatEngine serving `llm` (one request at a time, no cache)."""
-    monkeypatch.setattr(llama_server, "_llama_proxy", lambda model: llm)
-    engine = ChatEngine(llm, PromptRules(), max_tokens_default=None, live_tool_calls=live)
+def engine_events(llm: llama_cpp.Llama, request: ChatRequest, *, live: bool = False) -> list[object]:
+    """The events of `request` from a ChatEngine serving `llm` (one request at a time, a cache in RAM)."""
+    model = ModelEngine(llm, SnapshotStore(), options=EngineOptions(parallel=1))
+    engine = ChatEngine(model, PromptRules(), max_tokens_default=None, live_tool_calls=live)
 
     async def collect() -> list[object]:
         return [event async for event in engine.events(request)]
@@ -162,7 +161,7 @@ def engine_events(
 @pytest.mark.model
 @pytest.mark.parametrize("template", ["qwen2.5-7b-instruct.jinja", "mistral-nemo-instruct-2407.jinja"])
 def test_the_engine_reads_calls_from_the_special_tokens_of_its_answer(
-    template: str, make_llama, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    template: str, make_llama, tmp_path: Path
 ) -> None:
     """The engine on a real Llama: a required call, written by the model under the format's grammar,
     comes back as events; Mistral's marker is a control token that only text with special tokens
@@ -180,8 +179,8 @@ def test_the_engine_reads_calls_from_the_special_tokens_of_its_answer(
         parallel_tool_calls=False,
         sampling=Sampling(temperature=0.0),
     )
-    whole = engine_events(monkeypatch, llm, request)
-    events = engine_events(monkeypatch, llm, request, live=True)
+    whole = engine_events(llm, request)
+    events = engine_events(llm, request, live=True)
     # By default a call comes whole: the same calls, none of their deltas.
     assert not [event for event in whole if isinstance(event, ToolCallDelta)]
     assert [(e.call.name, e.call.arguments) for e in whole if isinstance(e, ToolCalled)] == [
@@ -215,7 +214,6 @@ def test_auto_holds_a_call_from_its_marker_token_where_requests_are_batched(
     and from it on follows the calls' grammar (llama.cpp's lazy grammar); the one-at-a-time Llama,
     whose sampler takes no lazy grammar, is left free."""
     from snapcache.llama.batch import BatchedLlama, LazyGrammar, Scheduler
-    from snapcache.server.parallel import ParallelModel
 
     template = (TEMPLATES / "qwen2.5-7b-instruct.jinja").read_text()
     path = write_template_model(tmp_path / "qwen.gguf", template, QWEN_SPECIALS, "<|im_end|>")
@@ -229,8 +227,8 @@ def test_auto_holds_a_call_from_its_marker_token_where_requests_are_batched(
     assert NativeTools.for_model(llm).grammar(auto) is None  # type: ignore[union-attr]
     (marker,) = llm.tokenize(b"<tool_call>", add_bos=False, special=True)
     with Scheduler(llm, store, n_seq=2) as scheduler:
-        model = ParallelModel(BatchedLlama(scheduler), store)
-        tools = NativeTools.for_model(model)
+        model = BatchedLlama(scheduler)
+        tools = NativeTools.for_model(llm, lazy_grammars=True)
         assert tools is not None
         lazy = tools.grammar(auto)
         assert isinstance(lazy, LazyGrammar)
@@ -253,3 +251,31 @@ def test_auto_holds_a_call_from_its_marker_token_where_requests_are_batched(
     [call] = tools.format.parse(held, auto.tools).calls
     assert call.name == "get_weather"
     assert json.loads(call.arguments)["city"] in ("Oslo", "Rome")
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("parallel", [2, 1])
+def test_the_server_holds_an_auto_call_from_its_marker_only_where_requests_are_batched(
+    make_llama, tmp_path: Path, parallel: int
+) -> None:
+    """The chat engine's tool channel takes a lazy grammar for `auto` exactly where its model engine
+    batches requests (the batched sampler takes one; the Llama's own does not)."""
+    from snapcache.llama.batch import LazyGrammar
+
+    template = (TEMPLATES / "qwen2.5-7b-instruct.jinja").read_text()
+    path = write_template_model(tmp_path / "qwen.gguf", template, QWEN_SPECIALS, "<|im_end|>")
+    llm = make_llama(path, n_ctx=1024)
+    city = {"type": "object", "properties": {"city": {"enum": ["Oslo", "Rome"]}}, "required": ["city"]}
+    auto = ChatRequest(
+        (ChatMessage("user", "Weather in Oslo?"),),
+        tools=(ToolSpec("get_weather", "Weather.", city),),
+        parallel_tool_calls=False,
+    )
+    model = ModelEngine(llm, SnapshotStore(), options=EngineOptions(parallel=parallel))
+    try:
+        grammar = ChatEngine(model, PromptRules(), max_tokens_default=None).tool_channel(auto).grammar(auto)
+    finally:
+        model.close()
+    assert isinstance(grammar, LazyGrammar) == (parallel > 1)
+    if parallel == 1:
+        assert grammar is None

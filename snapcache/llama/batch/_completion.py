@@ -23,7 +23,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
 import llama_cpp
@@ -35,6 +35,7 @@ from snapcache.llama.batch._detached import DetachedStream
 from snapcache.llama.batch._request import Request, SchedulerError
 from snapcache.llama.batch._sampling import LazyGrammar, SamplingParams, batched_unsupported
 from snapcache.llama.batch._scheduler import Scheduler
+from snapcache.llama.hook.cache_hook import CacheHook
 from snapcache.llama.hook.request_streams import stop_with_request
 from snapcache.llama.stored.reports import CompletionListener, CompletionReport
 from snapcache.llama.templates.chat_prefix import (
@@ -55,11 +56,13 @@ _REMEMBERED_SCOPES = 64
 class BatchedLlama:
     """The completion calls of `scheduler.llm`, run by `scheduler` (see the module docstring).
 
-    `scope` is the scope of every call, or a function returning it (a server picks it per request);
-    a call's own `scope=` wins. `listener` hears what each completion restored and did, on the
-    thread that reads the completion (where a server keeps its request's context). `own_context`
-    is the lock of the Llama's own context, held by the calls that run there. `last_request`
-    gives each scope's latest batched request (to explain what it restored).
+    `scope` is the scope of every call, or a function returning it; a call's own `scope=` wins.
+    `listener` hears what each completion restored and did, on the thread that reads the
+    completion; a call's own `listener=` wins. A call the batched path cannot do runs through `hook`
+    (a `CacheHook` of the Llama, installed for that call) where given, else through the Llama's own
+    `create_completion` (which `snapcache.attach` hooks). `own_context` is the lock of the Llama's
+    own context, held by the calls that run there. `last_request` gives each scope's latest batched
+    request (to explain what it restored).
     """
 
     def __init__(
@@ -68,34 +71,55 @@ class BatchedLlama:
         *,
         scope: str | Callable[[], str] = DEFAULT_SCOPE,
         listener: CompletionListener | None = None,
+        hook: CacheHook | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.llm = scheduler.llm
         self._scope = scope
         self._listener = listener
+        self._hook = hook
         # The Llama's own context serves one call at a time: its single-sequence calls, and whatever
         # else its owner runs on it (a server's warm), under this lock.
         self.own_context = threading.Lock()
         self._told: set[str] = set()
-        self._renderer = _StandIn(self, DEFAULT_SCOPE, None)
+        self._renderer = _StandIn(self, _Call(DEFAULT_SCOPE, None, False), None)
         self._prefixes = ChatPrefixFinder(self._renderer, self._render)  # type: ignore[arg-type]
         self._rendering = threading.Lock()
         self._last: OrderedDict[str, tuple[Request, float]] = OrderedDict()
         self._last_lock = threading.Lock()
 
     def create_completion(
-        self, prompt: str | Sequence[int], *, scope: str | None = None, **kwargs: Any
+        self,
+        prompt: str | Sequence[int],
+        *,
+        scope: str | None = None,
+        listener: CompletionListener | None = None,
+        special_text: bool = False,
+        **kwargs: Any,
     ) -> Any:
-        """As `Llama.create_completion` (a dict, or an iterator of chunks with `stream=True`)."""
-        return self._complete(prompt, kwargs, scope or self._current_scope(), None, chat=False)
+        """As `Llama.create_completion` (a dict, or an iterator of chunks with `stream=True`); the
+        call's own `scope` and `listener` win over the object's, and `special_text` keeps the
+        model's special tokens in its text."""
+        call = _Call(scope or self._current_scope(), listener or self._listener, special_text)
+        return self._complete(prompt, kwargs, call, None, chat=False)
 
-    def create_chat_completion(self, messages: list[Any], *, scope: str | None = None, **kwargs: Any) -> Any:
-        """As `Llama.create_chat_completion`; `max_completion_tokens` stands for `max_tokens`."""
+    def create_chat_completion(
+        self,
+        messages: list[Any],
+        *,
+        scope: str | None = None,
+        listener: CompletionListener | None = None,
+        special_text: bool = False,
+        **kwargs: Any,
+    ) -> Any:
+        """As `Llama.create_chat_completion`, with `create_completion`'s own arguments;
+        `max_completion_tokens` stands for `max_tokens`."""
         limit = kwargs.pop("max_completion_tokens", None)
         if kwargs.get("max_tokens") is None and limit is not None:
             kwargs["max_tokens"] = limit
         prefix = self._chat_prefix(messages, kwargs)
-        stand_in = _StandIn(self, scope or self._current_scope(), prefix)
+        call = _Call(scope or self._current_scope(), listener or self._listener, special_text)
+        stand_in = _StandIn(self, call, prefix)
         return type(self.llm).create_chat_completion(stand_in, messages=messages, **kwargs)  # type: ignore[arg-type]
 
     def _current_scope(self) -> str:
@@ -113,19 +137,20 @@ class BatchedLlama:
         self,
         prompt: str | Sequence[int],
         kwargs: dict[str, Any],
-        scope: str,
+        call: _Call,
         prefix: TokenArray | None,
         *,
         chat: bool,
     ) -> Any:
         llm = self.llm
+        scope = call.scope
         reason = batched_unsupported(kwargs)
         if reason is not None:
-            return self._single_path(prompt, kwargs, reason)
+            return self._single_path(prompt, kwargs, reason, call)
         tokens = text_prompt_tokens(llm, prompt, add_eos=True) if isinstance(prompt, str) else list(prompt)
         reason = self._too_long(len(tokens), kwargs.get("max_tokens"))
         if reason is not None:
-            return self._single_path(prompt, kwargs, reason)
+            return self._single_path(prompt, kwargs, reason, call)
         kwargs.pop("model", None)
         stream = bool(kwargs.pop("stream", False))
         criteria = kwargs.pop("stopping_criteria", None)
@@ -145,7 +170,7 @@ class BatchedLlama:
             self._last.move_to_end(scope)
             if len(self._last) > _REMEMBERED_SCOPES:
                 self._last.popitem(last=False)
-        text = _Text(llm, request, [s.encode("utf-8") for s in stops if s], limit, criteria, self._listener)
+        text = _Text(llm, request, [s.encode("utf-8") for s in stops if s], limit, criteria, call)
         if stream:
             stop_with_request(request.cancel)  # a reader gone frees the sequence when its request ends
             return text.chunks()
@@ -163,20 +188,32 @@ class BatchedLlama:
             return None
         return f"requests that may need more than the {held} tokens a sequence holds (--seq-ctx)"
 
-    def _single_path(self, prompt: str | Sequence[int], kwargs: dict[str, Any], reason: str) -> Any:
+    def _single_path(
+        self, prompt: str | Sequence[int], kwargs: dict[str, Any], reason: str, call: _Call
+    ) -> Any:
         prompt = prompt if isinstance(prompt, str) else list(prompt)
         if isinstance(kwargs.get("grammar"), LazyGrammar):
             kwargs = {**kwargs, "grammar": None}  # the Llama's own sampler has no lazy grammar: free
         if reason not in self._told:
             self._told.add(reason)
             _log.warning("%s; such calls run one at a time on the Llama's own context", reason)
-        # The instance's own create_completion: a cache hook attached to the Llama serves the call.
+        hook = self._hook
+        complete: Callable[..., Any]
+        if hook is not None:
+            complete = functools.partial(
+                hook.create_completion,
+                scope=call.scope,
+                listener=call.listener,
+                special_text=call.special_text,
+            )
+        else:  # the instance's own create_completion: a cache hook attached to the Llama serves it
+            complete = self.llm.create_completion
         if not kwargs.get("stream"):
             with self.own_context:
-                return self.llm.create_completion(prompt, **kwargs)
+                return complete(prompt, **kwargs)
 
         def chunks() -> Iterator[Any]:
-            return iter(cast(Iterator[Any], self.llm.create_completion(prompt, **kwargs)))
+            return iter(cast(Iterator[Any], complete(prompt, **kwargs)))
 
         # Made in a thread of its own: a reader who stops reading cannot keep the context.
         stream = DetachedStream(chunks, self.own_context)
@@ -200,12 +237,21 @@ class BatchedLlama:
         return type(self.llm).create_chat_completion(self._renderer, messages=messages, **options)  # type: ignore[arg-type]
 
 
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """One call's own settings: its scope, who hears of it, and whether its text keeps special tokens."""
+
+    scope: str
+    listener: CompletionListener | None
+    special_text: bool
+
+
 class _StandIn:
     """The Llama to its chat handler, but for `create_completion`, which goes to a `BatchedLlama`."""
 
-    def __init__(self, owner: BatchedLlama, scope: str, prefix: TokenArray | None) -> None:
+    def __init__(self, owner: BatchedLlama, call: _Call, prefix: TokenArray | None) -> None:
         self._owner = owner
-        self._scope = scope
+        self._call = call
         self._prefix = prefix
 
     def __getattr__(self, name: str) -> Any:
@@ -215,7 +261,7 @@ class _StandIn:
         return list(self._owner.llm.tokenize(text, add_bos, special))
 
     def create_completion(self, prompt: str | Sequence[int] | None = None, **kwargs: Any) -> Any:
-        return self._owner._complete(prompt or "", kwargs, self._scope, self._prefix, chat=True)
+        return self._owner._complete(prompt or "", kwargs, self._call, self._prefix, chat=True)
 
 
 class _Text:
@@ -228,10 +274,11 @@ class _Text:
         stops: list[bytes],
         max_tokens: int,
         criteria: Callable[[npt.NDArray[np.intc], npt.NDArray[np.single]], bool] | None,
-        listener: CompletionListener | None,
+        call: _Call,
     ) -> None:
         self._llm = llm
-        self._listener = listener
+        self._listener = call.listener
+        self._special = call.special_text
         self._criteria = criteria
         self._request = request
         self._stops = stops
@@ -259,7 +306,11 @@ class _Text:
                     self.finish_reason = "stop"
                     return
                 self.tokens.append(token)
-                self.text = text = self._llm.detokenize(self.tokens, prev_tokens=self._prompt)
+                # The class's own detokenize: a call on the Llama's own context may shadow the
+                # instance's for its special tokens (see `snapcache.llama.hook.special_text`).
+                self.text = text = llama_cpp.Llama.detokenize(
+                    self._llm, self.tokens, prev_tokens=self._prompt, special=self._special
+                )
                 for k, char in enumerate(text[-3:]):
                     k = 3 - k
                     for num, pattern in ((2, 192), (3, 224), (4, 240)):

@@ -9,14 +9,19 @@ The hook steps in at two places of the Llama, as instance attributes that `insta
 - `chat_handler`, which sees a chat's messages before they are rendered, so that the end of the
   system messages can become a checkpoint.
 
+Its own `create_completion` and `create_chat_completion` install it for one call (unless it is
+installed already), with that call's scope and listener as arguments: `CachedLlama` and a server's
+engine call the Llama that way, leaving it as it was between calls.
+
 When llama-cpp-python hands the final prompt tokens to `Llama.generate`, the hook loads the longest
 stored prefix of exactly those tokens into the context and lets `generate` evaluate only the rest;
 after the completion (for a stream: when it is exhausted or closed) it saves what the prompt should
 leave behind (`completion_flow`, `completion`). Before each completion the Llama is checked again
 (`readiness`). It tells its listener what it did (`reports`). `warm` and `explain` are in their own
 modules; this one installs the hook and decides what each intercepted call is. It stays whole at
-about 400 lines: one job, `CacheHook`'s installing and dispatching, and most of its length is the
-public properties and methods with the docstrings callers read, each handing its work to those modules.
+about 500 lines: one job, `CacheHook`'s installing (for good or for one call) and dispatching, and
+most of its length is the public properties and methods with the docstrings callers read, each
+handing its work to those modules.
 
 Not thread-safe, like the Llama it hooks: one completion at a time.
 """
@@ -44,6 +49,7 @@ from snapcache.llama.hook.completion_flow import CompletionFlow
 from snapcache.llama.hook.explain import Explainer
 from snapcache.llama.hook.miss import MissExplanation
 from snapcache.llama.hook.prefix_loader import PrefixLoader, Progress
+from snapcache.llama.hook.special_text import keeping_special_text, stream_keeping_special_text
 from snapcache.llama.hook.warm import Warmer
 from snapcache.llama.setup.amx import warn_once
 from snapcache.llama.stored.checkpoints import DEFAULT_PREFIX_REUSE
@@ -71,6 +77,14 @@ class _ChatTurn:
 
     prefix: SharedPrefix | None
     uncached_because: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _CallOptions:
+    """What one call through `CacheHook.create_completion` sets for itself (None: the hook's)."""
+
+    scope: str | None
+    listener: CompletionListener | None
 
 
 class CacheHook:
@@ -149,6 +163,7 @@ class CacheHook:
         self._prefixes = ChatPrefixFinder(llm, self._render_chat)
         self._rendering = False
         self._chat_turn: _ChatTurn | None = None
+        self._call: _CallOptions | None = None  # set while `create_completion` (and chats) run
         self._saved_attributes: dict[str, Any] | None = None
         # Bound once, so that `uninstall` can tell its own entry points from a user's replacements.
         self._completion_entry = self._create_completion
@@ -251,6 +266,57 @@ class CacheHook:
         finally:
             self.uninstall()
 
+    # -- completions through the hook, whether installed or not -------------------------------------
+
+    def create_completion(
+        self,
+        prompt: str | Sequence[int],
+        *,
+        scope: str | None = None,
+        listener: CompletionListener | None = None,
+        special_text: bool = False,
+        **kwargs: Any,
+    ) -> Any:
+        """`Llama.create_completion` through this hook, installed for the call unless it is already:
+        in `scope` (None: the hook's), told to `listener` (None: the hook's), its text with the
+        model's special tokens where `special_text`. Not thread-safe, like the Llama."""
+        llm = self._llm
+        call = _CallOptions(None if scope is None else validate_scope(scope), listener)
+        text = prompt if isinstance(prompt, str) else list(prompt)
+        return self._run_call(lambda: llm.create_completion(text, **kwargs), call, special_text, kwargs)
+
+    def create_chat_completion(
+        self,
+        messages: list[Mapping[str, Any]],
+        *,
+        scope: str | None = None,
+        listener: CompletionListener | None = None,
+        special_text: bool = False,
+        **kwargs: Any,
+    ) -> Any:
+        """`Llama.create_chat_completion` through this hook, as `create_completion` runs a prompt."""
+        llm = self._llm
+        call = _CallOptions(None if scope is None else validate_scope(scope), listener)
+        chat = cast(Any, messages)
+        return self._run_call(
+            lambda: llm.create_chat_completion(messages=chat, **kwargs), call, special_text, kwargs
+        )
+
+    def _run_call(
+        self, run: Callable[[], Any], call: _CallOptions, special_text: bool, kwargs: Mapping[str, Any]
+    ) -> Any:
+        # A stream's completion starts in the call (its scope and listener are taken there); its text
+        # is made as it is read.
+        self._call = call
+        try:
+            with self.installed_for_call(), keeping_special_text(self._llm, special_text):
+                result = run()
+        finally:
+            self._call = None
+        if special_text and kwargs.get("stream"):
+            return stream_keeping_special_text(self._llm, iter(result))
+        return result
+
     # -- the entry points the Llama calls once installed --------------------------------------------
 
     def _original_create_completion(self) -> Callable[..., Any]:
@@ -276,6 +342,7 @@ class CacheHook:
             chat_prefix=turn.prefix if turn is not None else None,
             ladder=turn is None and self._completions.has_ladder,
             cacheable=self._check_cacheable(),
+            listener=self._call.listener if self._call is not None else None,
         )
         return self._flow.run(call, lambda: original(*args, **kwargs), stream=bool(kwargs.get("stream")))
 
@@ -366,6 +433,8 @@ class CacheHook:
     # -- scopes -------------------------------------------------------------------------------------
 
     def _current_scope(self) -> str:
+        if self._call is not None and self._call.scope is not None:
+            return self._call.scope
         scope = self._scope
         return validate_scope(scope() if callable(scope) else scope)
 

@@ -151,15 +151,13 @@ class CachedLlama:
 
     def create_completion(self, prompt: str | list[int], **kwargs: Any) -> Any:
         """`Llama.create_completion`, restoring the longest cached prefix first and saving after."""
-        with self._hook.installed_for_call():
-            return self.llm.create_completion(prompt, **kwargs)
+        return self._hook.create_completion(prompt, **kwargs)
 
     __call__ = create_completion
 
     def create_chat_completion(self, messages: list[Mapping[str, Any]], **kwargs: Any) -> Any:
         """`Llama.create_chat_completion`, restoring the longest cached prefix first and saving after."""
-        with self._hook.installed_for_call():
-            return self.llm.create_chat_completion(messages=messages, **kwargs)  # type: ignore[arg-type]
+        return self._hook.create_chat_completion(list(messages), **kwargs)
 
     def explain(self) -> MissExplanation | None:
         """Why the last completion restored what it did (see `MissExplanation`); None before the first."""

@@ -57,6 +57,7 @@ class Completion:
     last_token: int | None = None
     read_seconds: float | None = None
     cancelled: bool = False  # its reader is gone: generation ends at the next token
+    listener: CompletionListener | None = None  # told of this completion (None: the cache's listener)
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -131,8 +132,9 @@ class CompletionCache:
             n, reused, evaluated, source, completion.checkpoints, restore_seconds
         )
         _log.debug("prompt of %d tokens: %d reused (%s), %d to evaluate", n, reused, source, evaluated)
-        if self._listener is not None:
-            self._listener.restored(completion.scope, completion.restore)
+        listener = self._listener_of(completion)
+        if listener is not None:
+            listener.restored(completion.scope, completion.restore)
 
     def _read_to_checkpoints(
         self, completion: Completion, prompt: PromptTokens, reused: int, alignment: int
@@ -165,7 +167,8 @@ class CompletionCache:
             return
         if completion.cacheable and self._cache.saves:
             self._save_after(completion)
-        if self._listener is not None and completion.restore is not None:
+        listener = self._listener_of(completion)
+        if listener is not None and completion.restore is not None:
             generated = completion.generated
             if completion.last_token is not None and llama_cpp.llama_vocab_is_eog(
                 self._llm._model.vocab, completion.last_token
@@ -174,7 +177,10 @@ class CompletionCache:
             report = CompletionReport(
                 completion.scope, completion.restore, generated, completion.read_seconds
             )
-            self._listener.finished(report)
+            listener.finished(report)
+
+    def _listener_of(self, completion: Completion) -> CompletionListener | None:
+        return completion.listener if completion.listener is not None else self._listener
 
     def _save_after(self, completion: Completion) -> None:
         prompt = completion.prompt

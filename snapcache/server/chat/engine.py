@@ -1,11 +1,9 @@
 """The one place a `ChatRequest` runs: rendered, restored, generated, parsed, reported.
 
-Every dialect's request runs here against the model llama-cpp-python's routes use (the
-`ParallelModel` with `--parallel` above 1, else the Llama with the cache hook attached), through its
-`create_chat_completion`, so every request restores and saves through the same path. A request runs
-in its turn (`get_llama_proxy`: llama-cpp-python's lock when requests run one at a time), its chat
-stream read on worker threads under the request's `RequestRecord` (where the hook's listener leaves
-what it restored). Stop sequences are matched here, on the text, so the reply says which one ended
+Every dialect's request runs here, through the server's `ModelEngine` (`chat`), with its scope and
+its `RequestRecord` as arguments, so every request restores and saves through the same path; the
+engine writes into the record what the request restored. Its chat stream is read on worker threads.
+Stop sequences are matched here, on the text, so the reply says which one ended
 it; tools are rendered and their calls read by the request's `ToolChannel`: the model's own format
 where its template has one (the answer then read with its special tokens as text, where call markers
 such as `[TOOL_CALLS]` live), else the generic one. A call comes as `ToolCalled` once it is whole;
@@ -21,18 +19,15 @@ malformed is given back as text where it stood.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import re
 import time
-from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mapping
+from collections.abc import AsyncIterator, Generator, Iterator, Mapping
 from dataclasses import replace
 from typing import Any, TypeVar
 
 import anyio
 from llama_cpp import LogitsProcessorList, MinTokensLogitsProcessor
 from llama_cpp.llama_grammar import LlamaGrammar
-from llama_cpp.server import app as llama_server
 
 from snapcache.server.chat.chat_request import ChatRequest
 from snapcache.server.chat.events import (
@@ -50,31 +45,34 @@ from snapcache.server.chat.rules import PromptRules
 from snapcache.server.chat.tool_channel import ToolChannel
 from snapcache.server.checks import ModelLimits, check_grammar, check_logit_bias
 from snapcache.server.error_answers import BadRequest, client_error
-from snapcache.server.request_record import RequestRecord, serving
+from snapcache.server.model_engine import ModelEngine
+from snapcache.server.request_record import RequestRecord
 from snapcache.server.tools import StreamItem, ToolCall, ToolCallDelta, ToolCallDropped
 
 __all__ = ["ChatEngine"]
 
 T = TypeVar("T")
 _TOO_LONG = re.compile(r"Requested tokens \((\d+)\) exceed context window of (\d+)")
-# Whether the model's text for the request running in this context keeps its special tokens.
-_SPECIAL_TEXT: contextvars.ContextVar[bool] = contextvars.ContextVar("snapcache_special_text", default=False)
 
 
 class ChatEngine:
     """Runs chat requests on the served model (see the module docstring)."""
 
     def __init__(
-        self, llm: Any, rules: PromptRules, max_tokens_default: int | None, *, live_tool_calls: bool = False
+        self,
+        model: ModelEngine,
+        rules: PromptRules,
+        max_tokens_default: int | None,
+        *,
+        live_tool_calls: bool = False,
     ) -> None:
-        self.llm = llm
+        self.model = model
+        self.llm = model.llm  # its template, tokenizer and metadata, which the tool formats read
         self._rules = rules
         self._max_tokens_default = max_tokens_default
         self._live_tool_calls = live_tool_calls
-        self.n_ctx = int(llm.n_ctx())
-        self._limits = ModelLimits.of(llm)
-        if NativeTools.for_model(llm) is not None:
-            _keep_special_text_when_asked(llm)
+        self.n_ctx = int(self.llm.n_ctx())
+        self._limits = ModelLimits.of(self.llm)
 
     def prepared(self, request: ChatRequest, *, remember: bool = True) -> ChatRequest:
         """`request` with the prompt rules applied to its text (what they changed remembered for
@@ -85,14 +83,20 @@ class ChatEngine:
             self._rules.remember(request.scope, matched)
         return replace(request, messages=messages)
 
+    def tool_channel(self, request: ChatRequest) -> ToolChannel:
+        """How `request`'s tools go to the model and its calls come back: the model's own format where
+        its template has one (held by a lazy grammar from its marker token on under `auto`, where
+        requests are batched: the batched sampler takes one), else the generic one."""
+        return tool_channel_for(request, self.llm, lazy_grammars=self.model.batched is not None)
+
     def rendered_messages(self, request: ChatRequest) -> list[dict[str, Any]]:
         """The messages the model's chat template gets for `request` (tools included)."""
-        return tool_channel_for(request, self.llm).messages(request)
+        return self.tool_channel(request).messages(request)
 
     def template_options(self, request: ChatRequest) -> dict[str, Any]:
         """What the model's chat template gets for `request` besides the messages (the tools, where
         the template places them itself): `create_chat_completion`'s keyword arguments."""
-        return tool_channel_for(request, self.llm).options(request)
+        return self.tool_channel(request).options(request)
 
     async def events(
         self, request: ChatRequest, record: RequestRecord | None = None
@@ -101,40 +105,35 @@ class ChatEngine:
         for a request the model cannot run. Iterate it in one task, to its end or `aclose`.
         `record`: where the request's reuse is written (by `Started`, what it restored)."""
         request = self.prepared(request)
-        tools = tool_channel_for(request, self.llm)
-        context = contextvars.copy_context()
-        context.run(serving.set, record if record is not None else RequestRecord(scope=request.scope))
-        context.run(_SPECIAL_TEXT.set, tools.special_text(request))
+        tools = self.tool_channel(request)
+        record = record if record is not None else RequestRecord(scope=request.scope)
+        run = self._run(request, tools, record)
+        try:
+            while True:
+                try:
+                    event = await anyio.to_thread.run_sync(lambda: next(run, None))
+                except Exception as exc:
+                    raise self._problem(exc) from exc
+                if event is None:
+                    return
+                yield event
+        finally:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(run.close)
 
-        async def in_thread(call: Callable[[], T]) -> T:
-            return await anyio.to_thread.run_sync(lambda: context.run(call))
-
-        async with contextlib.asynccontextmanager(llama_server.get_llama_proxy)() as proxy:
-            model = proxy(None)
-            run = self._run(model, request, tools)
-            try:
-                while True:
-                    try:
-                        event = await in_thread(lambda: next(run, None))
-                    except Exception as exc:
-                        raise self._problem(exc) from exc
-                    if event is None:
-                        return
-                    yield event
-            finally:
-                with anyio.CancelScope(shield=True):
-                    await in_thread(run.close)
-
-    def _run(self, model: Any, request: ChatRequest, tools: ToolChannel) -> Generator[ChatEvent, None, None]:
-        """The events of one request, on worker threads (one at a time) in the request's context."""
+    def _run(
+        self, request: ChatRequest, tools: ToolChannel, record: RequestRecord
+    ) -> Generator[ChatEvent, None, None]:
+        """The events of one request, on worker threads (one at a time)."""
         began = time.monotonic_ns()
         limit = request.max_tokens if request.max_tokens is not None else self._max_tokens_default
         kwargs: dict[str, Any] = {"stream": True, "max_tokens": limit, **tools.options(request)}
         kwargs.update(request.sampling.settings())
-        kwargs.update(_constraints(model, request, tools, self._limits))
+        kwargs.update(_constraints(self.llm, request, tools, self._limits))
         if tools.stop(request):
             kwargs["stop"] = list(tools.stop(request))
-        chunks = model.create_chat_completion(tools.messages(request), **kwargs)
+        special_text = tools.special_text(request)
+        chunks = self.model.chat(tools.messages(request), record, special_text=special_text, **kwargs)
         stops = _StopMatcher(request.stop)
         reader = tools.reader(request)
         calls = _CallEvents(live=self._live_tool_calls)
@@ -143,7 +142,7 @@ class ChatEngine:
             for chunk in chunks:
                 if not started:
                     started = True
-                    yield Started(_usage(generated), time.monotonic_ns() - began)
+                    yield Started(_usage(record, generated), time.monotonic_ns() - began)
                 choice = chunk["choices"][0]
                 piece = choice.get("delta", {}).get("content") or ""
                 if piece:
@@ -164,7 +163,7 @@ class ChatEngine:
             if close is not None:
                 close()  # a stream ended at a stop sequence: its request is cancelled, its state kept
         if not started:
-            yield Started(_usage(generated), time.monotonic_ns() - began)
+            yield Started(_usage(record, generated), time.monotonic_ns() - began)
         rest = stops.flush() if reason != "stop_sequence" else ""
         fed = reader.feed(rest) if rest else []
         held = reader.finish()
@@ -176,7 +175,7 @@ class ChatEngine:
         if called:
             reason = "tool_calls"
         elapsed = time.monotonic_ns() - began
-        yield Finished(reason, _usage(generated), stops.matched, elapsed)  # type: ignore[arg-type]
+        yield Finished(reason, _usage(record, generated), stops.matched, elapsed)  # type: ignore[arg-type]
 
     def _problem(self, exc: Exception) -> Exception:
         """The BadRequest a failure of the model's is, or the failure itself."""
@@ -272,30 +271,9 @@ class _CallEvents:
             yield TextDelta(dropped.text)
 
 
-def _keep_special_text_when_asked(llm: Any) -> None:
-    """Make the Llama's text keep special tokens for the requests that ask (`_SPECIAL_TEXT`).
-
-    llama-cpp-python detokenizes a completion without its special tokens, on its own path
-    (`Llama._create_completion`) and on the batched one (`BatchedLlama`) alike, both through the
-    Llama's `detokenize`, in the thread that reads the request (where its context is): this wraps
-    that method once; for every other call it is the method itself.
-    """
-    current = vars(llm).get("detokenize")
-    if getattr(current, "keeps_special_text", False):
-        return
-    original = llm.detokenize
-
-    def detokenize(tokens: Any, prev_tokens: Any = None, special: bool = False) -> bytes:
-        return bytes(original(tokens, prev_tokens=prev_tokens, special=special or _SPECIAL_TEXT.get()))
-
-    detokenize.keeps_special_text = True  # type: ignore[attr-defined]
-    llm.detokenize = detokenize
-
-
-def _usage(generated: int) -> Usage:
-    """The request's usage as its record has it (what the hook reported), so far."""
-    record = serving.get()
-    if record is None or record.restore is None:
+def _usage(record: RequestRecord, generated: int) -> Usage:
+    """The request's usage as its record has it (what the engine reported), so far."""
+    if record.restore is None:
         return Usage(completion_tokens=generated)
     restore = record.restore
     completion = record.completion_tokens if record.completion_tokens is not None else generated
@@ -336,8 +314,8 @@ def _overlap(text: str, stop: str) -> int:
     return 0
 
 
-def tool_channel_for(request: ChatRequest, llm: Any) -> ToolChannel:
+def tool_channel_for(request: ChatRequest, llm: Any, *, lazy_grammars: bool = False) -> ToolChannel:
     """The format for `request` on `llm` (the loaded `llama_cpp.Llama`): the model's own where its
-    template renders tools, else the generic one."""
-    native = NativeTools.for_model(llm)
+    template renders tools, else the generic one; `lazy_grammars`: see `NativeTools.for_model`."""
+    native = NativeTools.for_model(llm, lazy_grammars=lazy_grammars)
     return native if native is not None else GenericTools.for_model(llm)

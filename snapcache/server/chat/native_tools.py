@@ -42,21 +42,23 @@ __all__ = ["NativeTools"]
 class NativeTools:
     """The call format of one model's chat template (see the module docstring)."""
 
-    def __init__(self, form: CallFormat, template: str, llm: Any) -> None:
+    def __init__(self, form: CallFormat, template: str, llm: Any, *, lazy_grammars: bool = False) -> None:
         self.format = form
         self._template = template
         self._llm = llm
+        self._lazy_grammars = lazy_grammars
 
     @classmethod
-    def for_model(cls, llm: Any) -> NativeTools | None:
-        """The model's own format, or None where its template has none it places tools for."""
+    def for_model(cls, llm: Any, *, lazy_grammars: bool = False) -> NativeTools | None:
+        """The model's own format, or None where its template has none it places tools for;
+        `lazy_grammars`: the model's sampler takes a `LazyGrammar` (the batched path's does)."""
         template = chat_template(llm)
         if template is None:
             return None
         form = call_format_for(template)
         if not (form.native and form.renders_tools):
             return None
-        return cls(form, template, llm)
+        return cls(form, template, llm, lazy_grammars=lazy_grammars)
 
     def messages(self, request: ChatRequest) -> list[dict[str, Any]]:
         merged: list[dict[str, Any]] = []
@@ -98,7 +100,7 @@ class NativeTools:
         """The token that starts the calls' grammar under `auto`: the format's marker, where it is
         one token and the model's sampler takes a lazy grammar; else None."""
         syntax, marker = self.format.syntax, self.format.call_marker
-        if not getattr(self._llm, "takes_lazy_grammars", False) or syntax is None or syntax.opens_with_json:
+        if not self._lazy_grammars or syntax is None or syntax.opens_with_json:
             return None
         return self._token_of(marker) if marker else None
 

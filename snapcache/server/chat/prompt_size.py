@@ -34,7 +34,7 @@ class PromptCounter:
 
     def __init__(self, engine: ChatEngine) -> None:
         self._engine = engine
-        llm = engine.llm
+        llm: Any = engine.llm
         renderer = _Renderer(llm)
 
         def render(messages: list[Mapping[str, Any]], options: dict[str, Any]) -> Any:

@@ -28,6 +28,7 @@ pytestmark = pytest.mark.model
 READS = ("lookup", "lookup_with_tier", "get", "get_block", "get_blocks", "stored_tokens")
 WRITES = ("put", "put_many", "defer")
 LAYERS = ("snapcache.server", "snapcache.llama", "snapcache.store")
+ENGINE = "snapcache.server.chat.engine.chat_engine"
 
 
 class FirstCall:
@@ -108,7 +109,9 @@ def test_a_messages_request_reaches_the_store_through_each_layer_once(
     if parallel == 1:
         assert submitted.path is None  # no scheduler
         print("\nAnthropic Messages at --parallel 1, route to the store's first read:", " > ".join(path))
-        assert path[0] == "snapcache.server.chat.engine"  # where the request's worker thread begins
+        assert (
+            path[0] == "snapcache.server.chat.engine.chat_engine"
+        )  # where the request's worker thread begins
         assert "snapcache.server.model_engine" in path
         assert "snapcache.llama.hook.completion_flow" in path  # the hook, installed for the call
         assert layers_in_order(path) == list(LAYERS)
@@ -117,7 +120,9 @@ def test_a_messages_request_reaches_the_store_through_each_layer_once(
     assert request is not None
     print(f"\nAnthropic Messages at --parallel {parallel}, route to the scheduler:", " > ".join(request))
     print("  then the scheduler's thread, to the store's first read:", " > ".join(path))
-    assert request[0] == "snapcache.server.chat.engine"  # where the request's worker thread begins
+    assert (
+        request[0] == "snapcache.server.chat.engine.chat_engine"
+    )  # where the request's worker thread begins
     assert "snapcache.server.model_engine" in request
     assert layers_in_order(request) == ["snapcache.server", "snapcache.llama"]
     assert len(request) == len(set(request)), request

@@ -27,7 +27,7 @@ import anyio
 from snapcache.errors import InvalidArgument
 from snapcache.key import DEFAULT_SCOPE, validate_scope
 from snapcache.llama.hook.request_streams import RequestStreams
-from snapcache.server.chat.ollama_routes import OLLAMA_PATHS
+from snapcache.server.chat.dialects.ollama.ollama_routes import OLLAMA_PATHS
 from snapcache.server.checks import COMPLETION_PATHS, RequestChecks, parse_body
 from snapcache.server.error_answers import BadRequest, client_error, error_document
 from snapcache.server.request_record import RECORD_STATE, RequestRecord

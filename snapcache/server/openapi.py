@@ -21,7 +21,7 @@ from fastapi import FastAPI
 from pydantic.json_schema import models_json_schema
 
 from snapcache.key import MAX_SCOPE_LENGTH
-from snapcache.server.chat.chat_completions_protocol import ChatCompletionRequest
+from snapcache.server.chat.dialects.chat_completions.chat_completions_protocol import ChatCompletionRequest
 from snapcache.server.checks import ModelLimits
 from snapcache.server.schema_rules import (
     END,
@@ -192,7 +192,7 @@ def _ollama_generate(schema: Document, _limits: ModelLimits) -> None:
 
 def _chat_completions(document: Document, limits: ModelLimits) -> None:
     """`POST /v1/chat/completions` takes the chat engine's request model (see
-    `snapcache.server.chat.chat_completions`), with what the server refuses beyond it."""
+    `snapcache.server.chat.dialects.chat_completions`), with what the server refuses beyond it."""
     operation = document.get("paths", {}).get(_CHAT_PATH, {}).get("post")
     if operation is None:
         return

@@ -22,7 +22,7 @@ from snapcache.errors import InvalidArgument
 from snapcache.key import DEFAULT_SCOPE, MAX_PRIORITY
 from snapcache.llama.hook.cache_hook import CacheHook
 from snapcache.llama.stored.reports import WarmResult
-from snapcache.server.chat.rules import PromptRules
+from snapcache.server.chat.engine.prompt_rules import PromptRules
 from snapcache.server.checks import AS_JSON_INTEGER
 from snapcache.server.error_answers import error_document
 from snapcache.server.model_engine import ModelEngine

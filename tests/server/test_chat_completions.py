@@ -10,13 +10,13 @@ from typing import Any
 import anyio
 import pytest
 
-from snapcache.server.chat.chat_completions import (
+from snapcache.server.chat.chat_request import NamedTool
+from snapcache.server.chat.dialects.chat_completions.chat_completions import (
     CompletionChunks,
     chat_request,
     completion_of,
 )
-from snapcache.server.chat.chat_completions_protocol import parsed
-from snapcache.server.chat.chat_request import NamedTool
+from snapcache.server.chat.dialects.chat_completions.chat_completions_protocol import parsed
 from snapcache.server.chat.events import ChatEvent, Finished, Started, TextDelta, ToolCalled, Usage
 from snapcache.server.error_answers import BadRequest
 from snapcache.server.tools import ToolCall

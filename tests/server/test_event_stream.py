@@ -13,7 +13,7 @@ from typing import Any
 
 import anyio
 
-from snapcache.server.chat.streaming import EventStream, Final
+from snapcache.server.chat.dialects.streaming import EventStream, Final
 from snapcache.server.error_answers import BadRequest
 
 

@@ -9,10 +9,10 @@ import json
 import pytest
 from llama_cpp.llama_grammar import LlamaGrammar
 
-from snapcache.server.chat.chat_completions import chat_request
-from snapcache.server.chat.chat_completions_protocol import ChatCompletionRequest
 from snapcache.server.chat.chat_request import ChatMessage, ChatRequest, NamedTool
-from snapcache.server.chat.generic_tools import GenericTools
+from snapcache.server.chat.dialects.chat_completions.chat_completions import chat_request
+from snapcache.server.chat.dialects.chat_completions.chat_completions_protocol import ChatCompletionRequest
+from snapcache.server.chat.engine.generic_tools import GenericTools
 from snapcache.server.tools import ToolCall, ToolCallDelta, ToolCallDropped, ToolSpec
 
 WEATHER = ToolSpec(

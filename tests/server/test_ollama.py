@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from snapcache.server.chat import ollama
-from snapcache.server.chat.anthropic_protocol import MessagesRequest
 from snapcache.server.chat.chat_request import Sampling
+from snapcache.server.chat.dialects.anthropic.anthropic_protocol import MessagesRequest
+from snapcache.server.chat.dialects.ollama import ollama
+from snapcache.server.chat.dialects.ollama.ollama_protocol import ChatBody, GenerateBody
 from snapcache.server.chat.events import Finished, Started, TextDelta, ToolCalled, Usage
-from snapcache.server.chat.ollama_protocol import ChatBody, GenerateBody
 from snapcache.server.error_answers import BadRequest
 from snapcache.server.served_model import ServedModel
 from snapcache.server.tools import ToolCall

@@ -14,11 +14,11 @@ import pytest
 from tool_models import MISTRAL_SPECIALS, QWEN_SPECIALS, write_template_model
 
 from snapcache.server.chat.chat_request import ChatMessage, ChatRequest, NamedTool, Sampling
-from snapcache.server.chat.engine import ChatEngine, tool_channel_for
+from snapcache.server.chat.engine.chat_engine import ChatEngine, tool_channel_for
+from snapcache.server.chat.engine.generic_tools import GenericTools
+from snapcache.server.chat.engine.native_tools import NativeTools
+from snapcache.server.chat.engine.prompt_rules import PromptRules
 from snapcache.server.chat.events import Finished, Started, TextDelta, ToolCalled
-from snapcache.server.chat.generic_tools import GenericTools
-from snapcache.server.chat.native_tools import NativeTools
-from snapcache.server.chat.rules import PromptRules
 from snapcache.server.model_engine import EngineOptions, ModelEngine
 from snapcache.server.tools import ToolCall, ToolCallDelta, ToolSpec
 from snapcache.store import SnapshotStore

@@ -7,20 +7,21 @@ asks only for the model to be loaded: it is, and the answer says so.
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
-from snapcache.server.chat import ollama, ollama_models
-from snapcache.server.chat.dialect import OLLAMA_CHAT, OLLAMA_GENERATE, Dialect
-from snapcache.server.chat.engine import ChatEngine
-from snapcache.server.chat.ollama_protocol import ChatBody, GenerateBody, ShowBody
-from snapcache.server.chat.serving import check_text, error_answers, failure, serve
+from snapcache.server.chat.chat_request import ChatRequest
+from snapcache.server.chat.dialects.dialect import Dialect
+from snapcache.server.chat.dialects.ollama import ollama, ollama_models
+from snapcache.server.chat.dialects.ollama.ollama_protocol import ChatBody, GenerateBody, ShowBody
+from snapcache.server.chat.dialects.serving import ChatRunner, check_text, error_answers, failure, serve
 from snapcache.server.error_answers import BadRequest
 from snapcache.server.served_model import ServedModel
 
-__all__ = ["OLLAMA_PATHS", "ollama_router"]
+__all__ = ["OLLAMA_CHAT", "OLLAMA_GENERATE", "OLLAMA_PATHS", "ollama_router"]
 
 OLLAMA_CHAT_PATH = "/api/chat"
 OLLAMA_GENERATE_PATH = "/api/generate"
@@ -31,9 +32,29 @@ _ERRORS = error_answers(
     {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}}
 )
 _LINES = {"content": {ollama.NDJSON: {"schema": {"type": "string"}}}}
+OllamaBody = TypeVar("OllamaBody", ChatBody, GenerateBody)
 
 
-def ollama_router(engine: ChatEngine, model: ServedModel) -> APIRouter:
+def _ollama(
+    name: str, chat_request: Callable[[OllamaBody, str], ChatRequest], *, chat: bool
+) -> Dialect[OllamaBody]:
+    """Ollama's chat (`chat`) or generate: the same lines and errors around a message or a response."""
+    return Dialect(
+        name,
+        ollama.NDJSON,
+        chat_request,
+        lambda body, events: ollama.Answer(body.model, chat=chat).lines(events),
+        lambda body, events: ollama.Answer(body.model, chat=chat).of(events),
+        ollama.error_body,
+        ollama.error_line,
+    )
+
+
+OLLAMA_CHAT = _ollama("Ollama chat", ollama.chat_request, chat=True)
+OLLAMA_GENERATE = _ollama("Ollama generate", ollama.generate_request, chat=False)
+
+
+def ollama_router(engine: ChatRunner, model: ServedModel) -> APIRouter:
     """Ollama's routes over `engine`, describing `model`."""
     router = APIRouter(tags=["Ollama"])
 

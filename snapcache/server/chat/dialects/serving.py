@@ -11,23 +11,45 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from snapcache.errors import InvalidArgument
 from snapcache.key import DEFAULT_SCOPE, validate_scope
-from snapcache.server.chat.dialect import Body, Dialect
-from snapcache.server.chat.engine import ChatEngine
+from snapcache.server.chat.chat_request import ChatRequest
+from snapcache.server.chat.dialects.dialect import Body, Dialect
+from snapcache.server.chat.dialects.streaming import EventStream, as_failure, until_disconnect
 from snapcache.server.chat.events import ChatEvent
-from snapcache.server.chat.streaming import EventStream, as_failure, until_disconnect
 from snapcache.server.error_answers import BadRequest
 from snapcache.server.request_record import RequestRecord
 
-__all__ = ["check_text", "error_answers", "failure", "request_scope", "serve"]
+__all__ = [
+    "EVENTS_ANSWER",
+    "OPENAI_ERRORS",
+    "ChatRunner",
+    "check_text",
+    "error_answers",
+    "failure",
+    "request_scope",
+    "serve",
+]
 
 _SCOPE_HEADER = "x-snapcache-scope"
+# The OpenAPI description of a streamed answer.
+EVENTS_ANSWER: dict[str, Any] = {"content": {"text/event-stream": {"schema": {"type": "string"}}}}
+
+
+class ChatRunner(Protocol):
+    """What the dialects ask of the chat engine (`snapcache.server.chat.engine`), which they do not
+    import: the events of a request, its reuse written into `record`; and a request's prompt size."""
+
+    def events(
+        self, request: ChatRequest, record: RequestRecord | None = None
+    ) -> AsyncIterator[ChatEvent]: ...
+
+    def count_prompt_tokens(self, request: ChatRequest) -> int: ...
 
 
 def failure(dialect: Dialect[Any], exc: BaseException) -> JSONResponse:
@@ -36,7 +58,7 @@ def failure(dialect: Dialect[Any], exc: BaseException) -> JSONResponse:
     return JSONResponse(dialect.error_body(failed), status_code=failed.status)
 
 
-async def serve(dialect: Dialect[Body], body: Body, request: Request, engine: ChatEngine) -> Response:
+async def serve(dialect: Dialect[Body], body: Body, request: Request, engine: ChatRunner) -> Response:
     """Every dialect route: `body` becomes the engine's request, which runs; its events become the
     dialect's answer, streamed or whole, or its error when it cannot be served."""
     try:
@@ -111,3 +133,6 @@ def error_answers(schema: dict[str, Any]) -> dict[int | str, dict[str, Any]]:
             (500, "The request failed"),
         )
     }
+
+
+OPENAI_ERRORS = error_answers({"$ref": "#/components/schemas/ErrorDocument"})

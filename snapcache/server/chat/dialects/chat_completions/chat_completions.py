@@ -23,12 +23,6 @@ import uuid
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-from snapcache.server.chat.chat_completions_protocol import (
-    ChatCompletionRequest,
-    ContentPart,
-    FunctionDefinition,
-    Message,
-)
 from snapcache.server.chat.chat_request import (
     ChatMessage,
     ChatRequest,
@@ -37,6 +31,13 @@ from snapcache.server.chat.chat_request import (
     ToolChoice,
     normalized_messages,
 )
+from snapcache.server.chat.dialects.chat_completions.chat_completions_protocol import (
+    ChatCompletionRequest,
+    ContentPart,
+    FunctionDefinition,
+    Message,
+)
+from snapcache.server.chat.dialects.streaming import Final
 from snapcache.server.chat.events import (
     ChatEvent,
     Finished,
@@ -48,7 +49,6 @@ from snapcache.server.chat.events import (
     ToolCalled,
     Usage,
 )
-from snapcache.server.chat.streaming import Final
 from snapcache.server.checks import schema_problem
 from snapcache.server.error_answers import BadRequest
 from snapcache.server.tools import ToolCall, ToolSpec, arguments_json

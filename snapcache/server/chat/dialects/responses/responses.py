@@ -18,8 +18,8 @@ from snapcache.server.chat.chat_request import (
     ToolChoice,
     normalized_messages,
 )
-from snapcache.server.chat.responses_output import sse
-from snapcache.server.chat.responses_protocol import (
+from snapcache.server.chat.dialects.responses.responses_output import sse
+from snapcache.server.chat.dialects.responses.responses_protocol import (
     TEXT_PARTS,
     ContentPart,
     FunctionCallItem,

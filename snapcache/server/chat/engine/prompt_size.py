@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from snapcache.llama.templates.chat_prefix import ChatPrefixFinder
 from snapcache.server.chat.chat_request import ChatRequest
-from snapcache.server.chat.engine import ChatEngine
 from snapcache.server.error_answers import BadRequest
+
+if TYPE_CHECKING:
+    from snapcache.server.chat.engine.chat_engine import ChatEngine
 
 __all__ = ["PromptCounter"]
 

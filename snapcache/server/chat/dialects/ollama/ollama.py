@@ -26,6 +26,14 @@ from datetime import datetime, timezone
 from typing import Any
 
 from snapcache.server.chat.chat_request import ChatMessage, ChatRequest, Sampling, normalized_messages
+from snapcache.server.chat.dialects.ollama.ollama_protocol import (
+    ChatBody,
+    GenerateBody,
+    Message,
+    Options,
+    Tool,
+)
+from snapcache.server.chat.dialects.streaming import Final
 from snapcache.server.chat.events import (
     ChatEvent,
     Finished,
@@ -34,8 +42,6 @@ from snapcache.server.chat.events import (
     ToolCallDropped,
     ToolCalled,
 )
-from snapcache.server.chat.ollama_protocol import ChatBody, GenerateBody, Message, Options, Tool
-from snapcache.server.chat.streaming import Final
 from snapcache.server.checks import schema_problem
 from snapcache.server.error_answers import BadRequest
 from snapcache.server.tools import ToolCall, ToolSpec, arguments_json, arguments_object

@@ -12,15 +12,6 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from snapcache.server.chat.anthropic_protocol import (
-    ConversationRequest,
-    MessageParam,
-    MessagesRequest,
-    NamedChoice,
-    TextBlock,
-    ToolResultBlock,
-    ToolUseBlock,
-)
 from snapcache.server.chat.chat_request import (
     ChatMessage,
     ChatRequest,
@@ -30,6 +21,16 @@ from snapcache.server.chat.chat_request import (
     normalized_messages,
     text_of,
 )
+from snapcache.server.chat.dialects.anthropic.anthropic_protocol import (
+    ConversationRequest,
+    MessageParam,
+    MessagesRequest,
+    NamedChoice,
+    TextBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+from snapcache.server.chat.dialects.streaming import Final
 from snapcache.server.chat.events import (
     ChatEvent,
     Finished,
@@ -41,7 +42,6 @@ from snapcache.server.chat.events import (
     ToolCalled,
     Usage,
 )
-from snapcache.server.chat.streaming import Final
 from snapcache.server.checks import schema_problem
 from snapcache.server.error_answers import BadRequest
 from snapcache.server.tools import ToolCall, ToolSpec, arguments_json

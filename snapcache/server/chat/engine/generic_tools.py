@@ -22,7 +22,7 @@ from typing import Any
 from llama_cpp.llama_grammar import LlamaGrammar
 
 from snapcache.server.chat.chat_request import ChatMessage, ChatRequest, NamedTool
-from snapcache.server.chat.tool_channel import PlainReader, ReplyReader, checked_grammar
+from snapcache.server.chat.engine.tool_channel import PlainReader, ReplyReader, checked_grammar
 from snapcache.server.tools import (
     GenericCallStream,
     ToolCall,

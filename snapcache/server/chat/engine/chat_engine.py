@@ -30,6 +30,11 @@ from llama_cpp import LogitsProcessorList, MinTokensLogitsProcessor
 from llama_cpp.llama_grammar import LlamaGrammar
 
 from snapcache.server.chat.chat_request import ChatRequest
+from snapcache.server.chat.engine.generic_tools import GenericTools
+from snapcache.server.chat.engine.native_tools import NativeTools
+from snapcache.server.chat.engine.prompt_rules import PromptRules
+from snapcache.server.chat.engine.prompt_size import PromptCounter
+from snapcache.server.chat.engine.tool_channel import ToolChannel
 from snapcache.server.chat.events import (
     ChatEvent,
     Finished,
@@ -39,10 +44,6 @@ from snapcache.server.chat.events import (
     ToolCalled,
     Usage,
 )
-from snapcache.server.chat.generic_tools import GenericTools
-from snapcache.server.chat.native_tools import NativeTools
-from snapcache.server.chat.rules import PromptRules
-from snapcache.server.chat.tool_channel import ToolChannel
 from snapcache.server.checks import ModelLimits, check_grammar, check_logit_bias
 from snapcache.server.error_answers import BadRequest, client_error
 from snapcache.server.model_engine import ModelEngine
@@ -73,6 +74,7 @@ class ChatEngine:
         self._live_tool_calls = live_tool_calls
         self.n_ctx = int(self.llm.n_ctx())
         self._limits = ModelLimits.of(self.llm)
+        self._counter = PromptCounter(self)
 
     def prepared(self, request: ChatRequest, *, remember: bool = True) -> ChatRequest:
         """`request` with the prompt rules applied to its text (what they changed remembered for
@@ -82,6 +84,11 @@ class ChatEngine:
         if remember:
             self._rules.remember(request.scope, matched)
         return replace(request, messages=messages)
+
+    def count_prompt_tokens(self, request: ChatRequest) -> int:
+        """The prompt tokens of `request` as the model would read it (prompt rules applied, tools
+        rendered), without running it; BadRequest where its template cannot render it."""
+        return self._counter.count(request)
 
     def tool_channel(self, request: ChatRequest) -> ToolChannel:
         """How `request`'s tools go to the model and its calls come back: the model's own format where

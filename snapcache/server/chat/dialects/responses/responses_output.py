@@ -14,6 +14,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from snapcache.server.chat.dialects.responses.responses_protocol import ResponsesRequest
+from snapcache.server.chat.dialects.streaming import Final
 from snapcache.server.chat.events import (
     ChatEvent,
     Finished,
@@ -25,8 +27,6 @@ from snapcache.server.chat.events import (
     ToolCalled,
     Usage,
 )
-from snapcache.server.chat.responses_protocol import ResponsesRequest
-from snapcache.server.chat.streaming import Final
 
 __all__ = ["ResponseEvents", "response_of", "sse"]
 

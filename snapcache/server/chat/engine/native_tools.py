@@ -23,7 +23,7 @@ from typing import Any
 
 from snapcache.llama.batch import LazyGrammar
 from snapcache.server.chat.chat_request import ChatRequest, NamedTool
-from snapcache.server.chat.tool_channel import PlainReader, ReplyReader, chat_template, checked_grammar
+from snapcache.server.chat.engine.tool_channel import PlainReader, ReplyReader, chat_template, checked_grammar
 from snapcache.server.tools import (
     StreamItem,
     ToolCall,

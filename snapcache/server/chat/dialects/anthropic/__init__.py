@@ -1,0 +1,1 @@
+"""Anthropic Messages: `/v1/messages` and its token count."""

@@ -1,0 +1,1 @@
+"""OpenAI Chat Completions, with tools: `/v1/chat/completions`."""

@@ -1,0 +1,1 @@
+"""Ollama's API: chat, generate, and the routes that describe the model."""

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import math
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -37,20 +36,26 @@ from snapcache.errors import CorruptSnapshot
 from snapcache.formats import codec
 from snapcache.formats.codec import StateCodec
 from snapcache.formats.compression import CodecChoice, PayloadSource
-from snapcache.formats.envelope import FLAG_MAC, PRELUDE, CheckedHead, Envelope, MacMismatch, mac_key
+from snapcache.formats.envelope import FLAG_MAC, PRELUDE, CheckedHead, MacMismatch, mac_key
+from snapcache.formats.snapshot_fields import (
+    FORMAT_VERSION,
+    MAGIC,
+    MAX_HEADER_BYTES,
+    MAX_LOGITS,
+    MAX_STATE_BYTES,
+    MAX_TOKENS,
+    SNAPSHOT,
+    checked_time_and_priority,
+    file_tokens,
+    header_key,
+    key_fields,
+    logits_count,
+)
 from snapcache.key import SnapshotKey, TokenArray
-from snapcache.snapshot import MAX_PRIORITY, Buffer, Snapshot
+from snapcache.snapshot import Buffer, Snapshot
 
-MAGIC = b"\x89SNAPC\r\n"
-FORMAT_VERSION = 2
 _V1_FRAME_CHECKSUM_BYTES = 4  # the last bytes of a zstd frame written with a content checksum
 _CODEC_NAMES = {1: ("zstd",), FORMAT_VERSION: (codec.NAME, codec.RAW)}
-
-MAX_HEADER_BYTES = 64 << 10
-MAX_TOKENS = 1 << 24
-MAX_LOGITS = 1 << 28
-MAX_STATE_BYTES = 1 << 38
-SNAPSHOT = Envelope(MAGIC, (1, FORMAT_VERSION), MAX_HEADER_BYTES, "snapshot")
 
 __all__ = [
     "FLAG_MAC",
@@ -137,7 +142,7 @@ def encode(
     body_digest.update(logits)
     key = snapshot.key
     header = {
-        "key": _key_fields(key),
+        "key": key_fields(key),
         "store_id": store_id,
         "priority": snapshot.priority,
         "created_at": snapshot.created_at,
@@ -307,7 +312,7 @@ def _checked_fields(
     """The fields of a checked head, checked (the key `expected_key` when one is given), and the size
     they describe."""
     header = checked.header
-    key = _header_key(header, expected_key)
+    key = header_key(header, expected_key)
     codec_info = SNAPSHOT.field(header, "codec", dict)
     if SNAPSHOT.field(codec_info, "name", str) not in _CODEC_NAMES[checked.version]:
         raise CorruptSnapshot("unknown codec")
@@ -315,7 +320,7 @@ def _checked_fields(
         raise CorruptSnapshot(f"unknown shuffle {codec_info['shuffle']}")
     state_bytes = SNAPSHOT.bounded(header, "state_bytes", min(max_state_bytes, MAX_STATE_BYTES))
     payload_bytes = SNAPSHOT.bounded(header, "payload_bytes", MAX_STATE_BYTES)
-    logits_count = _logits_count(header)
+    n_logits = logits_count(header)
     priority, created_at = checked_time_and_priority(header)
     SNAPSHOT.field(header, "store_id", str)
     body_start = checked.body_start
@@ -325,89 +330,10 @@ def _checked_fields(
         version=checked.version,
         has_mac=checked.has_mac,
         body_start=body_start,
-        file_bytes=body_start + 4 * key.token_count + 4 * logits_count + payload_bytes,
-        logits_count=logits_count,
+        file_bytes=body_start + 4 * key.token_count + 4 * n_logits + payload_bytes,
+        logits_count=n_logits,
         state_bytes=state_bytes,
         priority=priority,
         created_at=created_at,
         mac_problem=checked.mac_problem,
     )
-
-
-def checked_time_and_priority(header: dict[str, Any]) -> tuple[int, float]:
-    """A header's priority and creation time, checked."""
-    priority: int = SNAPSHOT.field(header, "priority", int)
-    if abs(priority) > MAX_PRIORITY:
-        raise CorruptSnapshot("priority out of range")
-    try:
-        created_at = float(SNAPSHOT.field(header, "created_at", float, int))
-    except OverflowError:  # an integer beyond any float
-        raise CorruptSnapshot("created_at is out of range") from None
-    if not math.isfinite(created_at):
-        raise CorruptSnapshot("created_at is not finite")
-    return priority, created_at
-
-
-def file_tokens(raw: Buffer) -> TokenArray:
-    """A read-only copy of the token ids stored in a file; ids no tokenizer produces (negative ones)
-    mean a foreign file."""
-    tokens = np.frombuffer(raw, dtype="<i4").copy()
-    if tokens.size and int(tokens.min()) < 0:
-        raise CorruptSnapshot("file holds invalid tokens: token ids must not be negative")
-    tokens.flags.writeable = False
-    return tokens
-
-
-def _header_key(header: dict[str, Any], expected: SnapshotKey | None = None) -> SnapshotKey:
-    """The key the header names; CorruptSnapshot when it is malformed or not `expected`."""
-    fields = SNAPSHOT.field(header, "key", dict)
-    if expected is not None:
-        # Comparing with a key already checked is cheaper than checking another (a restore reads
-        # hundreds of blocks); `is int` keeps JSON's true from passing for 1.
-        named = _key_fields(expected)
-        if type(fields.get("token_count")) is not int or any(fields.get(f) != named[f] for f in named):
-            raise CorruptSnapshot("file belongs to another key")
-        if expected.token_count > MAX_TOKENS:
-            raise CorruptSnapshot(f"header field 'token_count' = {expected.token_count} is too large")
-        return expected
-    token_count = SNAPSHOT.bounded(fields, "token_count", MAX_TOKENS)
-    try:
-        return SnapshotKey(
-            SNAPSHOT.field(fields, "model_fingerprint", str),
-            SNAPSHOT.field(fields, "scope", str),
-            token_count,
-            SNAPSHOT.field(fields, "prefix_hash", str),
-        )
-    except ValueError as exc:
-        raise CorruptSnapshot(f"header key is invalid: {exc}") from None
-
-
-def _key_fields(key: SnapshotKey) -> dict[str, Any]:
-    """How a header names `key`."""
-    return {
-        "model_fingerprint": key.model_fingerprint,
-        "scope": key.scope,
-        "token_count": key.token_count,
-        "prefix_hash": key.prefix_hash,
-    }
-
-
-def _logits_count(header: dict[str, Any]) -> int:
-    shape = header.get("logits_shape")
-    if shape is None:
-        return 0
-    if header.get("logits_dtype") != "<f4":
-        raise CorruptSnapshot("unsupported logits dtype")
-    # What put accepts: one non-empty row of floats.
-    if (
-        not isinstance(shape, list)
-        or len(shape) != 1
-        or not isinstance(shape[0], int)
-        or isinstance(shape[0], bool)
-        or shape[0] < 1
-    ):
-        raise CorruptSnapshot("malformed logits shape")
-    count: int = shape[0]
-    if count > MAX_LOGITS:
-        raise CorruptSnapshot(f"{count} logits exceed the limit of {MAX_LOGITS}")
-    return count

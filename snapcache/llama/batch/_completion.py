@@ -5,9 +5,9 @@ stand-in for the Llama whose `create_completion` is this one, and everything els
 template, metadata) is the Llama's. A completion becomes the Llama's prompt tokens (a text prompt
 as `Llama.create_completion` tokenizes it), a request, and the response llama-cpp-python builds:
 the same text (stop strings cut it, a partial stop string or UTF-8 character is held back while
-streaming), `finish_reason`, `usage` (with `prompt_tokens_details.cached_tokens`). The text is
-made in the reader's thread, never the scheduler's. Stopping criteria (llama-cpp-python's template
-handlers pass one) are checked on the tokens as `Llama.generate` checks them. A grammar is
+streaming), `finish_reason`, `usage` (with `prompt_tokens_details.cached_tokens`), made in the
+reader's thread by `_text`. Stopping criteria (llama-cpp-python's template handlers pass one) are
+checked on the tokens as `Llama.generate` checks them. A grammar is
 sampled in the batch (see `_sampling`). A call the batched path cannot do (logprobs, mirostat,
 logits processors, ...) runs on the Llama's own single-sequence path, one at a time, with its
 reason logged once. A stream closed early (a client gone) cancels its request.
@@ -15,29 +15,24 @@ reason logged once. A stream closed early (a client gone) cancels its request.
 
 from __future__ import annotations
 
-import codecs
 import functools
 import logging
 import threading
 import time
-import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, cast
-
-import llama_cpp
-import numpy as np
-import numpy.typing as npt
 
 from snapcache.key import DEFAULT_SCOPE, TokenArray
 from snapcache.llama.batch._detached import DetachedStream
-from snapcache.llama.batch._request import Request, SchedulerError
+from snapcache.llama.batch._request import Request
 from snapcache.llama.batch._sampling import LazyGrammar, SamplingParams, batched_unsupported
 from snapcache.llama.batch._scheduler import Scheduler
+from snapcache.llama.batch._text import Call, RequestText
 from snapcache.llama.hook.cache_hook import CacheHook
 from snapcache.llama.hook.request_streams import stop_with_request
-from snapcache.llama.stored.reports import CompletionListener, CompletionReport
+from snapcache.llama.stored.reports import CompletionListener
 from snapcache.llama.templates.chat_prefix import (
     ChatPrefixFinder,
     agent_head,
@@ -82,7 +77,7 @@ class BatchedLlama:
         # else its owner runs on it (a server's warm), under this lock.
         self.own_context = threading.Lock()
         self._told: set[str] = set()
-        self._renderer = _StandIn(self, _Call(DEFAULT_SCOPE, None, False), None)
+        self._renderer = _StandIn(self, Call(DEFAULT_SCOPE, None, False), None)
         self._prefixes = ChatPrefixFinder(self._renderer, self._render)  # type: ignore[arg-type]
         self._rendering = threading.Lock()
         self._last: OrderedDict[str, tuple[Request, float]] = OrderedDict()
@@ -100,7 +95,7 @@ class BatchedLlama:
         """As `Llama.create_completion` (a dict, or an iterator of chunks with `stream=True`); the
         call's own `scope` and `listener` win over the object's, and `special_text` keeps the
         model's special tokens in its text."""
-        call = _Call(scope or self._current_scope(), listener or self._listener, special_text)
+        call = Call(scope or self._current_scope(), listener or self._listener, special_text)
         return self._complete(prompt, kwargs, call, None, chat=False)
 
     def create_chat_completion(
@@ -118,7 +113,7 @@ class BatchedLlama:
         if kwargs.get("max_tokens") is None and limit is not None:
             kwargs["max_tokens"] = limit
         prefix = self._chat_prefix(messages, kwargs)
-        call = _Call(scope or self._current_scope(), listener or self._listener, special_text)
+        call = Call(scope or self._current_scope(), listener or self._listener, special_text)
         stand_in = _StandIn(self, call, prefix)
         return type(self.llm).create_chat_completion(stand_in, messages=messages, **kwargs)  # type: ignore[arg-type]
 
@@ -137,7 +132,7 @@ class BatchedLlama:
         self,
         prompt: str | Sequence[int],
         kwargs: dict[str, Any],
-        call: _Call,
+        call: Call,
         prefix: TokenArray | None,
         *,
         chat: bool,
@@ -170,7 +165,7 @@ class BatchedLlama:
             self._last.move_to_end(scope)
             if len(self._last) > _REMEMBERED_SCOPES:
                 self._last.popitem(last=False)
-        text = _Text(llm, request, [s.encode("utf-8") for s in stops if s], limit, criteria, call)
+        text = RequestText(llm, request, [s.encode("utf-8") for s in stops if s], limit, criteria, call)
         if stream:
             stop_with_request(request.cancel)  # a reader gone frees the sequence when its request ends
             return text.chunks()
@@ -189,7 +184,7 @@ class BatchedLlama:
         return f"requests that may need more than the {held} tokens a sequence holds (--seq-ctx)"
 
     def _single_path(
-        self, prompt: str | Sequence[int], kwargs: dict[str, Any], reason: str, call: _Call
+        self, prompt: str | Sequence[int], kwargs: dict[str, Any], reason: str, call: Call
     ) -> Any:
         prompt = prompt if isinstance(prompt, str) else list(prompt)
         if isinstance(kwargs.get("grammar"), LazyGrammar):
@@ -237,19 +232,10 @@ class BatchedLlama:
         return type(self.llm).create_chat_completion(self._renderer, messages=messages, **options)  # type: ignore[arg-type]
 
 
-@dataclass(frozen=True, slots=True)
-class _Call:
-    """One call's own settings: its scope, who hears of it, and whether its text keeps special tokens."""
-
-    scope: str
-    listener: CompletionListener | None
-    special_text: bool
-
-
 class _StandIn:
     """The Llama to its chat handler, but for `create_completion`, which goes to a `BatchedLlama`."""
 
-    def __init__(self, owner: BatchedLlama, call: _Call, prefix: TokenArray | None) -> None:
+    def __init__(self, owner: BatchedLlama, call: Call, prefix: TokenArray | None) -> None:
         self._owner = owner
         self._call = call
         self._prefix = prefix
@@ -262,161 +248,3 @@ class _StandIn:
 
     def create_completion(self, prompt: str | Sequence[int] | None = None, **kwargs: Any) -> Any:
         return self._owner._complete(prompt or "", kwargs, self._call, self._prefix, chat=True)
-
-
-class _Text:
-    """The text of one request's tokens, as `Llama._create_completion` makes it."""
-
-    def __init__(
-        self,
-        llm: llama_cpp.Llama,
-        request: Request,
-        stops: list[bytes],
-        max_tokens: int,
-        criteria: Callable[[npt.NDArray[np.intc], npt.NDArray[np.single]], bool] | None,
-        call: _Call,
-    ) -> None:
-        self._llm = llm
-        self._listener = call.listener
-        self._special = call.special_text
-        self._criteria = criteria
-        self._request = request
-        self._stops = stops
-        self._max_tokens = max_tokens
-        self._prompt = request.prompt.tolist()
-        self._id = f"cmpl-{uuid.uuid4()}"
-        self._created = int(time.time())
-        self._model = llm.model_path
-        self._told = False
-        self.tokens: list[int] = []
-        self.text = b""
-        self.finish_reason = "length"
-
-    def _texts(self) -> Generator[bytes, None, None]:
-        """The completion's bytes as they grow (each the whole so far, but while a UTF-8 character
-        is incomplete); `text` and `finish_reason` hold the outcome. Stop strings, incomplete
-        characters and max_tokens are checked in `Llama._create_completion`'s order."""
-        request = self._request
-        multibyte_fix = 0
-        try:
-            for token in request:
-                if not self.tokens:
-                    self._restored()
-                if self._stopped_by_criteria():
-                    self.finish_reason = "stop"
-                    return
-                self.tokens.append(token)
-                # The class's own detokenize: a call on the Llama's own context may shadow the
-                # instance's for its special tokens (see `snapcache.llama.hook.special_text`).
-                self.text = text = llama_cpp.Llama.detokenize(
-                    self._llm, self.tokens, prev_tokens=self._prompt, special=self._special
-                )
-                for k, char in enumerate(text[-3:]):
-                    k = 3 - k
-                    for num, pattern in ((2, 192), (3, 224), (4, 240)):
-                        if num > k and pattern & char == pattern:
-                            multibyte_fix = num - k
-                if multibyte_fix > 0:
-                    multibyte_fix -= 1
-                    continue
-                found = [text.index(s) for s in self._stops if s in text]
-                if found:
-                    self.text = text[: min(found)]
-                    self.finish_reason = "stop"
-                    yield self.text
-                    return
-                yield text
-                if len(self.tokens) >= self._max_tokens:
-                    return
-        finally:
-            request.cancel()
-            self._restored()
-            self._finished()
-        if request.finish_reason == "stop":
-            self.finish_reason = "stop"
-        elif request.finish_reason == "error":
-            raise SchedulerError(str(request.error))
-
-    def _restored(self) -> None:
-        """Tell the listener what the request restored, once: before its first token goes out."""
-        restore = self._request.restore
-        if self._listener is not None and restore is not None and not self._told:
-            self._told = True
-            self._listener.restored(self._request.scope, restore)
-
-    def _finished(self) -> None:
-        restore = self._request.restore
-        if self._listener is not None and restore is not None:
-            report = CompletionReport(
-                self._request.scope, restore, len(self.tokens), self._request.first_token_seconds
-            )
-            self._listener.finished(report)
-
-    def _stopped_by_criteria(self) -> bool:
-        """Whether the stopping criteria end the completion before its next token. As in
-        `Llama.generate`, they see the tokens evaluated so far (the new one is not), and logits
-        the Llama never wrote (logits_all=False): zeros."""
-        if self._criteria is None:
-            return False
-        evaluated = np.asarray(self._prompt + self.tokens, dtype=np.intc)
-        return bool(self._criteria(evaluated, _zero_logits(int(self._llm.n_vocab()))))
-
-    def whole(self) -> dict[str, Any]:
-        for _ in self._texts():
-            pass
-        result = self._chunk(self.text.decode("utf-8", errors="ignore"), self.finish_reason)
-        n_prompt, n_completion = len(self._prompt), len(self.tokens)
-        usage: dict[str, Any] = {
-            "prompt_tokens": n_prompt,
-            "completion_tokens": n_completion,
-            "total_tokens": n_prompt + n_completion,
-        }
-        restore = self._request.restore
-        if restore is not None:
-            usage["prompt_tokens_details"] = {"cached_tokens": restore.cached_tokens}
-        result["usage"] = usage
-        return result
-
-    def chunks(self) -> Iterator[dict[str, Any]]:
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="ignore")
-        sent = 0
-        texts = self._texts()
-        try:
-            for text in texts:
-                # Hold back what could be the start of a stop string.
-                held = max((_overlap(text, s) for s in self._stops), default=0)
-                if len(text) - held > sent:
-                    piece = decoder.decode(text[sent : len(text) - held])
-                    sent = len(text) - held
-                    if piece:
-                        yield self._chunk(piece, None)
-        finally:
-            texts.close()  # a reader gone: its request is cancelled, its sequence freed
-        rest = decoder.decode(self.text[sent:], final=True)
-        if rest:
-            yield self._chunk(rest, None)
-        yield self._chunk("", self.finish_reason)
-
-    def _chunk(self, text: str, finish_reason: str | None) -> dict[str, Any]:
-        return {
-            "id": self._id,
-            "object": "text_completion",
-            "created": self._created,
-            "model": self._model,
-            "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}],
-        }
-
-
-def _overlap(text: bytes, stop: bytes) -> int:
-    """The length of the longest end of `text` that begins `stop`."""
-    for i in range(min(len(stop) - 1, len(text)), 0, -1):
-        if text.endswith(stop[:i]):
-            return i
-    return 0
-
-
-@functools.lru_cache(maxsize=4)
-def _zero_logits(n_vocab: int) -> npt.NDArray[np.single]:
-    row = np.zeros(n_vocab, dtype=np.single)
-    row.flags.writeable = False
-    return row

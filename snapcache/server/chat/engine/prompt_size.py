@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from snapcache.llama.templates.chat_prefix import ChatPrefixFinder
 from snapcache.server.chat.chat_request import ChatRequest
 from snapcache.server.error_answers import BadRequest
-
-if TYPE_CHECKING:
-    from snapcache.server.chat.engine.chat_engine import ChatEngine
 
 __all__ = ["PromptCounter"]
 
@@ -31,10 +28,22 @@ class _Renderer:
         return list(self._llm.tokenize(text, add_bos, special))
 
 
+class _Renders(Protocol):
+    """What the counter reads of the chat engine: its Llama, and a request as the model gets it."""
+
+    llm: Any
+
+    def prepared(self, request: ChatRequest, *, remember: bool = True) -> ChatRequest: ...
+
+    def rendered_messages(self, request: ChatRequest) -> list[dict[str, Any]]: ...
+
+    def template_options(self, request: ChatRequest) -> dict[str, Any]: ...
+
+
 class PromptCounter:
     """Counts prompt tokens of chat requests on the engine's model."""
 
-    def __init__(self, engine: ChatEngine) -> None:
+    def __init__(self, engine: _Renders) -> None:
         self._engine = engine
         llm: Any = engine.llm
         renderer = _Renderer(llm)

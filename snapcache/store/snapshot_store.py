@@ -6,9 +6,9 @@ and steps through its pieces: the puts (store.local_puts; compressed once for th
 remote tier, store.shared_payloads); what memory holds and on what
 terms (store.memory: the RAM tier, the write-behind queue to the disk, admission and spills); reads
 walking the tiers behind one contract (store.reads, store.read_tiers); the writes to the disk
-(store.disk_writes), the disk tier (disk.tier) and the store's copies of its catalogs
-(store.catalogs); what it reports (store.report, store.listing); flushing and closing
-(store.closing). It stays whole at about 400 lines: it is the public surface, one short method per
+(store.disk_writes), the disk tier (disk.disk_tier) and the store's copies of its catalogs
+(store.catalogs); what it reports (store.report, store.entry_rows); flushing and closing
+(store.closing). It stays whole at about 460 lines: it is the public surface, one short method per
 public call with the docstring a caller reads, each handing the work to those modules.
 """
 

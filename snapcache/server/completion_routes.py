@@ -16,7 +16,7 @@ and the stream is closed before the request ends.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import anyio
@@ -84,11 +84,10 @@ def completion_router(engine: ModelEngine, alias: str, authenticate: Callable[..
         prompt = body.prompt if isinstance(body.prompt, str) else (body.prompt[0] if body.prompt else "")
         kwargs = _model_arguments(engine, body)
         record = record_of(request)
+        answer = await run_in_threadpool(lambda: engine.complete(prompt, record, **kwargs))
         if not body.stream:
-            return JSONResponse(await run_in_threadpool(lambda: engine.complete(prompt, record, **kwargs)))
-        chunks: Iterator[Any] = iter(
-            await run_in_threadpool(lambda: engine.complete(prompt, record, **kwargs))
-        )
+            return JSONResponse(answer)
+        chunks: Iterator[Any] = iter(answer)
         try:
             first = await run_in_threadpool(next, chunks, _END)
         except BaseException:
@@ -133,25 +132,13 @@ def _model_arguments(engine: ModelEngine, body: CreateCompletionRequest) -> dict
     kwargs = body.model_dump(exclude=set(_NOT_FOR_THE_MODEL) | {"prompt"})
     if body.logit_bias is not None:
         kwargs["logit_bias"] = (
-            _bias_by_token(engine, body.logit_bias) if body.logit_bias_type == "tokens" else body.logit_bias
+            engine.bias_by_token(body.logit_bias) if body.logit_bias_type == "tokens" else body.logit_bias
         )
     if body.grammar is not None:
         kwargs["grammar"] = LlamaGrammar.from_string(body.grammar, verbose=False)
     if body.min_tokens > 0:
-        eos = int(engine.llm.token_eos())
-        kwargs["logits_processor"] = llama_cpp.LogitsProcessorList(
-            [llama_cpp.MinTokensLogitsProcessor(body.min_tokens, eos)]
-        )
+        kwargs["logits_processor"] = engine.min_tokens_processor(body.min_tokens)
     return kwargs
-
-
-def _bias_by_token(engine: ModelEngine, bias: Mapping[str, float]) -> dict[str, float]:
-    """A logit bias keyed by texts, keyed by their tokens instead (each token of a text gets its bias)."""
-    return {
-        str(token): value
-        for text, value in bias.items()
-        for token in engine.llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
-    }
 
 
 async def _events(first: Any, chunks: Iterator[Any]) -> AsyncIterator[bytes]:

@@ -148,6 +148,20 @@ class ModelEngine:
         data = llama_cpp.Llama.detokenize(self.llm, list(tokens))
         return bytes(data).decode("utf-8", errors="replace")
 
+    def bias_by_token(self, bias: Mapping[str, float]) -> dict[int, float]:
+        """A logit bias keyed by texts, keyed by their tokens instead (each token of a text gets its
+        bias), as llama-cpp-python's `logit_bias_type: "tokens"` reads it."""
+        return {
+            token: value
+            for text, value in bias.items()
+            for token in self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
+        }
+
+    def min_tokens_processor(self, min_tokens: int) -> llama_cpp.LogitsProcessorList:
+        """What holds an answer's end of generation back for its first `min_tokens` tokens."""
+        eos = int(self.llm.token_eos())
+        return llama_cpp.LogitsProcessorList([llama_cpp.MinTokensLogitsProcessor(min_tokens, eos)])
+
     # -- the Llama's own context --------------------------------------------------------------------
 
     async def in_turn(self, call: Callable[[], T]) -> T:

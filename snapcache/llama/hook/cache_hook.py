@@ -86,6 +86,11 @@ class _CallOptions:
     scope: str | None
     listener: CompletionListener | None
 
+    @classmethod
+    def of(cls, scope: str | None, listener: CompletionListener | None) -> _CallOptions:
+        """The options of a call, its scope checked."""
+        return cls(None if scope is None else validate_scope(scope), listener)
+
 
 class CacheHook:
     """Restores cached prefixes before, and saves states after, every completion of one Llama.
@@ -281,8 +286,8 @@ class CacheHook:
         in `scope` (None: the hook's), told to `listener` (None: the hook's), its text with the
         model's special tokens where `special_text`. Not thread-safe, like the Llama."""
         llm = self._llm
-        call = _CallOptions(None if scope is None else validate_scope(scope), listener)
         text = prompt if isinstance(prompt, str) else list(prompt)
+        call = _CallOptions.of(scope, listener)
         return self._run_call(lambda: llm.create_completion(text, **kwargs), call, special_text, kwargs)
 
     def create_chat_completion(
@@ -296,7 +301,7 @@ class CacheHook:
     ) -> Any:
         """`Llama.create_chat_completion` through this hook, as `create_completion` runs a prompt."""
         llm = self._llm
-        call = _CallOptions(None if scope is None else validate_scope(scope), listener)
+        call = _CallOptions.of(scope, listener)
         chat = cast(Any, messages)
         return self._run_call(
             lambda: llm.create_chat_completion(messages=chat, **kwargs), call, special_text, kwargs

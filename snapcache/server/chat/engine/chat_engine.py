@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import AsyncIterator, Generator, Iterator, Mapping
+from collections.abc import AsyncIterator, Generator, Iterator
 from dataclasses import replace
 from typing import Any, TypeVar
 
 import anyio
-from llama_cpp import LogitsProcessorList, MinTokensLogitsProcessor
 from llama_cpp.llama_grammar import LlamaGrammar
 
 from snapcache.server.chat.chat_request import ChatRequest
@@ -136,7 +135,7 @@ class ChatEngine:
         limit = request.max_tokens if request.max_tokens is not None else self._max_tokens_default
         kwargs: dict[str, Any] = {"stream": True, "max_tokens": limit, **tools.options(request)}
         kwargs.update(request.sampling.settings())
-        kwargs.update(_constraints(self.llm, request, tools, self._limits))
+        kwargs.update(_constraints(self.model, request, tools, self._limits))
         if tools.stop(request):
             kwargs["stop"] = list(tools.stop(request))
         special_text = tools.special_text(request)
@@ -203,7 +202,9 @@ class ChatEngine:
         return BadRequest(error["message"], param=error.get("param"), code=error.get("code"))
 
 
-def _constraints(model: Any, request: ChatRequest, tools: ToolChannel, limits: ModelLimits) -> dict[str, Any]:
+def _constraints(
+    model: ModelEngine, request: ChatRequest, tools: ToolChannel, limits: ModelLimits
+) -> dict[str, Any]:
     """What holds the answer besides its sampling settings, as `create_chat_completion`'s keyword
     arguments: one grammar (the tools', the request's own, or its response format's), the logit
     bias by token id, and a minimum length; BadRequest for a grammar or a bias the model cannot take."""
@@ -220,23 +221,13 @@ def _constraints(model: Any, request: ChatRequest, tools: ToolChannel, limits: M
         kwargs["response_format"] = dict(request.response_format)
     if sampling.logit_bias:
         kwargs["logit_bias"] = (
-            _bias_by_token(model, sampling.logit_bias)
+            model.bias_by_token(sampling.logit_bias)
             if sampling.logit_bias_type == "tokens"
             else {int(token): bias for token, bias in sampling.logit_bias.items()}
         )
     if request.min_tokens > 0:
-        eos = int(model.token_eos())
-        kwargs["logits_processor"] = LogitsProcessorList([MinTokensLogitsProcessor(request.min_tokens, eos)])
+        kwargs["logits_processor"] = model.min_tokens_processor(request.min_tokens)
     return kwargs
-
-
-def _bias_by_token(model: Any, bias: Mapping[str, float]) -> dict[int, float]:
-    """A logit bias keyed by texts, keyed by their tokens instead (each token of a text gets its bias)."""
-    return {
-        token: value
-        for text, value in bias.items()
-        for token in model.tokenize(text.encode("utf-8"), add_bos=False, special=True)
-    }
 
 
 def _cut(dropped: ToolCallDropped) -> ToolCallDropped:

@@ -35,7 +35,7 @@ def test_a_full_size_window_cache_keeps_the_coarsest_alignment(make_llama, gemma
 
 
 def test_a_window_sized_cache_keeps_the_coarsest_alignment_too(make_llama, gemma_model_path) -> None:
-    # Finer points drifted from cold on a grammar-constrained tool call (see `measure_alignment`).
+    # Finer points wait on a batched-scheduler question (see `measure_alignment`).
     assert measure_alignment(make_llama(gemma_model_path, n_ctx=1024, swa_cache="window")) == 64
 
 

@@ -311,7 +311,10 @@ def test_gemma_context_restored_past_its_window_is_not_cut_back_into_it(make_lla
 
     llama = CachedLlama(make_llama(gemma_model_path, n_ctx=N_CTX), store, save=False)
     tokens = store.get(warmed.key).tokens.tolist()
-    question = llama.llm.tokenize(b"Question: which room?\nAnswer:", add_bos=False)
+    # 16 tokens or more: a restore leaves at least that many to read (`ReadGrid`).
+    question = llama.llm.tokenize(
+        b"Question: which room did the meeting about topic twelve move to, and when?\nAnswer:", add_bos=False
+    )
     llama.create_completion(tokens + question, **GREEDY)
     assert llama.last_restore is not None
     assert llama.last_restore.source == "ram"

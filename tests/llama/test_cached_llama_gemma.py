@@ -17,6 +17,7 @@ from chat_support import common_prefix, context_of
 
 from snapcache.llama.hook.cached import CachedLlama
 from snapcache.llama.stored.checkpoints import CHECKPOINT_ALIGN, FINAL_TAIL_TOKENS, final_point
+from snapcache.llama.stored.read_grid import MIN_PIECE_TOKENS, ReadGrid
 
 pytestmark = [pytest.mark.model, pytest.mark.gemma, pytest.mark.slow]
 
@@ -65,7 +66,9 @@ def test_restore_then_suffix_matches_cold(cached, cold_runs):
     warmer = cached()
     tokens = warmer.llm.tokenize(SYSTEM.encode())[:640]
     assert warmer.warm(tokens).token_count == 640
-    prompt = tokens + warmer.llm.tokenize(b"\nQuestion: where are my invoices?\nAnswer:", add_bos=False)
+    # 16 tokens or more: a restore leaves at least that many to read (`ReadGrid`).
+    question = b"\nQuestion: where are the invoices from last spring, and who sent them to me?\nAnswer:"
+    prompt = tokens + warmer.llm.tokenize(question, add_bos=False)
 
     fresh = cached()
     text = fresh.create_completion(prompt, **GREEDY)["choices"][0]["text"]
@@ -75,18 +78,24 @@ def test_restore_then_suffix_matches_cold(cached, cold_runs):
     assert (text, context_of(fresh.llm)) == cold_runs(prompt)
 
 
-def test_prompt_exactly_as_long_as_snapshot(cached, cold_runs):
+def test_a_prompt_a_token_past_a_snapshot_is_read_whole(cached, cold_runs):
     warmer = cached()
-    # 641 tokens, warmed at the split alignment (640): the completion of exactly those tokens reads
-    # the last one alone after the restore, as a cold read leaves it alone in its block of rows.
-    tokens = warmer.llm.tokenize(SYSTEM.encode())[:641]
-    assert warmer.warm(tokens).token_count == 640 == 641 - 641 % warmer.alignment
+    # Warmed at 640 of 641 tokens: restored there, the completion of the 641 would read the last one
+    # alone, a batch of one that Gemma's kernels read otherwise than the cold read's batch does. It
+    # is read whole; 16 tokens past the snapshot, the snapshot restores (`ReadGrid`).
+    tokens = warmer.llm.tokenize(SYSTEM.encode())[:657]
+    assert warmer.warm(tokens[:641]).token_count == 640
+
+    fresh = cached()
+    text = fresh.create_completion(tokens[:641], **GREEDY)["choices"][0]["text"]
+    info = fresh.last_restore
+    assert (info.restored_tokens, info.evaluated_tokens) == (0, 641)
+    assert (text, context_of(fresh.llm)) == cold_runs(tokens[:641])
 
     fresh = cached()
     text = fresh.create_completion(tokens, **GREEDY)["choices"][0]["text"]
-
     info = fresh.last_restore
-    assert (info.restored_tokens, info.evaluated_tokens) == (640, 1)
+    assert (info.restored_tokens, info.evaluated_tokens) == (640, 17)
     assert (text, context_of(fresh.llm)) == cold_runs(tokens)
 
 
@@ -100,7 +109,8 @@ def test_multi_turn_chat_restores_the_earlier_turns(cached, cold_runs):
     reply2 = reply_of(second.create_chat_completion(turn2, **GREEDY))
 
     assert second.last_restore.source == "ram"
-    assert second.last_restore.restored_tokens >= turn1_prompt - CHECKPOINT_ALIGN
+    # The prompt end leaves 16 tokens or more to read (16 to 79 on the 64-token grid: `ReadGrid`).
+    assert second.last_restore.restored_tokens >= turn1_prompt - CHECKPOINT_ALIGN - MIN_PIECE_TOKENS
     assert (reply2, context_of(second.llm)) == cold_runs(turn2)
 
 
@@ -113,8 +123,8 @@ def test_stream_gives_the_same_tokens_and_saves_when_exhausted(cached, cold_runs
     assert (streamed, context_of(warm.llm)) == cold_runs(messages)
     saved = {entry.key.token_count for entry in store.entries()}
     assert warm.last_restore.checkpoints >= 1
-    # The prompt end is saved: 1 to 64 tokens before the reply on the 64 grid, 16 to 19 on Gemma's
-    # measured 4-token grid (see `final_point`); the context holds the reply too.
+    # The prompt end is saved 16 tokens or more before the reply: 16 to 79 on the 64 grid, 16 to 19
+    # on a 4-token one (see `final_point`, `ReadGrid`); the context holds the reply too.
     prompt = warm.last_restore.prompt_tokens
     assert prompt - max(saved) <= FINAL_TAIL_TOKENS + CHECKPOINT_ALIGN
 
@@ -148,8 +158,10 @@ def test_new_raw_question_reuses_the_shared_prefix_without_warm(cached, cold_run
     shared = common_prefix(prompt1, prompt2)
     assert shared > 640
     # A sliding-window model restores at the stored points that hold a window: on a raw prompt, every
-    # window length (512 tokens for Gemma 3) and the prompt's end (see `final_point`).
-    points = [shared // 512 * 512, final_point(len(prompt1), first.alignment)]
+    # window length (512 tokens for Gemma 3) and the prompt's end (see `final_point`), on the read
+    # grid (16 tokens or more before the end: `ReadGrid`).
+    grid = ReadGrid.of(first.llm, first.alignment)
+    points = [shared // 512 * 512, grid.at_most(final_point(len(prompt1), first.alignment), len(prompt1))]
     assert second.last_restore.restored_tokens == max(p for p in points if p <= shared)
     assert (text, context_of(second.llm)) == cold_runs(prompt)
 
@@ -226,7 +238,7 @@ def test_a_chat_restored_to_its_warmed_system_part_tokenizes_only_its_prompt(cac
     fresh.create_chat_completion(longer, **GREEDY)
     assert len(seen) == 2
     later = cached()
-    later.create_chat_completion(chat_with(signed, "Any news?"), **GREEDY)
+    later.create_chat_completion(chat_with(signed, "Any news from the office about today?"), **GREEDY)
     assert later.last_restore.restored_tokens > warmed.token_count  # the new system part's checkpoint
 
 

@@ -104,7 +104,10 @@ SETTINGS: dict[str, Setting] = {
         for name, ggml_type in _KV_TYPES.items()
     },
     "k-q8_0": Setting({"type_k": llama_cpp.GGML_TYPE_Q8_0}, archs=("llama",)),
-    "odd-batches": Setting({"n_batch": 100, "n_ubatch": 37}, {"n_batch": 77, "n_ubatch": 50}),
+    # Batch sizes no multiple of 64, the reader's n_batch another than the writer's. (A point restores
+    # where it lies 16 tokens or more from both ends of a batch of the reader's, `ReadGrid`: where the
+    # two split their reads elsewhere, few of the writer's points are the reader's.)
+    "odd-batches": Setting({"n_batch": 100, "n_ubatch": 50}, {"n_batch": 150, "n_ubatch": 50}),
     "other-threads": Setting({"n_threads": 1, "n_threads_batch": 1}, {}),
     "swa-full-off": Setting({"swa_full": False}, archs=("gemma2",)),
     "kv-overrides": Setting(),  # filled in per architecture below

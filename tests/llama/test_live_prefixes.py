@@ -11,6 +11,7 @@ import pytest
 
 from snapcache.llama.batch._context import SequenceContext
 from snapcache.llama.batch._live import Held, LivePrefixes
+from snapcache.llama.stored.read_grid import ReadGrid
 
 pytestmark = pytest.mark.model
 
@@ -24,7 +25,7 @@ def tokens(start: int, n: int = 300) -> np.ndarray:
 @pytest.fixture
 def live(make_llama: Any, tiny_model_path: Path) -> LivePrefixes:
     context = SequenceContext(make_llama(tiny_model_path, n_ctx=1024), 3)
-    return LivePrefixes(context, 64, truncates=True)
+    return LivePrefixes(context, ReadGrid.of(context.llm, 64), truncates=True)
 
 
 def test_a_sequence_whose_restore_points_are_stored_gives_way_first(live: LivePrefixes) -> None:

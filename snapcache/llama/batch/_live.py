@@ -17,7 +17,7 @@ import numpy as np
 
 from snapcache.key import SnapshotKey, TokenArray
 from snapcache.llama.batch._context import SequenceContext
-from snapcache.llama.stored.checkpoints import align_down
+from snapcache.llama.stored.read_grid import ReadGrid
 
 __all__ = ["Held", "LivePrefixes"]
 
@@ -51,9 +51,9 @@ class Held:
 class LivePrefixes:
     """The prompts free sequences hold, for the requests that come next (see the module docstring)."""
 
-    def __init__(self, context: SequenceContext, alignment: int, truncates: bool) -> None:
+    def __init__(self, context: SequenceContext, grid: ReadGrid, truncates: bool) -> None:
         self._context = context
-        self._alignment = alignment
+        self._grid = grid
         self._truncates = truncates
         self._held: dict[int, Held] = {}
         self._uses = 0
@@ -89,13 +89,14 @@ class LivePrefixes:
 
     def reusable(self, held: Held, scope: str, prompt: TokenArray) -> int:
         """How many leading tokens of `prompt` `held` can give: as many as they share (short of the
-        prompt's last token, read for its logits), cut down on the split alignment; 0 across scopes."""
+        prompt's last token, read for its logits), cut down to a point of the read grid; 0 across
+        scopes."""
         if held.scope != scope:
             return 0
         tokens = prompt[:-1]
         n = min(len(held.tokens), len(tokens))
         differ = np.flatnonzero(held.tokens[:n] != tokens[:n])
-        cut = align_down(int(differ[0]) if len(differ) else n, self._alignment)
+        cut = self._grid.at_most(int(differ[0]) if len(differ) else n, len(prompt))
         return cut if cut > 0 and cut >= held.floor else 0
 
     def longest(

@@ -101,6 +101,7 @@ class SequenceCache:
         if self.uncacheable is not None:
             _log.warning("%s", self.uncacheable)
         self.alignment = readiness.alignment
+        self.grid = readiness.grid  # where reads stop and restores start (`ReadGrid`)
         self._save = save and self.uncacheable is None
         self.one_capture = cache.one_capture
 
@@ -112,21 +113,23 @@ class SequenceCache:
         self, context: SequenceContext, seq_id: int, tokens: TokenArray, scope: str, *, longer_than: int = 0
     ) -> Restored:
         """Restore the longest stored prefix of `tokens` (short of its last token, which the request
-        reads for its logits) into `seq_id` when it is longer than `longer_than` tokens (else
-        nothing: `Restored()`)."""
+        reads for its logits, and at a point of the read grid) into `seq_id` when it is longer than
+        `longer_than` tokens (else nothing: `Restored()`)."""
         if self.uncacheable is not None:
             return Restored()
 
         def restore(found: Found) -> bool:
             return context.restore(seq_id, found.snapshot, window_padded=found.window_padded)
 
+        grid, n = self.grid.for_stored, len(tokens)
         found = self._cache.restore_longest(
-            PromptTokens.of(tokens[:-1]),
+            PromptTokens.of(tokens[: grid.at_most(n - 1, n)]),
             scope,
             restore,
             longer_than=longer_than,
             buffer=context.restore_buffer,
             workers=context.restore_threads,
+            holds=lambda n_tokens: grid.holds(n_tokens, n),
         )
         if found is None:
             return Restored()
@@ -139,7 +142,9 @@ class SequenceCache:
         single-sequence completion plans them (`chat`: a rendered chat, which has no ladder)."""
         if not self._save:
             return []
-        return self._cache.plan(tokens, reused=reused, head=head, raw=not chat, alignment=self.alignment)
+        return self._cache.plan(
+            tokens, reused=reused, head=head, raw=not chat, alignment=self.alignment, grid=self.grid
+        )
 
     def capture_point(
         self, context: SequenceContext, seq_id: int, tokens: TokenArray, scope: str, point: RestorePoint

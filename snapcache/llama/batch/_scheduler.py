@@ -81,6 +81,7 @@ from snapcache.llama.stored.checkpoints import (
     head_point,
 )
 from snapcache.llama.stored.phases import PhaseClock, RequestTimer
+from snapcache.llama.stored.read_grid import ReadGrid
 from snapcache.llama.stored.reports import RestoreInfo
 from snapcache.store import SnapshotStore
 
@@ -193,8 +194,8 @@ class Scheduler:
         self._slots: dict[int, _Slot] = {}
         self._saves: list[tuple[_Slot, PendingSave]] = []  # taken by reads, stored after them
         self._free = list(range(n_seq))
-        alignment = CHECKPOINT_ALIGN if self._cache is None else self._cache.alignment
-        self._live = LivePrefixes(self._context, alignment, can_truncate(llm))
+        self._grid = ReadGrid.of(llm, CHECKPOINT_ALIGN) if self._cache is None else self._cache.grid
+        self._live = LivePrefixes(self._context, self._grid, can_truncate(llm))
         self._admitted = 0
         self._closing = False
         self._cond = threading.Condition()
@@ -330,7 +331,7 @@ class Scheduler:
         prefix too short to be a restore point is read by each (nothing would be saved to wait for)."""
         prefix = request.chat_prefix
         cache = self._cache
-        if cache is None or prefix is None or align_down(len(prefix), cache.alignment) < MIN_PREFIX_TOKENS:
+        if cache is None or prefix is None or cache.grid.at_most(len(prefix)) < MIN_PREFIX_TOKENS:
             return False
         ahead = [s.request for s in self._slots.values() if s.n_past < len(s.request.prompt)]
         return any(
@@ -397,7 +398,7 @@ class Scheduler:
         )
         self._admitted += 1
         if cache is not None:
-            slot.head = head_point(tokens, request.chat_prefix, cache.alignment)
+            slot.head = head_point(tokens, request.chat_prefix, cache.alignment, cache.grid)
             points = cache.plan(tokens, reused, slot.head, chat=request.chat)
             slot.kept = max((p.n_tokens for p in points if p.kind == KIND_PROMPT_END), default=0)
             if cache.one_capture:
@@ -486,7 +487,7 @@ class Scheduler:
         """Decode the next chunk of the slot's prompt; at its end, sample the first token."""
         tokens = slot.request.prompt
         n = len(tokens)
-        end = min(n, slot.n_past + self._context.n_batch)
+        end = self._grid.piece_end(slot.n_past, n)  # the cold read's batches
         if slot.stops and slot.stops[0].n_tokens < end:
             end = slot.stops[0].n_tokens
         started = time.perf_counter()

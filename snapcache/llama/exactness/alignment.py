@@ -13,7 +13,8 @@ splits, and every coarser one's, give the last token's logits of the whole read 
 costs a dozen reads of 128 tokens (seconds on a small model on 2 cores), once per model
 fingerprint: the result is kept with the fingerprint's notes in the cache directory and in the
 process. Sliding-window models keep 64 (see below). None means no split point holds: such a model
-is not cached.
+is not cached. Where a split may fall besides the alignment (clear of both ends of a cold read's
+batch) is `stored.read_grid`.
 """
 
 from __future__ import annotations
@@ -63,12 +64,17 @@ def measure_alignment(llm: llama_cpp.Llama) -> int | None:
     coarsest alignment, the one snapcache has always used.
     """
     if int(llama_cpp.llama_model_n_swa(llm.model)) > 0:
-        # Sliding-window models keep the coarsest: restored on finer points, Gemma-3-270M drifted
-        # from a cold read in a chat test although this probe found 4-token splits exact (the probe
-        # stays inside one window). With the window-sized cache laid out as a ring, 4-token points
-        # passed every Gemma chat, burst and window test (2026-11-29), but a tool call under a
-        # grammar, restored on them in the batched server, came back shorter than its cold run
-        # (tests/server/test_serve_agent_tools.py): 64 stays until that is understood.
+        # Sliding-window models keep the coarsest. A full-size window cache: restored on finer
+        # points, Gemma-3-270M drifted from a cold read in a chat test although this probe found
+        # 4-token splits exact (the probe stays inside one window, and a restore pads the window of
+        # such a cache). A window-sized cache is restored as the ring a cold read leaves, cell for
+        # cell; on 4-token points a tool call under a grammar came back shorter than its cold run,
+        # restored 4 tokens before its prompt's end: a batch too short to read as a cold read
+        # reads those tokens, which `read_grid` rules out on every grid since 2026-11-29. With that,
+        # the finer points pass the Gemma tool and chat tests, but on the suite's tiny sliding-window
+        # model (whose probe finds 1) the batched scheduler restored less than a single context
+        # in one of a property test's runs (tests/llama/test_scheduler_keeps_prefixes.py, not
+        # reproducible on a rerun): 64 stays until that is understood.
         return COARSEST_ALIGNMENT
     tokens = _probe_tokens(llm)
     if len(tokens) < PROBE_TOKENS or int(llm.n_ctx()) <= PROBE_TOKENS + 1:

@@ -16,6 +16,7 @@ from snapcache.llama.exactness import alignment
 from snapcache.llama.exactness.fingerprint import fingerprint_of, fingerprint_parts
 from snapcache.llama.exactness.fingerprint_notes import FingerprintNotes
 from snapcache.llama.exactness.support import unsupported_reason
+from snapcache.llama.stored.read_grid import ReadGrid
 
 __all__ = ["FingerprintKeeper", "Readiness"]
 
@@ -53,6 +54,11 @@ class Readiness:
         """The multiple of tokens checkpoints sit on: measured once a check for saving passed, 64 before."""
         return self._alignment
 
+    @property
+    def grid(self) -> ReadGrid:
+        """Where this Llama's reads may stop and restores start: its batches and `alignment`."""
+        return ReadGrid.of(self._llm, self._alignment, exact=self._exact)
+
     def reason_not(self, *, saving: bool) -> str | None:
         """Why this Llama cannot be cached now, or None; the fingerprint and alignment are current then."""
         llm = self._llm
@@ -76,4 +82,12 @@ class Readiness:
             if measured is None:
                 return NO_ALIGNMENT
             self._alignment = measured
+        else:
+            # Not saving: the alignment a writer measured for the fingerprint, where one did (it
+            # says how short a piece of a batch may be read, see `ReadGrid`); none is measured here.
+            known, measured = alignment.remembered(fingerprint)
+            if not known:
+                known, measured = self._notes.alignment(fingerprint)
+            if known and measured is not None:
+                self._alignment = measured
         return None

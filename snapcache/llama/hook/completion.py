@@ -24,6 +24,7 @@ from snapcache.llama.exactness.readiness import Readiness
 from snapcache.llama.hook.prefix_loader import PrefixLoader
 from snapcache.llama.state.blocks import KIND_PROMPT_END
 from snapcache.llama.stored.checkpoints import RestorePoint, head_point
+from snapcache.llama.stored.read_grid import ReadGrid
 from snapcache.llama.stored.reports import CompletionListener, CompletionReport, RestoreInfo
 from snapcache.llama.templates.chat_prefix import SharedPrefix
 from snapcache.prompt_tokens import PromptTokens
@@ -114,17 +115,22 @@ class CompletionCache:
         n = len(tokens)
         if n == 0 or n >= int(llm.n_ctx()):
             return  # llama-cpp-python raises or handles these itself
-        alignment = self._readiness.alignment
+        grid = self._readiness.grid
         started = time.perf_counter()
         reused, source = (
-            self._loader.load(hashed, completion.scope, alignment) if completion.cacheable else (0, None)
+            self._loader.load(hashed, completion.scope, grid) if completion.cacheable else (0, None)
         )
         restore_seconds = time.perf_counter() - started
         _remember(self._last_prompts, completion.scope, LastPrompt(tokens, reused, time.time()))
         completion.saved_upto = reused
         completion.prompt = hashed
         if self._cache.saves and completion.cacheable:
-            self._read_to_checkpoints(completion, hashed, reused, alignment)
+            self._read_to_checkpoints(completion, hashed, reused, grid)
+        if completion.cacheable and grid.exact and int(llm.n_tokens) > 0:
+            # The context holds a prefix of the prompt, and llama-cpp-python reads the rest from where
+            # it stops, n_batch at a time: read on to the cold read's last batch here, so that the
+            # rest is that batch (see `ReadGrid`).
+            _read_to(llm, tokens, grid.batch_start(n - 1), grid)
         if completion.cacheable:
             self._loader.mark_read(n)  # generate reads the rest of the prompt next
         evaluated = n - min(reused, n - 1)
@@ -137,7 +143,7 @@ class CompletionCache:
             listener.restored(completion.scope, completion.restore)
 
     def _read_to_checkpoints(
-        self, completion: Completion, prompt: PromptTokens, reused: int, alignment: int
+        self, completion: Completion, prompt: PromptTokens, reused: int, grid: ReadGrid
     ) -> None:
         """Plan the restore points of `prompt`; on a model that cannot cut one capture into them, read
         on to each and save it there (the rest are saved by `finish`)."""
@@ -145,18 +151,20 @@ class CompletionCache:
         cache = self._cache
         tokens = prompt.array
         chat_prefix = completion.chat_prefix
+        alignment = grid.alignment
         if chat_prefix is not None and chat_prefix.reached(tokens, reused, alignment):
             chat_prefix = None  # restored up to the end of the system part already
-        completion.head = head_point(tokens, None if chat_prefix is None else chat_prefix.tokens(), alignment)
+        shared = None if chat_prefix is None else chat_prefix.tokens()
+        completion.head = head_point(tokens, shared, alignment, grid)
         plan = cache.plan(
-            tokens, reused=reused, head=completion.head, raw=completion.ladder, alignment=alignment
+            tokens, reused=reused, head=completion.head, raw=completion.ladder, alignment=alignment, grid=grid
         )
         for restore_point in plan:
             point = restore_point.n_tokens
             if cache.one_capture:
                 completion.deferred.append(restore_point)
             else:
-                llm.eval(tokens[int(llm.n_tokens) : point].tolist())
+                _read_to(llm, tokens, point, grid)
                 completion.checkpoints += self._loader.save(completion.scope, [restore_point], prompt=prompt)
                 self._superseding(completion, restore_point, prompt)
             completion.saved_upto = point
@@ -208,6 +216,14 @@ class CompletionCache:
         key = self._cache.supersede(point, prompt.head(point.n_tokens), scope, previous, head=completion.head)
         if key is not None:
             _remember(self._last_prompt_end, scope, key)
+
+
+def _read_to(llm: llama_cpp.Llama, tokens: TokenArray, point: int, grid: ReadGrid) -> None:
+    """Read `tokens` on from where the context stops to `point`, in the cold read's batches."""
+    n_tokens = len(tokens)
+    while int(llm.n_tokens) < point:
+        start = int(llm.n_tokens)
+        llm.eval(tokens[start : min(point, grid.piece_end(start, n_tokens))].tolist())
 
 
 def _remember(remembered: OrderedDict[str, _T], scope: str, value: _T) -> None:

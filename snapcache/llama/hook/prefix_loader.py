@@ -25,8 +25,9 @@ from snapcache.llama.state.sequences import (
     restore_sequence,
     truncate_sequence,
 )
-from snapcache.llama.stored.checkpoints import RestorePoint, align_down
+from snapcache.llama.stored.checkpoints import RestorePoint
 from snapcache.llama.stored.prefix_cache import PrefixCache
+from snapcache.llama.stored.read_grid import ReadGrid
 from snapcache.llama.stored.reports import Source, WarmResult
 from snapcache.llama.stored.stored_states import Found, StoredStates
 from snapcache.llama.templates.chat_prefix import common_prefix
@@ -69,19 +70,19 @@ class PrefixLoader:
         self.cache.fingerprint = value
 
     def load(
-        self, tokens: TokenArray | PromptTokens, scope: str, alignment: int
+        self, tokens: TokenArray | PromptTokens, scope: str, grid: ReadGrid
     ) -> tuple[int, Source | None]:
         """Make the context hold the longest available prefix of `tokens`; return its length and source.
 
         The Llama's own context wins when it already holds at least as long a prefix that it read as
-        a prompt and can be cut back to, at a multiple of `alignment` (a cut elsewhere would not read
-        on as a cold read does); otherwise the store's longest prefix is restored.
+        a prompt and can be cut back to, at a point of `grid` (a cut elsewhere would not read on as
+        a cold read does); otherwise the store's longest prefix that is such a point is restored.
         """
         llm = self._llm
         self.restored_prompt_end = None
         prompt = PromptTokens.of(tokens)
         tokens = prompt.array
-        live = self._reusable(tokens, scope, alignment)
+        live = self._reusable(tokens, scope, grid)
         setattr(llm, _CONTEXT_SCOPE_ATTRIBUTE, (self.fingerprint, scope))
         held = int(llm.n_tokens)
 
@@ -95,8 +96,15 @@ class PrefixLoader:
         # Assembled in the Llama's own touched buffer, which llama.cpp then copies from (pinned on a
         # GPU, where a restore may use more threads: llama.cpp's own are idle while it waits).
         buffer = capture_buffer(llm)
+        n, stored = len(tokens), grid.for_stored
         found = self.cache.restore_longest(
-            prompt, scope, restore, longer_than=live, buffer=buffer, workers=buffer.workers
+            prompt.head(stored.at_most(n, n)),
+            scope,
+            restore,
+            longer_than=live,
+            buffer=buffer,
+            workers=buffer.workers,
+            holds=lambda n_tokens: stored.holds(n_tokens, n),
         )
         if found is not None:
             if found.kind == KIND_PROMPT_END:
@@ -113,16 +121,17 @@ class PrefixLoader:
         """The context's first `n_tokens` were read as a prompt (what `load` may reuse later)."""
         setattr(self._llm, _CONTEXT_PROMPT_ATTRIBUTE, n_tokens)
 
-    def _reusable(self, tokens: TokenArray, scope: str, alignment: int) -> int:
+    def _reusable(self, tokens: TokenArray, scope: str, grid: ReadGrid) -> int:
         """How many tokens of `tokens` the context holds for `scope`, read as a prompt, and can be
-        cut back to at a multiple of `alignment`."""
+        cut back to at a point of `grid` short of the prompt's last token."""
         llm = self._llm
         held = int(llm.n_tokens)
         owner = (self.fingerprint, scope)
         if held == 0 or vars(llm).get(_CONTEXT_SCOPE_ATTRIBUTE, owner) != owner:
             return 0  # another scope's prompt, or one read under another fingerprint (exact=False, adapters)
         read = min(held, int(vars(llm).get(_CONTEXT_PROMPT_ATTRIBUTE, 0)))
-        cut = align_down(common_prefix(np.asarray(llm.input_ids[:read]), tokens), alignment)
+        n = len(tokens)
+        cut = grid.at_most(common_prefix(np.asarray(llm.input_ids[:read]), tokens), n)
         return cut if can_truncate_to(llm, cut) else 0
 
     def save(
@@ -154,13 +163,14 @@ class PrefixLoader:
         tokens: TokenArray | PromptTokens,
         scope: str,
         priority: int,
-        alignment: int,
+        grid: ReadGrid,
         progress: Progress | None,
         started: float,
     ) -> WarmResult:
         """Make sure the state of exactly `tokens` is stored (at `priority`): found, or read and saved.
 
-        `progress(done, total)` is called as tokens are read, ending with done == total.
+        `progress(done, total)` is called as tokens are read, in the cold read's batches (`grid`),
+        ending with done == total.
         """
         # Validated once: the lookups and the save below share its hashes and keys.
         prompt = PromptTokens.of(tokens)
@@ -177,13 +187,12 @@ class PrefixLoader:
             return WarmResult(key, total, state_bytes, time.perf_counter() - started, True)
 
         llm = self._llm
-        self.load(prompt, scope, alignment)
+        self.load(prompt, scope, grid)
         done = int(llm.n_tokens)
         if progress is not None:
             progress(done, total)
-        batch = max(1, int(llm.n_batch))
         while done < total:
-            end = min(done + batch, total)
+            end = grid.piece_end(done, total)
             llm.eval(tokens[done:end].tolist())
             done = end
             if progress is not None:

@@ -13,7 +13,8 @@ from snapcache.errors import InvalidArgument
 from snapcache.key import TokenArray, as_token_array, validate_priority
 from snapcache.llama.exactness.readiness import Readiness
 from snapcache.llama.hook.prefix_loader import PrefixLoader, Progress
-from snapcache.llama.stored.checkpoints import MIN_PREFIX_TOKENS, align_down
+from snapcache.llama.stored.checkpoints import MIN_PREFIX_TOKENS
+from snapcache.llama.stored.read_grid import MIN_PIECE_TOKENS
 from snapcache.llama.stored.reports import WarmResult
 from snapcache.llama.templates.chat_prefix import system_head, text_prompt_tokens
 
@@ -90,14 +91,15 @@ class Warmer:
     ) -> WarmResult:
         priority = validate_priority(priority)
         scope = self._scope_of(scope)
-        # States are saved only where reading on from them is a cold read (the split alignment).
-        alignment = self._readiness.alignment
-        if len(tokens) < alignment:
+        # States are saved only where reading on from them is a cold read (the split alignment,
+        # clear of the ends of the cold read's batches: `ReadGrid`).
+        grid = self._readiness.grid
+        if grid.at_most(len(tokens)) == 0:
             raise InvalidArgument(
                 f"nothing to warm: the prompt has {len(tokens)} tokens, and this model's states are "
-                f"saved at multiples of {alignment}"
+                f"saved at multiples of {grid.alignment}, {MIN_PIECE_TOKENS} tokens or more into a batch"
             )
-        tokens = tokens[: align_down(len(tokens), alignment)]
+        tokens = tokens[: grid.at_most(len(tokens))]
         total = len(tokens)
         n_ctx = int(self._llm.n_ctx())
         if total >= n_ctx:
@@ -105,7 +107,7 @@ class Warmer:
                 f"the prompt has {total} tokens, but this Llama's context holds {n_ctx} "
                 f"(and needs room for one more): create the Llama with n_ctx > {total}"
             )
-        return self._loader.store_prefix(tokens, scope, priority, alignment, progress, started)
+        return self._loader.store_prefix(tokens, scope, priority, grid, progress, started)
 
     def _system_tokens(self, head: list[Mapping[str, Any]]) -> TokenArray:
         """What every chat starting with these system messages shares, cut to whole checkpoint blocks."""
@@ -119,7 +121,7 @@ class Warmer:
                 f"the system prompt is too short to warm: chats with it share {len(shared)} tokens, "
                 f"and prefixes of fewer than {MIN_PREFIX_TOKENS} tokens are not worth caching"
             )
-        return as_token_array(shared[: align_down(len(shared), self._readiness.alignment)])
+        return as_token_array(shared[: self._readiness.grid.at_most(len(shared))])
 
     def _raw_tokens(self, prompt: str | Sequence[int] | TokenArray) -> TokenArray:
         if isinstance(prompt, str):

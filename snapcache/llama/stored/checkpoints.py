@@ -2,14 +2,16 @@
 
 They sit at multiples of the model's measured split alignment (see `alignment`: 4 tokens for
 Gemma-3-270M Q4_K_M on a CPU build, 1 for f32 weights, at most 64; sliding-window models keep 64),
-where a prompt read on from a point gives bit-for-bit the results of a cold read.
+clear of the ends of the cold read's batches (`read_grid`), where a prompt read on from a point
+gives bit-for-bit the results of a cold read.
 
 - chat completions: the end of the head every conversation of an agent shares (its system messages
   and its tools as the template renders them, see `chat_prefix`), and near the end of the prompt
-  (16 to 16 + alignment - 1 tokens before the reply, 32 to 63 on a 32 grid; 1 to 64 on the 64
-  grid): the next turn of the same chat starts with it. The prompt end is a record of kind
-  `KIND_PROMPT_END`, which that next turn supersedes; the head is `KIND_PREFIX` and is never
-  superseded, also where both fall on one point (a short question after a long head);
+  (16 to 16 + alignment - 1 tokens before the reply, 32 to 63 on a 32 grid; on the reading
+  Llama's grid, `read_grid`, 16 to 79 on the 64 grid): the next turn of the same chat starts with
+  it. The prompt end is a record of kind `KIND_PROMPT_END`, which that next turn supersedes; the
+  head is `KIND_PREFIX` and is never superseded, also where both fall on one point (a short
+  question after a long head);
 - raw completions on sliding-window models: a sparse ladder along the prompt (`ladder_points`, cut
   to multiples of the window length), since such a model restores only where a window was stored.
   Models with one cache need no ladder: every 64-token block of a prompt is stored, and any run of
@@ -24,6 +26,7 @@ import numpy as np
 
 from snapcache.key import TokenArray
 from snapcache.llama.state.blocks import KIND_PREFIX, KIND_PROMPT_END
+from snapcache.llama.stored.read_grid import ReadGrid
 from snapcache.snapshot import MAX_PRIORITY
 
 __all__ = [
@@ -72,33 +75,50 @@ def checkpoint_plan(
     after: int,
     alignment: int = CHECKPOINT_ALIGN,
     exact: bool = True,
+    grid: ReadGrid | None = None,
 ) -> list[RestorePoint]:
     """The restore points to save on the way through `tokens`, ascending, all past `after` and short
     of the last token, on multiples of `alignment`; ladder points go one priority lower. `head` is
     where the chat's shared head ends (`head_point`; 0: none): a point of `KIND_PREFIX`, whatever
     else falls there; the prompt's end is `KIND_PROMPT_END` unless it is the head. `exact=False` puts
-    the prompt's end point one token before its end (see `final_point`)."""
+    the prompt's end point one token before its end (see `final_point`). `grid`: the reading
+    Llama's batches; each point goes back to the last one where a read may stop on them
+    (`ReadGrid.at_most`)."""
     n = len(tokens)
     lower = max(-MAX_PRIORITY, priority - 1)
     points = {p: (lower, KIND_PREFIX) for p in ladder if p < n - 1}
-    # On the coarsest grid the tail is 1 to 64 tokens, as every model's tests showed exact; a finer
-    # grid leaves a tail of 16 or more (see FINAL_TAIL_TOKENS).
+    # A finer grid leaves a tail of 16 or more (see FINAL_TAIL_TOKENS); on the coarsest the tail is
+    # 1 to 64 tokens, and the reading Llama's `grid` moves it to 16 or more (see `read_grid`).
     points[final_point(n, alignment, exact=exact)] = (priority, KIND_PROMPT_END)
     if head:
         points[head] = (priority, KIND_PREFIX)
+    if grid is not None:
+        on_grid: dict[int, tuple[int, int]] = {}
+        for p, value in sorted(points.items()):
+            on_grid[grid.at_most(p, n)] = value  # the later point's kind wins where two meet
+        if head:
+            on_grid[grid.at_most(head, n)] = (priority, KIND_PREFIX)
+        points = on_grid
     return [RestorePoint(p, prio, kind) for p, (prio, kind) in sorted(points.items()) if p > after]
 
 
-def head_point(tokens: TokenArray, chat_prefix: TokenArray | None, alignment: int = CHECKPOINT_ALIGN) -> int:
+def head_point(
+    tokens: TokenArray,
+    chat_prefix: TokenArray | None,
+    alignment: int = CHECKPOINT_ALIGN,
+    grid: ReadGrid | None = None,
+) -> int:
     """Where the head `tokens` shares with every chat starting like it (`chat_prefix`) ends, cut to
-    `alignment`: as far as `tokens` shares it; 0 where that is under `MIN_PREFIX_TOKENS` or not
-    short of the prompt's end."""
+    `alignment` (to the last point of `grid` there, where given): as far as `tokens` shares it; 0
+    where that is under `MIN_PREFIX_TOKENS` or not short of the prompt's end."""
     if chat_prefix is None:
         return 0
     n = len(tokens)
     m = min(len(chat_prefix), n)
     differ = np.flatnonzero(tokens[:m] != chat_prefix[:m])
     cut = align_down(int(differ[0]) if len(differ) else m, alignment)
+    if grid is not None:
+        cut = grid.at_most(cut, n)
     return cut if MIN_PREFIX_TOKENS <= cut < n else 0
 
 

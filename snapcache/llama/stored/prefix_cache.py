@@ -23,6 +23,7 @@ from snapcache.llama.state.blocks import KIND_PROMPT_END
 from snapcache.llama.state.capture_buffer import CaptureBuffer
 from snapcache.llama.state.sequences import CapturedState, can_truncate, pads_windows
 from snapcache.llama.stored.checkpoints import RestorePoint, checkpoint_plan, window_ladder
+from snapcache.llama.stored.read_grid import ReadGrid
 from snapcache.llama.stored.stored_states import Found, StoredStates
 from snapcache.prompt_tokens import PromptTokens
 from snapcache.store import SnapshotStore
@@ -91,13 +92,16 @@ class PrefixCache:
         longer_than: int = 0,
         buffer: CaptureBuffer | None = None,
         workers: int = RESTORE_THREADS,
+        holds: Callable[[int], bool] | None = None,
     ) -> Found | None:
         """The longest stored prefix of `prompt` in `scope`, longer than `longer_than` tokens, that
         `restore` put into its sequence; None when none did (see `Restore`). A prefix refused before
         any byte reached llama.cpp (too long for the sequence, say) is followed by the next shorter
         one. `buffer`: where the prefix is assembled (the sequence's own touched, perhaps pinned,
         buffer; a second assembly of one restore gets new memory); `workers`: how many threads a
-        restore may use (more where a GPU waits for it, see `threads.wider`)."""
+        restore may use (more where a GPU waits for it, see `threads.wider`); `holds`: whether a
+        prefix of so many tokens may be restored (`ReadGrid.holds` of the reading Llama: a prefix
+        stored on another's batches is passed over for the next shorter one)."""
         query = prompt
         while len(query) > longer_than:
             loan = None if buffer is None else buffer.loan()
@@ -113,6 +117,9 @@ class PrefixCache:
                     )
                 if found is None or found.snapshot.key.token_count <= longer_than:
                     return None
+                if holds is not None and not holds(found.snapshot.key.token_count):
+                    query = prompt.head(found.snapshot.key.token_count - 1)
+                    continue
                 restored = restore(found)
             finally:
                 if loan is not None:
@@ -125,7 +132,14 @@ class PrefixCache:
         return None
 
     def plan(
-        self, tokens: TokenArray, *, reused: int, head: int, raw: bool, alignment: int
+        self,
+        tokens: TokenArray,
+        *,
+        reused: int,
+        head: int,
+        raw: bool,
+        alignment: int,
+        grid: ReadGrid | None = None,
     ) -> list[RestorePoint]:
         """The restore points `tokens` should leave behind past the `reused` ones, ascending: its
         head (`checkpoints.head_point`, 0: none) and its end on the `alignment` grid, and on a
@@ -141,6 +155,7 @@ class PrefixCache:
             after=reused,
             alignment=alignment,
             exact=self.exact,
+            grid=grid,
         )
         if self.one_capture:
             return points

@@ -123,7 +123,8 @@ class PrefixLoader:
 
     def _reusable(self, tokens: TokenArray, scope: str, grid: ReadGrid) -> int:
         """How many tokens of `tokens` the context holds for `scope`, read as a prompt, and can be
-        cut back to at a point of `grid` short of the prompt's last token."""
+        cut back to at a point of `grid` (the whole prompt only where its last token, read again
+        alone, reads as in a longer batch: `ReadGrid.at_most`)."""
         llm = self._llm
         held = int(llm.n_tokens)
         owner = (self.fingerprint, scope)

@@ -14,7 +14,6 @@ from snapcache.key import TokenArray, as_token_array, validate_priority
 from snapcache.llama.exactness.readiness import Readiness
 from snapcache.llama.hook.prefix_loader import PrefixLoader, Progress
 from snapcache.llama.stored.checkpoints import MIN_PREFIX_TOKENS
-from snapcache.llama.stored.read_grid import MIN_PIECE_TOKENS
 from snapcache.llama.stored.reports import WarmResult
 from snapcache.llama.templates.chat_prefix import system_head, text_prompt_tokens
 
@@ -97,7 +96,7 @@ class Warmer:
         if grid.at_most(len(tokens)) == 0:
             raise InvalidArgument(
                 f"nothing to warm: the prompt has {len(tokens)} tokens, and this model's states are "
-                f"saved at multiples of {grid.alignment}, {MIN_PIECE_TOKENS} tokens or more into a batch"
+                f"saved at multiples of {grid.alignment}, {grid.min_piece} tokens or more into a batch"
             )
         tokens = tokens[: grid.at_most(len(tokens))]
         total = len(tokens)

@@ -1,9 +1,9 @@
 """Where a read may stop and a restore start (`ReadGrid`): on the split alignment, clear of both ends of
 a cold read's batch, and reads going on in the cold read's batches.
 
-The first tests check the rule itself; the Gemma tests check what it rests on (a restore 4 tokens
-before a prompt's end, and a read across a short last batch, part from a cold read) and that a
-restored completion on its points is token for token a cold one.
+The first tests check the rule itself; the Gemma tests check that a read on its points and in its
+batches is bit for bit a cold read, and a restored completion token for token a cold one. (What the
+rule rests on, measured: docs/reference/exactness.md.)
 """
 
 from __future__ import annotations
@@ -101,26 +101,23 @@ def last_logits(llm: Any, pieces: list[list[int]]) -> np.ndarray:
 
 @pytest.mark.model
 @pytest.mark.gemma
-def test_gemma_reads_a_short_batch_otherwise_than_inside_a_longer_one(make_llama, gemma_model_path) -> None:
+def test_a_read_on_in_the_cold_reads_batches_is_bit_for_bit_cold(make_llama, gemma_model_path) -> None:
     llm = make_llama(gemma_model_path, n_ctx=N_CTX)
     tokens = llm.tokenize(MEASURED.encode())
-    # Restored 4 to 7 tokens before the end (on the 64-token grid too): the last logits part from a
-    # cold read's at these points (measured 2026-11-29; 8 tokens or more never did).
-    parted = [
-        not np.array_equal(last_logits(llm, [tokens[:p], tokens[p:n]]), last_logits(llm, [tokens[:n]]))
-        for p, n in ((128, 132), (64, 68), (132, 136))
-    ]
-    assert any(parted), "every short last batch read as a cold read: the premise of MIN_PIECE_TOKENS"
-    # A cold read of 512 + 6 tokens sends the last 6 alone; a restore at 448 reads them so too.
+    # A cold read of 512 + 6 tokens sends the last 6 alone; a restore at 448 reads them so too. (On
+    # the 2-core Xeon of 2026-11-29, reading the 70 tokens after 448 in one batch parted from cold,
+    # as did 4 to 7 tokens left after a split at most points: which kernels a short batch takes
+    # depends on the CPU, so the rule is kept everywhere and only its result is checked here.)
     cold = last_logits(llm, [tokens[:518]])
-    assert not np.array_equal(last_logits(llm, [tokens[:448], tokens[448:518]]), cold)
     grid = ReadGrid.of(llm, 4)
     assert grid.holds(448, 518)
+    assert not grid.holds(512 - 4, 518)  # 4 tokens before the short batch
     pieces, position = [tokens[:448]], 448
     while position < 518:
         end = grid.piece_end(position, 518)
         pieces.append(tokens[position:end])
         position = end
+    assert [len(piece) for piece in pieces] == [448, 64, 6]
     assert np.array_equal(last_logits(llm, pieces), cold)
 
 

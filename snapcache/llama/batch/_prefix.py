@@ -100,10 +100,14 @@ class SequenceCache:
         self.uncacheable = readiness.reason_not(saving=save)
         if self.uncacheable is not None:
             _log.warning("%s", self.uncacheable)
-        self.alignment = readiness.alignment
         self.grid = readiness.grid  # where reads stop and restores start (`ReadGrid`)
         self._save = save and self.uncacheable is None
         self.one_capture = cache.one_capture
+
+    @property
+    def alignment(self) -> int:
+        """The model's split alignment (the grid's)."""
+        return self.grid.alignment
 
     @property
     def fingerprint(self) -> str:

@@ -26,9 +26,10 @@ import llama_cpp
 import numpy as np
 import numpy.typing as npt
 
+from snapcache.llama.exactness.fingerprint_notes import FingerprintNotes
 from snapcache.llama.templates.chat_prefix import text_prompt_tokens
 
-__all__ = ["COARSEST_ALIGNMENT", "PROBE_TOKENS", "measure_alignment", "remember", "remembered"]
+__all__ = ["COARSEST_ALIGNMENT", "PROBE_TOKENS", "known", "measure_alignment", "remember", "remembered"]
 
 _log = logging.getLogger("snapcache")
 
@@ -55,6 +56,12 @@ def remembered(fingerprint: str) -> tuple[bool, int | None]:
 def remember(fingerprint: str, alignment: int | None) -> None:
     with _lock:
         _measured[fingerprint] = alignment
+
+
+def known(fingerprint: str, notes: FingerprintNotes) -> tuple[bool, int | None]:
+    """(known, alignment) for a fingerprint: measured in this process, else noted in `notes`."""
+    found, measured = remembered(fingerprint)
+    return (found, measured) if found else notes.alignment(fingerprint)
 
 
 def measure_alignment(llm: llama_cpp.Llama) -> int | None:

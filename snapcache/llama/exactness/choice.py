@@ -103,9 +103,7 @@ def _split_alignment(llm: llama_cpp.Llama, notes: FingerprintNotes) -> int | Non
     """The model's split alignment on this build (None: no split point keeps results exact)."""
     parts = fingerprint_parts(llm, exact=True)
     fingerprint = fingerprint_of(parts)
-    known, measured = alignment.remembered(fingerprint)
-    if not known:
-        known, measured = notes.alignment(fingerprint)
+    known, measured = alignment.known(fingerprint, notes)
     if not known:
         measured = alignment.measure_alignment(llm)
         notes.remember(fingerprint, parts, measured)

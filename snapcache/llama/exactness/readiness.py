@@ -72,9 +72,7 @@ class Readiness:
         if not self._exact:
             self._notes.remember(fingerprint, parts, 1)
         elif saving:
-            known, measured = alignment.remembered(fingerprint)
-            if not known:
-                known, measured = self._notes.alignment(fingerprint)
+            known, measured = alignment.known(fingerprint, self._notes)
             if not known:
                 measured = alignment.measure_alignment(llm)
             alignment.remember(fingerprint, measured)
@@ -85,9 +83,7 @@ class Readiness:
         else:
             # Not saving: the alignment a writer measured for the fingerprint, where one did (it
             # says how short a piece of a batch may be read, see `ReadGrid`); none is measured here.
-            known, measured = alignment.remembered(fingerprint)
-            if not known:
-                known, measured = self._notes.alignment(fingerprint)
+            known, measured = alignment.known(fingerprint, self._notes)
             if known and measured is not None:
                 self._alignment = measured
         return None

@@ -85,20 +85,17 @@ def checkpoint_plan(
     Llama's batches; each point goes back to the last one where a read may stop on them
     (`ReadGrid.at_most`)."""
     n = len(tokens)
+
+    def placed(point: int) -> int:
+        return point if grid is None else grid.at_most(point, n)
+
     lower = max(-MAX_PRIORITY, priority - 1)
-    points = {p: (lower, KIND_PREFIX) for p in ladder if p < n - 1}
+    points = {placed(p): (lower, KIND_PREFIX) for p in ladder if p < n - 1}
     # A finer grid leaves a tail of 16 or more (see FINAL_TAIL_TOKENS); on the coarsest the tail is
     # 1 to 64 tokens, and the reading Llama's `grid` moves it to 16 or more (see `read_grid`).
-    points[final_point(n, alignment, exact=exact)] = (priority, KIND_PROMPT_END)
+    points[placed(final_point(n, alignment, exact=exact))] = (priority, KIND_PROMPT_END)
     if head:
-        points[head] = (priority, KIND_PREFIX)
-    if grid is not None:
-        on_grid: dict[int, tuple[int, int]] = {}
-        for p, value in sorted(points.items()):
-            on_grid[grid.at_most(p, n)] = value  # the later point's kind wins where two meet
-        if head:
-            on_grid[grid.at_most(head, n)] = (priority, KIND_PREFIX)
-        points = on_grid
+        points[placed(head)] = (priority, KIND_PREFIX)
     return [RestorePoint(p, prio, kind) for p, (prio, kind) in sorted(points.items()) if p > after]
 
 

@@ -69,9 +69,7 @@ class ReadGrid:
         batch there (at most `n_batch` tokens on without exactness)."""
         if not self.exact:
             return min(n_tokens, position + self.n_batch)
-        start = self.batch_start(position)
-        chunk_end = (position // self.n_batch + 1) * self.n_batch
-        return min(n_tokens, start + self.n_ubatch, chunk_end)
+        return min(n_tokens, self._batch_end(self.batch_start(position)))
 
     def holds(self, point: int, n_tokens: int | None = None) -> bool:
         """Whether a read of a prompt of `n_tokens` (None: of one longer than `point` by a batch or
@@ -91,9 +89,13 @@ class ReadGrid:
         start = self.batch_start(point)
         if point == start:
             return point
-        end = start + min(self.n_ubatch, self.n_batch - start % self.n_batch)
+        end = self._batch_end(start)
         if n_tokens is not None:
             end = min(end, n_tokens)
         highest = min(point, end - self.min_piece)
         highest -= (highest - start) % self.alignment
         return highest if highest - start >= self.min_piece else start
+
+    def _batch_end(self, start: int) -> int:
+        """Where the cold batch that starts at `start` ends, in a prompt long enough."""
+        return start + min(self.n_ubatch, self.n_batch - start % self.n_batch)

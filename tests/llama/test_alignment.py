@@ -34,9 +34,10 @@ def test_a_full_size_window_cache_keeps_the_coarsest_alignment(make_llama, gemma
     assert measure_alignment(make_llama(gemma_model_path, n_ctx=1024, swa_cache="full")) == 64
 
 
-def test_a_window_sized_cache_keeps_the_coarsest_alignment_too(make_llama, gemma_model_path) -> None:
-    # Finer points wait on a batched-scheduler question (see `measure_alignment`).
-    assert measure_alignment(make_llama(gemma_model_path, n_ctx=1024, swa_cache="window")) == 64
+@pytest.mark.gemma
+def test_a_window_sized_cache_is_measured(make_llama, gemma_model_path) -> None:
+    # Finer than 64 (4 on the CPUs measured; the quantized kernels' row groups decide it).
+    assert measure_alignment(make_llama(gemma_model_path, n_ctx=1024, swa_cache="window")) < 64
 
 
 def test_a_chat_restores_all_but_the_last_tokens(cached, make_llama, tiny_model_path) -> None:
@@ -94,3 +95,24 @@ def test_a_follow_up_question_reuses_the_context_only_at_an_aligned_point(
     assert info.restored_tokens % hook.alignment == 0  # not where the two questions part
     cold = make_llama(gemma_model_path, n_ctx=2048)
     assert reply == chat_reply(cold.create_chat_completion(messages=question, **GREEDY))
+
+
+def test_a_note_of_an_older_rule_is_measured_again(make_llama, tiny_model_path, store, monkeypatch) -> None:
+    # Before the window-sized caches were measured, their notes said 64 without a probe.
+    cached = snapcache.CachedLlama(make_llama(tiny_model_path, n_ctx=N_CTX), store, "agent")
+    cached.warm(SYSTEM)
+    path = store.directory / "fingerprints" / f"{cached.fingerprint}.json"
+    note = json.loads(path.read_text())
+    path.write_text(json.dumps({"parts": note["parts"], "alignment": 64}))
+    monkeypatch.setattr(alignment, "_measured", {})
+    measured: list[int] = []
+
+    def measuring(llm):
+        measured.append(1)
+        return 1
+
+    monkeypatch.setattr(alignment, "measure_alignment", measuring)
+    again = snapcache.CachedLlama(make_llama(tiny_model_path, n_ctx=N_CTX), store, "agent")
+    assert again.warm(SYSTEM).from_cache
+    assert (measured, again.alignment) == ([1], 1)
+    assert json.loads(path.read_text())["alignment"] == 1  # noted again, under this rule

@@ -14,6 +14,7 @@ from snapcache.llama.stored.checkpoints import (
     final_point,
     head_point,
 )
+from snapcache.llama.stored.read_grid import ReadGrid
 from snapcache.llama.stored.stored_states import StoredStates
 from snapcache.store import SnapshotStore
 
@@ -56,6 +57,24 @@ def test_a_head_on_a_fine_grid_ends_where_it_ends() -> None:
         RestorePoint(420, 3, KIND_PREFIX),
         RestorePoint(484, 3, KIND_PROMPT_END),  # 16 tokens and more before the end: FINAL_TAIL_TOKENS
     ]
+
+
+def test_a_head_on_the_read_grid_has_a_point_a_piece_before_it_for_short_questions() -> None:
+    # Gemma's 4-token grid: a question of under 16 tokens after the head cannot restore the head
+    # (the piece read after it would be too short), so the first read leaves a point 16 before it.
+    grid = ReadGrid(4, 512, 512)
+    prompt = tokens(113)
+    at = head_point(prompt, prompt[:96], 4, grid)
+    assert checkpoint_plan(prompt, ladder=[], head=at, priority=3, after=0, alignment=4, grid=grid) == [
+        RestorePoint(80, 2, KIND_PREFIX),
+        RestorePoint(96, 3, KIND_PREFIX),
+    ]
+    # f32 weights (a piece of any length) and heads under 64 + 16 tokens have none.
+    fine = ReadGrid(1, 512, 512, min_piece=1)
+    f32 = checkpoint_plan(prompt, ladder=[], head=96, priority=3, after=0, alignment=1, grid=fine)
+    assert [p.n_tokens for p in f32] == [96, 97]  # the head, the prompt's end
+    short = checkpoint_plan(prompt, ladder=[], head=76, priority=3, after=0, alignment=4, grid=grid)
+    assert [p.n_tokens for p in short] == [76, 96]
 
 
 def test_the_prompt_end_leaves_the_shortest_tail_the_probe_checked_for_its_grid() -> None:

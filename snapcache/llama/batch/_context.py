@@ -78,6 +78,8 @@ class SequenceContext:
         # restored; they cannot be cut back further than one token short of it.
         self.window_cells = window_cells(llm, per_seq)
         self._restored: dict[int, int] = {}
+        # The sequences of stream copies that llama.cpp makes at the next decode (`_copy_stream`).
+        self._unsettled: set[int] = set()
         self.n_stream = 1 if n_seq == 1 else n_seq
         capacity = max(self.n_batch, n_seq)
         self._batch = llama_cpp.llama_batch_init(capacity, 0, 1)
@@ -132,7 +134,10 @@ class SequenceContext:
             n += m
             rows.append(n - 1)
         self._batch.n_tokens = n
-        return int(llama_cpp.llama_decode(self.ctx, self._batch)), rows
+        code = int(llama_cpp.llama_decode(self.ctx, self._batch))
+        if code == 0:
+            self._unsettled.clear()  # llama.cpp copied the pending streams first
+        return code, rows
 
     def clear(self, seq_id: int) -> None:
         """Free every cell of the sequence."""
@@ -157,15 +162,58 @@ class SequenceContext:
     def first_position(self, seq_id: int) -> int:
         return int(llama_cpp.llama_memory_seq_pos_min(self._memory, seq_id))
 
-    def copy(self, source: int, target: int) -> bool:
-        """Make `target` hold what `source` holds (its state, in this context's own layout)."""
+    def copy(self, source: int, target: int, cut_to: int | None = None) -> bool:
+        """Make `target` hold what `source` holds, to be cut back to its first `cut_to` tokens next
+        (None: not cut). A window-sized sliding-window cache that is to be cut is copied whole
+        (`_copy_stream`): a state copy holds only the window of the source's last token, and the
+        cut needs the cut point's. Otherwise a state copy, which moves only the cells in use."""
+        if cut_to is not None and self.window_cells and cut_to <= self.last_position(source):
+            return self._copy_stream(source, target)
+        return self._copy_state(source, target)
+
+    def _copy_stream(self, source: int, target: int) -> bool:
+        """llama.cpp's own sequence copy: every cell of the source's stream, its masked window cells
+        too (llama-kv-cache.cpp seq_cp). The cells' metadata is copied now and the tensors at the
+        start of the next decode, so until then neither stream's data is read or written (`_settle`)."""
+        self.clear(target)
+        llama_cpp.llama_memory_seq_cp(self._memory, source, target, -1, -1)
+        held = (self.first_position(source), self.last_position(source))
+        if (self.first_position(target), self.last_position(target)) != held:
+            self.clear(target)  # a memory that does not copy across streams
+            return False
+        self._unsettled.update((source, target))
+        if source in self._restored:
+            self._restored[target] = self._restored[source]
+        return True
+
+    def _settle(self, seq_id: int) -> None:
+        """Before `seq_id`'s data is read or written: let llama.cpp copy the streams of the pending
+        `_copy_stream`s, which it does at the start of a decode, by decoding one token after what
+        `seq_id` holds and cutting it off again (a cell past its last position, which a read on
+        writes over: what it holds reads on as before). ModelError where llama.cpp refuses."""
+        if seq_id not in self._unsettled:
+            return
+        position = self.last_position(seq_id) + 1
+        code, _ = self.decode([Chunk(seq_id, [0], position, False)])
+        llama_cpp.llama_memory_seq_rm(self._memory, seq_id, position, -1)
+        if code != 0:
+            raise ModelError(f"llama.cpp did not copy the streams of sequence {seq_id} (decode: {code})")
+
+    def _copy_state(self, source: int, target: int) -> bool:
+        """Copy through llama.cpp's state of `source` (only the window's unmasked cells of a
+        window-sized cache), laid out again for `target`."""
+        self.clear(target)
+        try:
+            self._settle(source)
+            self._settle(target)
+        except ModelError:
+            return False
         size = int(llama_cpp.llama_state_seq_get_size_ext(self.ctx, source, _FLAGS))
         if size <= 0:
             return False
         buffer = np.empty(size, dtype=np.uint8)
         pointer = buffer.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
         written = int(llama_cpp.llama_state_seq_get_data_ext(self.ctx, pointer, size, source, _FLAGS))
-        self.clear(target)
         if written <= 0 or written > size:
             return False
         # llama.cpp writes only the window's unmasked cells: laid out again as a cold read has them
@@ -194,6 +242,7 @@ class SequenceContext:
         """The sequence's state, in the 1-stream layout, keyed by `tokens` (all it holds)."""
         if self.last_position(seq_id) != len(tokens) - 1:
             raise ModelError(f"sequence {seq_id} does not hold exactly {len(tokens)} tokens")
+        self._settle(seq_id)
         size = int(llama_cpp.llama_state_seq_get_size_ext(self.ctx, seq_id, _FLAGS))
         if size <= 0:
             raise ModelError(f"llama.cpp reports no state for sequence {seq_id}")
@@ -253,6 +302,12 @@ class SequenceContext:
             _log.warning("snapshot %s not restored into a sequence: %s", snapshot.key.id[:12], reason)
             return False
         self.clear(seq_id)
+        try:
+            self._settle(seq_id)
+        except ModelError as exc:
+            release()
+            _log.warning("snapshot %s not restored into a sequence: %s", snapshot.key.id[:12], exc)
+            return False
         reset_head(self._memory, seq_id)
         try:
             pointer = state.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))

@@ -115,7 +115,7 @@ class LivePrefixes:
     def take(self, source: int, seq_id: int, n_tokens: int) -> bool:
         """Make `seq_id` hold the first `n_tokens` that `source` holds; False (cleared) where it cannot."""
         context = self._context
-        if source != seq_id and not context.copy(source, seq_id):
+        if source != seq_id and not context.copy(source, seq_id, cut_to=n_tokens):
             return False
         if n_tokens <= context.last_position(seq_id):
             cuttable = self._truncates or context.can_cut(seq_id, n_tokens)

@@ -70,18 +70,15 @@ def measure_alignment(llm: llama_cpp.Llama) -> int | None:
     Uses the Llama's context and leaves it empty. A context too small for the probe gets the
     coarsest alignment, the one snapcache has always used.
     """
-    if int(llama_cpp.llama_model_n_swa(llm.model)) > 0:
-        # Sliding-window models keep the coarsest. A full-size window cache: restored on finer
-        # points, Gemma-3-270M drifted from a cold read in a chat test although this probe found
-        # 4-token splits exact (the probe stays inside one window, and a restore pads the window of
-        # such a cache). A window-sized cache is restored as the ring a cold read leaves, cell for
-        # cell; on 4-token points a tool call under a grammar came back shorter than its cold run,
-        # restored 4 tokens before its prompt's end: a batch too short to read as a cold read
-        # reads those tokens, which `read_grid` rules out on every grid since 2026-11-29. With that,
-        # the finer points pass the Gemma tool and chat tests, but on the suite's tiny sliding-window
-        # model (whose probe finds 1) the batched scheduler restored less than a single context
-        # in one of a property test's runs (tests/llama/test_scheduler_keeps_prefixes.py, not
-        # reproducible on a rerun): 64 stays until that is understood.
+    if int(llama_cpp.llama_model_n_swa(llm.model)) > 0 and bool(llm.context_params.swa_full):
+        # A full-size window cache keeps the coarsest: restored on finer points, Gemma-3-270M drifted
+        # from a cold read in a chat test although this probe found 4-token splits exact (the probe
+        # stays inside one window, and a restore pads the window of such a cache). A window-sized
+        # cache is restored as the ring a cold read leaves, cell for cell, and measured: its finer
+        # points pass the Gemma tool and chat tests since a read stops only where `read_grid` says
+        # (a batch of under 8 tokens reads otherwise than a cold read's), and the batched scheduler
+        # copies a sequence it cuts back whole (`SequenceContext.copy`; a state copy holds only the
+        # window of its last token, so a cut to a finer point fell back to a 64-token one).
         return COARSEST_ALIGNMENT
     tokens = _probe_tokens(llm)
     if len(tokens) < PROBE_TOKENS or int(llm.n_ctx()) <= PROBE_TOKENS + 1:

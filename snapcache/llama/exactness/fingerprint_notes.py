@@ -16,7 +16,7 @@ import os
 import re
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 __all__ = ["FingerprintNotes"]
 
@@ -25,6 +25,9 @@ _log = logging.getLogger("snapcache")
 _FOLDER = "fingerprints"
 _VALID = re.compile(r"^[0-9a-f]{8,128}$")
 _MAX_NOTE_BYTES = 1 << 20
+# The rule the alignment was measured under. A note of another rule is measured again: before rule 2
+# (2026-11-29) sliding-window models with a window-sized cache noted 64 without a probe.
+_ALIGNMENT_RULE = 2
 
 
 class FingerprintNotes:
@@ -36,18 +39,19 @@ class FingerprintNotes:
         self._lock = threading.Lock()
 
     def remember(self, fingerprint: str, parts: dict[str, Any], alignment: int | None) -> None:
-        """Keep `parts` and the measured `alignment` (None: none holds) for `fingerprint`, once."""
+        """Keep `parts` and the measured `alignment` (None: none holds) for `fingerprint`, once (again
+        where the note kept was measured under an older rule)."""
         if not _VALID.match(fingerprint):
             return
-        note = {"parts": parts, "alignment": alignment}
+        note = {"parts": parts, "alignment": alignment, "alignment_rule": _ALIGNMENT_RULE}
         with self._lock:
-            if fingerprint in self._known:
+            if _current(self._known.get(fingerprint)):
                 return
             self._known[fingerprint] = note
         if self._folder is None:
             return
         path = self._folder / f"{fingerprint}.json"
-        if path.exists():
+        if _current(self._read(fingerprint)):
             return
         try:
             self._folder.mkdir(mode=0o700, exist_ok=True)
@@ -68,7 +72,7 @@ class FingerprintNotes:
     def alignment(self, fingerprint: str) -> tuple[bool, int | None]:
         """(known, alignment) measured for `fingerprint`; alignment None: no split point holds."""
         note = self._note(fingerprint)
-        if note is None or "alignment" not in note:
+        if not _current(note) or "alignment" not in note:
             return False, None
         value = note["alignment"]
         if value is None:
@@ -92,6 +96,14 @@ class FingerprintNotes:
         with self._lock:
             if fingerprint in self._known:
                 return self._known[fingerprint]
+        note = self._read(fingerprint)
+        if note is not None:
+            with self._lock:
+                self._known.setdefault(fingerprint, note)
+        return note
+
+    def _read(self, fingerprint: str) -> dict[str, Any] | None:
+        """The note on disk, if there is a readable one."""
         if self._folder is None or not _VALID.match(fingerprint):
             return None
         try:
@@ -101,8 +113,9 @@ class FingerprintNotes:
             note = json.loads(path.read_text())
         except (OSError, ValueError):
             return None
-        if not isinstance(note, dict):
-            return None
-        with self._lock:
-            self._known.setdefault(fingerprint, note)
-        return note
+        return note if isinstance(note, dict) else None
+
+
+def _current(note: dict[str, Any] | None) -> TypeGuard[dict[str, Any]]:
+    """Whether `note` was measured under this rule (`_ALIGNMENT_RULE`)."""
+    return note is not None and note.get("alignment_rule") == _ALIGNMENT_RULE

@@ -80,9 +80,10 @@ def checkpoint_plan(
     """The restore points to save on the way through `tokens`, ascending, all past `after` and short
     of the last token, on multiples of `alignment`; ladder points go one priority lower. `head` is
     where the chat's shared head ends (`head_point`; 0: none): a point of `KIND_PREFIX`, whatever
-    else falls there; the prompt's end is `KIND_PROMPT_END` unless it is the head. `exact=False` puts
-    the prompt's end point one token before its end (see `final_point`). `grid`: the reading
-    Llama's batches; each point goes back to the last one where a read may stop on them
+    else falls there, and, a piece of a batch before it, another one priority lower (for a question
+    too short to read on from the head); the prompt's end is `KIND_PROMPT_END` unless it is the head.
+    `exact=False` puts the prompt's end point one token before its end (see `final_point`). `grid`:
+    the reading Llama's batches; each point goes back to the last one where a read may stop on them
     (`ReadGrid.at_most`)."""
     n = len(tokens)
 
@@ -96,6 +97,12 @@ def checkpoint_plan(
     points[placed(final_point(n, alignment, exact=exact))] = (priority, KIND_PROMPT_END)
     if head:
         points[placed(head)] = (priority, KIND_PREFIX)
+        # A question shorter than a piece of a batch cannot restore the head and read on from it
+        # (`ReadGrid`): the last point a piece before the head is its place.
+        if grid is not None and grid.min_piece > 1:
+            short = placed(head - grid.min_piece)
+            if short >= MIN_PREFIX_TOKENS and short not in points:
+                points[short] = (lower, KIND_PREFIX)
     return [RestorePoint(p, prio, kind) for p, (prio, kind) in sorted(points.items()) if p > after]
 
 

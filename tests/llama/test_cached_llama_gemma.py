@@ -78,18 +78,19 @@ def test_restore_then_suffix_matches_cold(cached, cold_runs):
     assert (text, context_of(fresh.llm)) == cold_runs(prompt)
 
 
-def test_a_prompt_a_token_past_a_snapshot_is_read_whole(cached, cold_runs):
+def test_a_prompt_a_token_past_a_snapshot_restores_a_piece_before_it(cached, cold_runs):
     warmer = cached()
     # Warmed at 640 of 641 tokens: restored there, the completion of the 641 would read the last one
     # alone, a batch of one that Gemma's kernels read otherwise than the cold read's batch does. It
-    # is read whole; 16 tokens past the snapshot, the snapshot restores (`ReadGrid`).
+    # restores the point warm leaves a piece of a batch before (624) and reads 17; 16 tokens past
+    # the snapshot, the snapshot restores (`ReadGrid`).
     tokens = warmer.llm.tokenize(SYSTEM.encode())[:657]
     assert warmer.warm(tokens[:641]).token_count == 640
 
     fresh = cached()
     text = fresh.create_completion(tokens[:641], **GREEDY)["choices"][0]["text"]
     info = fresh.last_restore
-    assert (info.restored_tokens, info.evaluated_tokens) == (0, 641)
+    assert (info.restored_tokens, info.evaluated_tokens) == (624, 17)
     assert (text, context_of(fresh.llm)) == cold_runs(tokens[:641])
 
     fresh = cached()

@@ -9,7 +9,8 @@ of its scope already read restores at least that head: as much as a second conve
 right after a first one (measured once per head, in a scope of its own), or, where the prompt ends
 too close past that point for a restore to start there, or every earlier prompt of the head did
 for a read to stop and store it (fewer tokens than the shortest piece a batch is read in:
-`ReadGrid`), the last checkpoint before it that leaves them. Before the fix, a
+`ReadGrid`), the last checkpoint before it that leaves them; on a grid finer than the blocks, less
+a piece of a batch (where a head's second point lies). Before the fix, a
 conversation's second turn superseded the only record at the head's end (where the head and the
 first prompt's end fell on one point), and the next new conversation read its head cold.
 
@@ -255,7 +256,11 @@ class HeadRestores:
         either prompt ends too close past it for a read to stop there (`ReadGrid`: the earlier
         one's read could not store it) or a restore to start there (this one), the last checkpoint
         that both leave the shortest piece after."""
-        point = self[head]
+        # On a grid finer than the blocks (Gemma's 4 tokens), the head point of one prompt may lie a
+        # step or two past another's (the head's last tokens merge with what follows them in some
+        # prompts), and the point a piece before the head is the one a short question restores: a
+        # piece is the margin.
+        point = self[head] - (self._min_piece if self._min_piece > 1 else 0)
         if min(prompt, longest_before) - point >= self._min_piece:
             return point
         last = min(prompt, longest_before) - self._min_piece
@@ -265,7 +270,11 @@ class HeadRestores:
         if head not in self._measured:
             scope = f"head-{uuid.uuid4().hex[:12]}"
             first, second = Conversation(*head, turns=1, number=-1), Conversation(*head, turns=1, number=-2)
-            first.pieces.append(("user", "Which files did I open yesterday?"))
+            # Long enough that its prompt-end point lies past what the two share (on a fine grid
+            # it could fall a few tokens past the head point, where the second reads on from it).
+            first.pieces.append(
+                ("user", "Which files did I open yesterday, and which of them did I change again?")
+            )
             second.pieces.append(("user", "Please list my invoices."))
             other = Conversation(head[0], 0, 0, turns=1, number=-3)
             other.pieces.append(("user", "Hello."))

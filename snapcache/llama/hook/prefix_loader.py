@@ -25,7 +25,7 @@ from snapcache.llama.state.sequences import (
     restore_sequence,
     truncate_sequence,
 )
-from snapcache.llama.stored.checkpoints import RestorePoint
+from snapcache.llama.stored.checkpoints import MIN_PREFIX_TOKENS, RestorePoint
 from snapcache.llama.stored.prefix_cache import PrefixCache
 from snapcache.llama.stored.read_grid import ReadGrid
 from snapcache.llama.stored.reports import Source, WarmResult
@@ -192,10 +192,19 @@ class PrefixLoader:
         done = int(llm.n_tokens)
         if progress is not None:
             progress(done, total)
+        # A question too short to read on from the prefix restores a point a piece before it
+        # (as a chat's head leaves one: `checkpoint_plan`).
+        short = grid.at_most(total - grid.min_piece) if grid.min_piece > 1 else 0
         while done < total:
             end = grid.piece_end(done, total)
+            if done < short < end:
+                end = short
             llm.eval(tokens[done:end].tolist())
             done = end
+            if done == short >= MIN_PREFIX_TOKENS:
+                captured = capture_sequence(llm, tokens=tokens[:short], reuse=True)
+                point = RestorePoint(short, priority, KIND_PREFIX)
+                self.cache.states.save(captured, scope, [point], blocks_upto=short, prompt=prompt.head(short))
             if progress is not None:
                 progress(done, total)
         self.mark_read(total)

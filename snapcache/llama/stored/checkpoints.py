@@ -20,7 +20,7 @@ gives bit-for-bit the results of a cold read.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -59,11 +59,14 @@ FINAL_TAIL_TOKENS = 16
 
 @dataclass(frozen=True, slots=True)
 class RestorePoint:
-    """Where a saved capture can be restored: after `n_tokens`, at `priority`, of a record `kind`."""
+    """Where a saved capture can be restored: after `n_tokens`, at `priority`, of a record `kind`;
+    `head`: a point of a chat's head (its end, or a piece of a batch before it), kept however close
+    to another (`PrefixCache.plan`)."""
 
     n_tokens: int
     priority: int
     kind: int
+    head: bool = field(default=False, compare=False)
 
 
 def checkpoint_plan(
@@ -91,19 +94,21 @@ def checkpoint_plan(
         return point if grid is None else grid.at_most(point, n)
 
     lower = max(-MAX_PRIORITY, priority - 1)
-    points = {placed(p): (lower, KIND_PREFIX) for p in ladder if p < n - 1}
+    points = {placed(p): RestorePoint(placed(p), lower, KIND_PREFIX) for p in ladder if p < n - 1}
     # A finer grid leaves a tail of 16 or more (see FINAL_TAIL_TOKENS); on the coarsest the tail is
     # 1 to 64 tokens, and the reading Llama's `grid` moves it to 16 or more (see `read_grid`).
-    points[placed(final_point(n, alignment, exact=exact))] = (priority, KIND_PROMPT_END)
+    end = placed(final_point(n, alignment, exact=exact))
+    points[end] = RestorePoint(end, priority, KIND_PROMPT_END)
     if head:
-        points[placed(head)] = (priority, KIND_PREFIX)
+        at = placed(head)
+        points[at] = RestorePoint(at, priority, KIND_PREFIX, head=True)
         # A question shorter than a piece of a batch cannot restore the head and read on from it
         # (`ReadGrid`): the last point a piece before the head is its place.
         if grid is not None and grid.min_piece > 1:
             short = placed(head - grid.min_piece)
             if short >= MIN_PREFIX_TOKENS and short not in points:
-                points[short] = (lower, KIND_PREFIX)
-    return [RestorePoint(p, prio, kind) for p, (prio, kind) in sorted(points.items()) if p > after]
+                points[short] = RestorePoint(short, lower, KIND_PREFIX, head=True)
+    return [point for at, point in sorted(points.items()) if at > after]
 
 
 def head_point(

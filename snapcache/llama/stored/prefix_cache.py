@@ -159,10 +159,15 @@ class PrefixCache:
         )
         if self.one_capture:
             return points
-        # A window (or a recurrent state) is stored whole: not worth it for a few tokens more.
+        # A window (or a recurrent state) is stored whole: not worth it for a few tokens more, but
+        # for the head's points, which every conversation of the chat restores, where the read to
+        # them is a piece of a batch long enough (`ReadGrid`: a point placed for the prompt alone
+        # may lie a few tokens past the restored one).
+        piece = 1 if grid is None else grid.min_piece
         kept, last = [], reused
         for point in points:
-            if point.n_tokens - last >= self.min_tokens:
+            spared = point.n_tokens - last
+            if spared >= self.min_tokens or (point.head and spared >= piece):
                 kept.append(point)
                 last = point.n_tokens
         return kept

@@ -159,6 +159,15 @@ class PrefixLoader:
             return 0
         return self.cache.save(captured, scope, points, blocks_upto=blocks_upto, prompt=prompt)
 
+    def _save_prefix(self, prompt: PromptTokens, scope: str, priority: int) -> int:
+        """Save the context, which holds exactly `prompt`, as a prefix point with its blocks; the
+        state's size in bytes."""
+        captured = capture_sequence(self._llm, tokens=prompt.array, reuse=True)
+        state_bytes = captured.state.nbytes  # read before the save gives the buffer back
+        point = RestorePoint(len(prompt.array), priority, KIND_PREFIX)
+        self.cache.states.save(captured, scope, [point], blocks_upto=len(prompt.array), prompt=prompt)
+        return state_bytes
+
     def store_prefix(
         self,
         tokens: TokenArray | PromptTokens,
@@ -195,21 +204,18 @@ class PrefixLoader:
         # A question too short to read on from the prefix restores a point a piece before it
         # (as a chat's head leaves one: `checkpoint_plan`).
         short = grid.at_most(total - grid.min_piece) if grid.min_piece > 1 else 0
+        if short < MIN_PREFIX_TOKENS:
+            short = 0
         while done < total:
             end = grid.piece_end(done, total)
             if done < short < end:
                 end = short
             llm.eval(tokens[done:end].tolist())
             done = end
-            if done == short >= MIN_PREFIX_TOKENS:
-                captured = capture_sequence(llm, tokens=tokens[:short], reuse=True)
-                point = RestorePoint(short, priority, KIND_PREFIX)
-                self.cache.states.save(captured, scope, [point], blocks_upto=short, prompt=prompt.head(short))
+            if done == short:
+                self._save_prefix(prompt.head(short), scope, priority)
             if progress is not None:
                 progress(done, total)
         self.mark_read(total)
-        captured = capture_sequence(llm, tokens=tokens, reuse=True)
-        state_bytes = captured.state.nbytes  # read before the save gives the buffer back
-        point = RestorePoint(total, priority, KIND_PREFIX)
-        self.cache.states.save(captured, scope, [point], blocks_upto=total, prompt=prompt)
+        state_bytes = self._save_prefix(prompt, scope, priority)
         return WarmResult(key, total, state_bytes, time.perf_counter() - started, False)

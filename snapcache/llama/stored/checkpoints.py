@@ -94,7 +94,7 @@ def checkpoint_plan(
         return point if grid is None else grid.at_most(point, n)
 
     lower = max(-MAX_PRIORITY, priority - 1)
-    points = {placed(p): RestorePoint(placed(p), lower, KIND_PREFIX) for p in ladder if p < n - 1}
+    points = {at: RestorePoint(at, lower, KIND_PREFIX) for at in (placed(p) for p in ladder if p < n - 1)}
     # A finer grid leaves a tail of 16 or more (see FINAL_TAIL_TOKENS); on the coarsest the tail is
     # 1 to 64 tokens, and the reading Llama's `grid` moves it to 16 or more (see `read_grid`).
     end = placed(final_point(n, alignment, exact=exact))

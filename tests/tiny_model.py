@@ -16,6 +16,9 @@ model's: 32 layers, 8 K/V heads of 128 values, 128 KiB of f16 KV per token) arou
 feed-forward layers, so that states have a real model's size while a prompt still reads in seconds.
 `write_tiny_llama_with_vocabulary` gives the tiny llama a real model's vocabulary.
 `write_tiny_lora` writes a LoRA adapter for a tiny model, `control_vector` a control vector's data.
+`write_tiny_vision_model` writes the tiny llama with a projector (an mmproj GGUF) that llama.cpp's
+mtmd loads: a 2-layer ViT and LLaVA's two-layer MLP, an image of `VISION_IMAGE_SIZE` pixels a side in
+`VISION_IMAGE_TOKENS` embeddings, encoded in a few milliseconds.
 Nothing is downloaded.
 """
 
@@ -42,6 +45,12 @@ GEMMA2_WINDOW = 48
 MAMBA_D_STATE = 8
 MAMBA_D_CONV = 4
 MAMBA_DT_RANK = 4
+
+# The tiny projector: images resized to 64 x 64, in 8 x 8 patches: 64 embeddings an image.
+VISION_IMAGE_SIZE = 64
+VISION_PATCH = 8
+VISION_IMAGE_TOKENS = (VISION_IMAGE_SIZE // VISION_PATCH) ** 2
+VISION_EMBD = 32
 
 LFM2_LAYERS = ("conv", "attention", "conv")
 LFM2_CONV_CACHE = 3
@@ -135,6 +144,62 @@ def write_tiny_model(
     shards = writer.format_shard_names(path) if len(writer.tensors) > 1 else [path]
     _finish(writer)
     return shards[0]
+
+
+def write_tiny_vision_model(directory: str | Path, seed: int = 0) -> tuple[Path, Path]:
+    """Write the tiny llama and a projector for it into `directory`; return (model path, mmproj path).
+
+    The projector is LLaVA 1.5's kind ("mlp"): patch embeddings, a 2-layer ViT, then a two-layer MLP
+    to the llama's 64-wide embeddings, random weights from `seed`.
+    """
+    directory = Path(directory)
+    model = write_tiny_llama(directory / f"tiny-vision-llama-{seed}.gguf", seed=seed)
+    mmproj = directory / f"tiny-vision-mmproj-{seed}.gguf"
+    w = _Weights(seed + 1000)
+    n_embd, n_ff, n_layers = VISION_EMBD, 2 * VISION_EMBD, 2
+    writer = gguf.GGUFWriter(str(mmproj), "clip")
+    writer.add_name(f"tiny-vision-mmproj-seed{seed}")
+    writer.add_string("clip.projector_type", "mlp")
+    writer.add_bool("clip.has_vision_encoder", True)
+    writer.add_bool("clip.use_gelu", True)
+    for key, value in (
+        ("image_size", VISION_IMAGE_SIZE),
+        ("patch_size", VISION_PATCH),
+        ("embedding_length", n_embd),
+        ("feed_forward_length", n_ff),
+        ("block_count", n_layers),
+        ("projection_dim", N_EMBD),
+        ("attention.head_count", 2),
+    ):
+        writer.add_uint32(f"clip.vision.{key}", value)
+    writer.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-5)
+    writer.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
+    writer.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
+    patch = w.rng.standard_normal((n_embd, 3, VISION_PATCH, VISION_PATCH)) * 0.05
+    writer.add_tensor("v.patch_embd.weight", patch.astype(np.float16))
+    writer.add_tensor("v.patch_embd.bias", w.vector(n_embd))
+    writer.add_tensor("v.position_embd.weight", w.matrix(VISION_IMAGE_TOKENS, n_embd))
+    writer.add_tensor("v.pre_ln.weight", np.ones(n_embd, dtype=np.float32))
+    writer.add_tensor("v.pre_ln.bias", w.vector(n_embd))
+    for layer in range(n_layers):
+        prefix = f"v.blk.{layer}."
+        for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            writer.add_tensor(prefix + name + ".weight", w.matrix(n_embd, n_embd))
+            writer.add_tensor(prefix + name + ".bias", w.vector(n_embd))
+        for name in ("ln1", "ln2"):
+            writer.add_tensor(prefix + name + ".weight", np.ones(n_embd, dtype=np.float32))
+            writer.add_tensor(prefix + name + ".bias", w.vector(n_embd))
+        writer.add_tensor(prefix + "ffn_up.weight", w.matrix(n_ff, n_embd))
+        writer.add_tensor(prefix + "ffn_up.bias", w.vector(n_ff))
+        writer.add_tensor(prefix + "ffn_down.weight", w.matrix(n_embd, n_ff))
+        writer.add_tensor(prefix + "ffn_down.bias", w.vector(n_embd))
+    # Embeddings about as large as the llama's token embeddings, so that an image moves the reply.
+    writer.add_tensor("mm.0.weight", w.matrix(N_EMBD, n_embd))
+    writer.add_tensor("mm.0.bias", w.vector(N_EMBD))
+    writer.add_tensor("mm.2.weight", w.matrix(N_EMBD, N_EMBD) * 4.0)
+    writer.add_tensor("mm.2.bias", w.vector(N_EMBD))
+    _finish(writer)
+    return model, mmproj
 
 
 def write_tiny_llama_with_vocabulary(

@@ -267,3 +267,14 @@ def route_llama_cpp_log(logger: logging.Logger | None = None, *, level: int | No
 
         llama_cpp.llama_log_set(forward, ctypes.c_void_p(0))
         _route.callback = forward
+        _route_mtmd_log(forward)
+
+
+def _route_mtmd_log(forward: Any) -> None:
+    """mtmd (images, `snapcache.llama.media`) logs through a callback of its own: the same one."""
+    try:
+        from llama_cpp import mtmd_cpp
+    except (ImportError, OSError):  # a build without libmtmd
+        return
+    mtmd_cpp.mtmd_log_set(forward, ctypes.c_void_p(0))
+    mtmd_cpp.mtmd_helper_log_set(forward, ctypes.c_void_p(0))

@@ -1,0 +1,194 @@
+"""A prompt of text and images, as mtmd splits it into pieces, and the tokens its cache keys are made of.
+
+mtmd tokenizes text and decoded images into chunks: runs of text tokens, and images that stand for as
+many positions as their embeddings (`mtmd_tokenize_from_parts`, which takes the parts as they are:
+no media marker is looked for in the text). The store keys prompts by token ids, so each image
+position gets a key token of its own (`image_key_tokens`): drawn from the image's pixel hash, one for
+each offset in the image, above any vocabulary's ids (`IMAGE_KEY_BASE`). The same pixels at the same
+place give the same key tokens, so keys, 64-token blocks and prefix hashes fold each image in with
+its position; other pixels part from a stored prompt at their image's first position. Key tokens
+never reach llama.cpp: the pieces are read through mtmd (`read_from`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import blake3
+import llama_cpp
+import numpy as np
+from llama_cpp import mtmd_cpp
+
+from snapcache.errors import InvalidArgument, ModelError
+from snapcache.key import TokenArray, as_token_array
+from snapcache.llama.media.projector import Image, Projector
+
+__all__ = ["IMAGE_KEY_BASE", "MediaPrompt", "PromptPiece", "image_key_tokens"]
+
+# Image key tokens lie in [IMAGE_KEY_BASE, 2**31): far above the largest vocabularies (~260K ids).
+IMAGE_KEY_BASE = 1 << 30
+_KEY_MASK = IMAGE_KEY_BASE - 1
+
+
+@dataclass(frozen=True, slots=True)
+class PromptPiece:
+    """One mtmd chunk: positions `start` to `start + n_tokens`, text (`image_id` None) or an image."""
+
+    start: int
+    n_tokens: int
+    image_id: str | None = None
+
+    @property
+    def end(self) -> int:
+        return self.start + self.n_tokens
+
+
+def image_key_tokens(image_id: str, n_tokens: int) -> TokenArray:
+    """The key tokens of an image of `n_tokens` positions with pixel hash `image_id` (hex): one per
+    position, 30 bits of BLAKE3's output stream over the whole hash, above `IMAGE_KEY_BASE`. Every bit
+    of the image's identity goes into them, so two images share key tokens only where their pixel
+    hashes collide."""
+    stream = blake3.blake3(bytes.fromhex(image_id)).digest(length=4 * n_tokens)
+    words = np.frombuffer(stream, dtype="<u4") & np.uint32(_KEY_MASK)
+    return as_token_array(words.astype(np.int64) + IMAGE_KEY_BASE)
+
+
+class MediaPrompt:
+    """`parts` (text and `Image`s of `projector`) tokenized by mtmd: its `pieces`, its `key_tokens`
+    (what the store keys it by) and `read_from`, which reads it into a sequence from a restored prefix.
+    `add_special`: the model's BOS first; `parse_special`: control tokens in the text are read as such
+    (a rendered chat template's)."""
+
+    def __init__(
+        self,
+        projector: Projector,
+        parts: Sequence[str | Image],
+        *,
+        add_special: bool = True,
+        parse_special: bool = True,
+    ) -> None:
+        self._projector = projector
+        texts: list[Any] = []  # kept alive until mtmd has read them
+        part_array = (mtmd_cpp.mtmd_input_part * len(parts))()
+        for i, part in enumerate(parts):
+            if isinstance(part, Image):
+                part_array[i].bitmap = part.bitmap
+            elif isinstance(part, str):
+                encoded = part.encode("utf-8")
+                text = mtmd_cpp.mtmd_input_text(encoded, len(encoded), add_special, parse_special)
+                texts.append((encoded, text))
+                part_array[i].text = ctypes.pointer(text)
+            else:
+                raise InvalidArgument(f"a prompt part is text or an Image, not {type(part).__name__}")
+        pointers = (ctypes.POINTER(mtmd_cpp.mtmd_input_part) * len(parts))(
+            *(ctypes.pointer(part_array[i]) for i in range(len(parts)))
+        )
+        chunks = mtmd_cpp.mtmd_input_chunks_init()
+        if not chunks:
+            raise ModelError("mtmd could not allocate the prompt's chunks")
+        self._chunks = chunks
+        weakref.finalize(self, mtmd_cpp.mtmd_input_chunks_free, chunks)
+        code = mtmd_cpp.mtmd_tokenize_from_parts(projector.ctx, chunks, pointers, len(parts), add_special)
+        if code != 0:
+            raise ModelError(f"mtmd could not tokenize the prompt (code {code})")
+        pieces: list[PromptPiece] = []
+        keys: list[TokenArray] = []
+        start = 0
+        for i in range(mtmd_cpp.mtmd_input_chunks_size(chunks)):
+            chunk = mtmd_cpp.mtmd_input_chunks_get(chunks, i)
+            n = int(mtmd_cpp.mtmd_input_chunk_get_n_tokens(chunk))
+            if mtmd_cpp.mtmd_input_chunk_get_type(chunk) == mtmd_cpp.MTMD_INPUT_CHUNK_TYPE_TEXT:
+                count = ctypes.c_size_t()
+                tokens = mtmd_cpp.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(count))
+                keys.append(as_token_array(np.ctypeslib.as_array(tokens, shape=(count.value,)).copy()))
+                pieces.append(PromptPiece(start, n))
+            else:
+                raw_id = mtmd_cpp.mtmd_input_chunk_get_id(chunk)
+                if not raw_id:
+                    raise ModelError("mtmd gave an image chunk without its id")
+                image_id = raw_id.decode()
+                keys.append(image_key_tokens(image_id, n))
+                pieces.append(PromptPiece(start, n, image_id))
+            start += n
+        self.pieces = tuple(pieces)
+        self.key_tokens = as_token_array(np.concatenate(keys) if keys else np.zeros(0, np.int32))
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.key_tokens)
+
+    def at_most(self, n_tokens: int) -> int:
+        """The longest prefix of at most `n_tokens` that does not end inside an image (where a
+        restore point may fall)."""
+        for piece in self.pieces:
+            if piece.image_id is not None and piece.start < n_tokens < piece.end:
+                return piece.start
+        return n_tokens
+
+    def read_from(self, lctx: llama_cpp.llama_context_p, n_past: int, seq_id: int, n_batch: int) -> None:
+        """Read the prompt past its first `n_past` positions (which `seq_id` holds) into `seq_id` of
+        the llama.cpp context `lctx`, in batches of up to `n_batch` tokens, with the logits of its
+        last token. `n_past` must not fall inside an image (`at_most`). ModelError where llama.cpp
+        or mtmd fails."""
+        if n_past != self.at_most(n_past) or not 0 <= n_past < self.n_tokens:
+            raise InvalidArgument(f"cannot read the prompt on from {n_past} of {self.n_tokens} positions")
+        last = len(self.pieces) - 1
+        for i, piece in enumerate(self.pieces):
+            if piece.end <= n_past:
+                continue
+            if piece.image_id is None and n_past > piece.start:
+                tokens = self.key_tokens[n_past : piece.end]
+                _read_text(lctx, tokens, n_past, seq_id, n_batch, logits_last=i == last)
+            else:
+                chunk = mtmd_cpp.mtmd_input_chunks_get(self._chunks, i)
+                new_n_past = llama_cpp.llama_pos(n_past)
+                code = mtmd_cpp.mtmd_helper_eval_chunk_single(
+                    self._projector.ctx,
+                    lctx,
+                    chunk,
+                    n_past,
+                    seq_id,
+                    n_batch,
+                    i == last,
+                    ctypes.byref(new_n_past),
+                )
+                if code != 0:
+                    raise ModelError(f"mtmd could not read the prompt's piece at {piece.start} (code {code})")
+            n_past = piece.end
+
+
+def _read_text(
+    lctx: llama_cpp.llama_context_p,
+    tokens: TokenArray,
+    start: int,
+    seq_id: int,
+    n_batch: int,
+    *,
+    logits_last: bool,
+) -> None:
+    """Decode `tokens` at positions from `start` into `seq_id`, `n_batch` at a time, as mtmd reads a
+    text chunk (`mtmd_helper_eval_chunk_single`)."""
+    batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
+    try:
+        for at in range(0, len(tokens), n_batch):
+            piece = tokens[at : at + n_batch]
+            for row, token in enumerate(piece):
+                batch.token[row] = int(token)
+                batch.pos[row] = start + at + row
+                batch.n_seq_id[row] = 1
+                batch.seq_id[row][0] = seq_id
+                batch.logits[row] = 0
+            batch.n_tokens = len(piece)
+            if logits_last and at + len(piece) == len(tokens):
+                batch.logits[len(piece) - 1] = 1
+            code = int(llama_cpp.llama_decode(lctx, batch))
+            if code != 0:
+                raise ModelError(
+                    f"llama.cpp could not read the prompt's text at {start + at} (decode: {code})"
+                )
+    finally:
+        llama_cpp.llama_batch_free(batch)

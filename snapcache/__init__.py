@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from snapcache.errors import (
     CorruptSnapshot,
+    ImageError,
     InsecureDirectory,
     InvalidArgument,
     KeyMismatch,
@@ -39,6 +40,7 @@ __all__ = [
     "CachedLlama",
     "CorruptSnapshot",
     "EntryInfo",
+    "ImageError",
     "InsecureDirectory",
     "InvalidArgument",
     "KeyMismatch",

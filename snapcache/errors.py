@@ -11,6 +11,10 @@ class InvalidArgument(SnapcacheError, ValueError):
     """An argument to the public API is out of range or of the wrong kind."""
 
 
+class ImageError(InvalidArgument):
+    """Bytes that are not an image mtmd may decode: another format, damaged, or too large."""
+
+
 class KeyMismatch(InvalidArgument):
     """The tokens given with a snapshot do not hash to its key."""
 

@@ -20,6 +20,9 @@ DEFAULT_SCOPE = "default"
 MAX_PRIORITY = 1_000_000
 MAX_SCOPE_LENGTH = 200
 MAX_FINGERPRINT_LENGTH = 128
+# Token ids from here on key the positions of an image (`snapcache.llama.media`), far above any
+# vocabulary: llama.cpp never reads them, and only a prompt that holds them restores them.
+IMAGE_KEY_BASE = 1 << 30
 _PREFIX_HASH_PERSON = b"snapcache.tok1"
 _HEX32 = re.compile(r"[0-9a-f]{32}")
 _TOKEN_MAX = np.iinfo(np.int32).max

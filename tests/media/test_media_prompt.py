@@ -77,6 +77,21 @@ def test_other_pixels_part_from_a_prompt_where_their_image_starts(projector: Pro
     assert differ[0] == one.pieces[1].start
 
 
+def test_another_projector_keys_the_same_pixels_otherwise(
+    projector: Projector, llm: llama_cpp.Llama, tmp_path: Path
+) -> None:
+    _, other_path = write_tiny_vision_model(tmp_path, seed=1)
+    pixels = png(picture(9))
+    with Projector(llm, other_path) as other:
+        mine = MediaPrompt(projector, ["Text first ", projector.decode(pixels), " after"])
+        theirs = MediaPrompt(other, ["Text first ", other.decode(pixels), " after"])
+    image = mine.pieces[1]
+    assert mine.pieces == theirs.pieces  # the same pixels, so the same image id and length
+    differ = np.flatnonzero(mine.key_tokens != theirs.key_tokens)
+    assert differ[0] == image.start  # the text before it keys as it does without images
+    np.testing.assert_array_equal(mine.key_tokens[image.end :], theirs.key_tokens[image.end :])
+
+
 def test_no_restore_point_falls_inside_an_image(projector: Projector) -> None:
     prompt = MediaPrompt(projector, ["A ", projector.decode(png(picture(3))), " and then some more text"])
     image = prompt.pieces[1]
@@ -230,13 +245,13 @@ import llama_cpp
 sys.path[:0] = sys.argv[4:]
 from image_files import bmp, picture, png
 from snapcache import SnapshotStore
-from snapcache.llama import load_llama
+from snapcache.llama import load_llama, model_fingerprint
 from snapcache.llama.media import MediaPrompt, Projector
 
 model, mmproj, directory = sys.argv[1:4]
 llm = load_llama(model, n_ctx=1024, n_batch=32, n_ubatch=32, n_threads=2)
 projector = Projector(llm, mmproj)
-fingerprint = projector.model_fingerprint(llm)
+fingerprint = model_fingerprint(llm)
 n_vocab = llm.n_vocab()
 
 def logits():
@@ -299,8 +314,7 @@ def test_an_image_restores_in_another_process_by_its_pixels(
     llama_cpp.llama_memory_clear(memory, True)
     stored.read_from(llm.ctx, 0, 0, N_BATCH)
     assert llama_cpp.llama_memory_seq_rm(memory, 0, n, -1)
-    fingerprint = projector.model_fingerprint(llm)
-    assert fingerprint != model_fingerprint(llm)  # the projector is part of it
+    fingerprint = model_fingerprint(llm)
     key = PromptTokens.of(stored.key_tokens).key(fingerprint, "vision", n)
     with SnapshotStore(tmp_path / "store") as store:
         assert store.put(key, stored.key_tokens[:n], _state(llm.ctx)) is not None

@@ -47,10 +47,13 @@ from snapcache.llama.exactness.readiness import Readiness
 from snapcache.llama.hook.completion import Completion, CompletionCache
 from snapcache.llama.hook.completion_flow import CompletionFlow
 from snapcache.llama.hook.explain import Explainer
+from snapcache.llama.hook.media_chat import MediaChat
 from snapcache.llama.hook.miss import MissExplanation
 from snapcache.llama.hook.prefix_loader import PrefixLoader, Progress
 from snapcache.llama.hook.special_text import keeping_special_text, stream_keeping_special_text
 from snapcache.llama.hook.warm import Warmer
+from snapcache.llama.media.chat_images import has_images
+from snapcache.llama.media.projector import Projector
 from snapcache.llama.setup.amx import warn_once
 from snapcache.llama.stored.checkpoints import DEFAULT_PREFIX_REUSE
 from snapcache.llama.stored.prefix_cache import PrefixCache
@@ -127,6 +130,7 @@ class CacheHook:
         priority: int = 0,
         listener: CompletionListener | None = None,
         exact: Exactness | ExactnessChoice = AUTO,
+        projector: Projector | None = None,
     ) -> None:
         if not isinstance(llm, llama_cpp.Llama):
             raise InvalidArgument(f"llm must be a llama_cpp.Llama, got {type(llm).__name__}")
@@ -140,8 +144,15 @@ class CacheHook:
             raise InvalidArgument(f"min_tokens must be a positive int, got {min_tokens!r}")
         if prefix_reuse is not None and not 0.0 < prefix_reuse < 1.0:
             raise InvalidArgument(f"prefix_reuse must lie strictly between 0 and 1, got {prefix_reuse!r}")
+        if projector is not None and _uncacheable_handler(llm.chat_handler) is not None:
+            raise InvalidArgument(
+                "this Llama reads images with its own chat handler;"
+                " give snapcache the projector (mmproj) instead"
+            )
         warn_once(llm)
         self._llm = llm
+        # Chats with images, read through `projector` (None: passed to the Llama's handler as they are).
+        self._media = None if projector is None else MediaChat(llm, projector)
         self._store = store
         self._scope = scope
         notes = FingerprintNotes(store.directory)
@@ -334,6 +345,15 @@ class CacheHook:
         original = self._original_create_completion()
         if self._rendering:
             return original(*args, **kwargs)
+        media = None
+        if self._media is not None:
+            if args:
+                args = (self._media.text_prompt(args[0]), *args[1:])
+            elif "prompt" in kwargs:
+                kwargs["prompt"] = self._media.text_prompt(kwargs["prompt"])
+            media = self._media.take()
+        if media is not None and kwargs.get("echo"):
+            raise InvalidArgument("echo is not available for a prompt with images")
         turn, self._chat_turn = self._chat_turn, None
         if turn is not None and turn.uncached_because is not None:
             self._flow.last_restore = None
@@ -348,6 +368,7 @@ class CacheHook:
             ladder=turn is None and self._completions.has_ladder,
             cacheable=self._check_cacheable(),
             listener=self._call.listener if self._call is not None else None,
+            media=media,
         )
         return self._flow.run(call, lambda: original(*args, **kwargs), stream=bool(kwargs.get("stream")))
 
@@ -355,6 +376,14 @@ class CacheHook:
         handler = self._original_chat_handler()
         if self._rendering or llama is not self._llm:
             return handler(llama=llama, messages=messages, **kwargs)
+        if self._media is not None and has_images(messages):
+            with self._media.rendering(messages) as rendered:
+                return self._handle_text_chat(handler, rendered, kwargs)
+        return self._handle_text_chat(handler, messages, kwargs)
+
+    def _handle_text_chat(self, handler: Any, messages: list[Any], kwargs: dict[str, Any]) -> Any:
+        """A chat through `handler`, its system part a checkpoint (the images, if any, replaced)."""
+        llama = self._llm
         reason = _uncacheable_handler(handler)
         if reason is not None:
             self._tell_once(f"chat completions are not cached: {reason}")

@@ -8,6 +8,7 @@ it only for the duration of each of its own calls.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -19,6 +20,7 @@ from snapcache.llama.exactness.choice import AUTO, Exactness, ExactnessChoice
 from snapcache.llama.hook.cache_hook import DEFAULT_MIN_TOKENS, CacheHook, ScopeSource, attached_hook
 from snapcache.llama.hook.miss import MissExplanation
 from snapcache.llama.hook.prefix_loader import Progress
+from snapcache.llama.media.projector import Projector
 from snapcache.llama.state.capture_buffer import release_capture_buffer
 from snapcache.llama.stored.checkpoints import DEFAULT_PREFIX_REUSE
 from snapcache.llama.stored.reports import CompletionListener, RestoreInfo, WarmResult
@@ -38,12 +40,14 @@ def attach(
     priority: int = 0,
     listener: CompletionListener | None = None,
     exact: Exactness | ExactnessChoice = AUTO,
+    mmproj: str | os.PathLike[str] | Projector | None = None,
 ) -> CacheHook:
     """Make every completion of `llm` restore the longest cached prefix first and save after.
 
     Returns the installed hook (its `last_restore` and `warm` are CachedLlama's). `scope` may be a
     function returning each completion's scope. `exact` ("auto", True, False): see `CacheHook`.
-    InvalidArgument if `llm` is attached already.
+    `mmproj`: the model's projector (a file, or a `Projector` for this Llama), with which chats
+    with images are read and cached (see `CachedLlama`). InvalidArgument if `llm` is attached already.
     """
     hook = CacheHook(
         llm,
@@ -55,6 +59,7 @@ def attach(
         priority=priority,
         listener=listener,
         exact=exact,
+        projector=_projector(llm, mmproj),
     )
     hook.install()
     return hook
@@ -82,6 +87,12 @@ class CachedLlama:
     inexact where it cannot (`exactness` says which and why); `exact=True` insists, and `exact=False`
     restores at any token, also where no restore is exact, and output may drift from a cold run's
     (see `CacheHook`). Not thread-safe, like the Llama it wraps.
+
+    `mmproj`, the model's projector (an mmproj GGUF file, or a `Projector` made for this Llama),
+    caches chats with images: OpenAI-style `image_url` content parts holding data URLs, read
+    through llama.cpp's mtmd. An image is keyed by its pixels and the projector: the same pixels
+    restore in another chat, process or after a restart; other pixels part where their image starts.
+    Without it, messages with images go to the Llama's own chat handler as they are, uncached there.
     """
 
     def __init__(
@@ -95,6 +106,7 @@ class CachedLlama:
         prefix_reuse: float | None = DEFAULT_PREFIX_REUSE,
         priority: int = 0,
         exact: Exactness | ExactnessChoice = AUTO,
+        mmproj: str | os.PathLike[str] | Projector | None = None,
     ) -> None:
         if callable(scope):
             raise InvalidArgument("CachedLlama takes a scope name; snapcache.attach takes a function too")
@@ -107,6 +119,7 @@ class CachedLlama:
             prefix_reuse=prefix_reuse,
             priority=priority,
             exact=exact,
+            projector=_projector(llm, mmproj),
         )
 
     @property
@@ -186,3 +199,10 @@ class CachedLlama:
         prompt so short that chats with it share fewer than 64 tokens (not worth caching).
         """
         return self._hook.warm(prompt, priority, raw=raw, progress=progress)
+
+
+def _projector(llm: llama_cpp.Llama, mmproj: str | os.PathLike[str] | Projector | None) -> Projector | None:
+    """The projector `mmproj` names for `llm` (loaded from a file), or None."""
+    if mmproj is None or isinstance(mmproj, Projector):
+        return mmproj
+    return Projector(llm, mmproj)

@@ -19,10 +19,14 @@ from typing import TypeVar
 
 import llama_cpp
 
+from snapcache.errors import ModelError
 from snapcache.key import BLOCK_TOKENS, SnapshotKey, TokenArray
 from snapcache.llama.exactness.readiness import Readiness
 from snapcache.llama.hook.prefix_loader import PrefixLoader
+from snapcache.llama.media.media_grid import MediaGrid
+from snapcache.llama.media.media_prompt import MediaPrompt
 from snapcache.llama.state.blocks import KIND_PROMPT_END
+from snapcache.llama.state.sequences import truncate_sequence
 from snapcache.llama.stored.checkpoints import RestorePoint, head_point
 from snapcache.llama.stored.read_grid import ReadGrid
 from snapcache.llama.stored.reports import CompletionListener, CompletionReport, RestoreInfo
@@ -59,6 +63,9 @@ class Completion:
     read_seconds: float | None = None
     cancelled: bool = False  # its reader is gone: generation ends at the next token
     listener: CompletionListener | None = None  # told of this completion (None: the cache's listener)
+    # A prompt with images (`hook.media_chat`): keyed, restored and read by its key tokens, the images
+    # through mtmd; generation sees its placeholder tokens.
+    media: MediaPrompt | None = None
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -110,12 +117,17 @@ class CompletionCache:
     def prepare(self, prompt: Sequence[int], completion: Completion) -> None:
         """Load the longest cached prefix of `prompt` into the context, then read on to checkpoints."""
         llm = self._llm
-        hashed = PromptTokens.of(prompt)
+        media = completion.media
+        if media is not None and list(prompt) != media.placeholder_tokens:
+            raise ModelError("the chat handler changed the tokens of a prompt with images; not read")
+        hashed = PromptTokens.of(prompt if media is None else media.key_tokens)
         tokens = hashed.array
         n = len(tokens)
         if n == 0 or n >= int(llm.n_ctx()):
             return  # llama-cpp-python raises or handles these itself
-        grid = self._readiness.grid
+        grid = self._readiness.grid if media is None else MediaGrid.over(self._readiness.grid, media)
+        if media is not None and not completion.cacheable:
+            truncate_sequence(llm, 0)  # generation reads no image: they are read here, from the start
         started = time.perf_counter()
         reused, source = (
             self._loader.load(hashed, completion.scope, grid) if completion.cacheable else (0, None)
@@ -126,10 +138,10 @@ class CompletionCache:
         completion.prompt = hashed
         if self._cache.saves and completion.cacheable:
             self._read_to_checkpoints(completion, hashed, reused, grid)
-        if completion.cacheable and grid.exact and int(llm.n_tokens) > 0:
+        if media is not None or (completion.cacheable and grid.exact and int(llm.n_tokens) > 0):
             # The context holds a prefix of the prompt, and llama-cpp-python reads the rest from where
             # it stops, n_batch at a time: read on to the cold read's last batch here, so that the
-            # rest is that batch (see `ReadGrid`).
+            # rest is that batch (see `ReadGrid`). Its images are read here, whatever the cache does.
             _read_to(llm, tokens, grid.batch_start(n - 1), grid)
         if completion.cacheable:
             self._loader.mark_read(n)  # generate reads the rest of the prompt next
@@ -173,6 +185,9 @@ class CompletionCache:
         """Save the context after a completion, keyed by the tokens it holds (never the last sampled one)."""
         if not completion.prepared:
             return
+        if completion.media is not None:
+            # Generation saw placeholders: the saves, and the next prompt, see the key tokens again.
+            completion.media.write_tokens(self._llm, keys=True)
         if completion.cacheable and self._cache.saves:
             self._save_after(completion)
         listener = self._listener_of(completion)
@@ -219,11 +234,16 @@ class CompletionCache:
 
 
 def _read_to(llm: llama_cpp.Llama, tokens: TokenArray, point: int, grid: ReadGrid) -> None:
-    """Read `tokens` on from where the context stops to `point`, in the cold read's batches."""
+    """Read `tokens` on from where the context stops to `point`, in the cold read's batches (a
+    prompt with images: its pieces, through `MediaPrompt.read_piece`)."""
     n_tokens = len(tokens)
     while int(llm.n_tokens) < point:
         start = int(llm.n_tokens)
-        llm.eval(tokens[start : min(point, grid.piece_end(start, n_tokens))].tolist())
+        end = min(point, grid.piece_end(start, n_tokens))
+        if isinstance(grid, MediaGrid):
+            grid.prompt.read_piece(llm, end)
+        else:
+            llm.eval(tokens[start:end].tolist())
 
 
 def _remember(remembered: OrderedDict[str, _T], scope: str, value: _T) -> None:

@@ -69,6 +69,9 @@ class CompletionFlow:
                 call.prepared = True
                 self._completions.prepare(tokens, call)
                 self.last_restore = call.restore
+            media = call.media
+            if media is not None:
+                media.write_tokens(self._llm, keys=False)  # what generate compares its prompt with
             inner = original(tokens, *args, **kwargs)
             try:
                 for token in inner:

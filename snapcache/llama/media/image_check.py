@@ -12,7 +12,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from snapcache.errors import InvalidArgument
+from snapcache.errors import ImageError
 
 __all__ = ["MAX_IMAGE_BYTES", "MAX_IMAGE_PIXELS", "CheckedImage", "ImageError", "check_image"]
 
@@ -23,10 +23,6 @@ MAX_IMAGE_PIXELS = 35_000_000
 
 _PNG = b"\x89PNG\r\n\x1a\n"
 _JPEG_SOF = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
-
-
-class ImageError(InvalidArgument):
-    """Bytes that are not an image mtmd may decode: another format, damaged, or too large."""
 
 
 @dataclass(frozen=True, slots=True)

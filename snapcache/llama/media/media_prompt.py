@@ -3,11 +3,14 @@
 mtmd tokenizes text and decoded images into chunks: runs of text tokens, and images that stand for as
 many positions as their embeddings (`mtmd_tokenize_from_parts`, which takes the parts as they are:
 no media marker is looked for in the text). The store keys prompts by token ids, so each image
-position gets a key token of its own (`image_key_tokens`): drawn from the image's pixel hash, one for
-each offset in the image, above any vocabulary's ids (`IMAGE_KEY_BASE`). The same pixels at the same
-place give the same key tokens, so keys, 64-token blocks and prefix hashes fold each image in with
-its position; other pixels part from a stored prompt at their image's first position. Key tokens
-never reach llama.cpp: the pieces are read through mtmd (`read_from`).
+position gets a key token of its own (`image_key_tokens`): drawn from the image's pixel hash and the
+projector's file, one for each offset in the image, above any vocabulary's ids (`IMAGE_KEY_BASE`).
+The same pixels at the same place give the same key tokens, so keys, 64-token blocks and prefix
+hashes fold each image in with its position; other pixels, or another projector, part from a stored
+prompt at their image's first position. The text before the first image keys as the same text
+without images does (a warmed system prompt restores for chats with images). Key tokens never reach
+llama.cpp: images are read through mtmd (`read_from`, `read_piece`), and llama-cpp-python's
+generation sees `placeholder_tokens`, where each image position holds token 0.
 """
 
 from __future__ import annotations
@@ -24,14 +27,15 @@ import numpy as np
 from llama_cpp import mtmd_cpp
 
 from snapcache.errors import InvalidArgument, ModelError
-from snapcache.key import TokenArray, as_token_array
+from snapcache.key import IMAGE_KEY_BASE, TokenArray, as_token_array
 from snapcache.llama.media.projector import Image, Projector
 
-__all__ = ["IMAGE_KEY_BASE", "MediaPrompt", "PromptPiece", "image_key_tokens"]
+__all__ = ["PLACEHOLDER_TOKEN", "MediaPrompt", "PromptPiece", "image_key_tokens"]
 
 # Image key tokens lie in [IMAGE_KEY_BASE, 2**31): far above the largest vocabularies (~260K ids).
-IMAGE_KEY_BASE = 1 << 30
 _KEY_MASK = IMAGE_KEY_BASE - 1
+# What llama-cpp-python sees at an image's positions.
+PLACEHOLDER_TOKEN = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,13 +51,13 @@ class PromptPiece:
         return self.start + self.n_tokens
 
 
-def image_key_tokens(image_id: str, n_tokens: int) -> TokenArray:
-    """The key tokens of an image of `n_tokens` positions with pixel hash `image_id` (hex): one per
-    position, 30 bits of BLAKE3's output stream over the whole hash, above `IMAGE_KEY_BASE`. Every bit
-    of the image's identity goes into them, so two images share key tokens only where their pixel
-    hashes collide."""
-    stream = blake3.blake3(bytes.fromhex(image_id)).digest(length=4 * n_tokens)
-    words = np.frombuffer(stream, dtype="<u4") & np.uint32(_KEY_MASK)
+def image_key_tokens(projector: str, image_id: str, n_tokens: int) -> TokenArray:
+    """The key tokens of an image of `n_tokens` positions with pixel hash `image_id` (hex), embedded
+    by the projector whose file fingerprint is `projector`: one per position, 30 bits of BLAKE3's
+    output stream over both, above `IMAGE_KEY_BASE`. Every bit of the image's identity and of the
+    projector's goes into them, so two images share key tokens only where their hashes collide."""
+    seed = blake3.blake3(f"{projector}:{image_id}".encode())
+    words = np.frombuffer(seed.digest(length=4 * n_tokens), dtype="<u4") & np.uint32(_KEY_MASK)
     return as_token_array(words.astype(np.int64) + IMAGE_KEY_BASE)
 
 
@@ -111,7 +115,7 @@ class MediaPrompt:
                 if not raw_id:
                     raise ModelError("mtmd gave an image chunk without its id")
                 image_id = raw_id.decode()
-                keys.append(image_key_tokens(image_id, n))
+                keys.append(image_key_tokens(projector.fingerprint, image_id, n))
                 pieces.append(PromptPiece(start, n, image_id))
             start += n
         self.pieces = tuple(pieces)
@@ -121,6 +125,34 @@ class MediaPrompt:
     def n_tokens(self) -> int:
         return len(self.key_tokens)
 
+    @property
+    def has_images(self) -> bool:
+        return any(piece.image_id is not None for piece in self.pieces)
+
+    @property
+    def placeholder_tokens(self) -> list[int]:
+        """The prompt as llama-cpp-python's generation sees it: its text tokens, and token 0 at each
+        image position (a real id, which it may detokenize; never read: the image is read already)."""
+        tokens = self.key_tokens.copy()
+        tokens[tokens >= IMAGE_KEY_BASE] = PLACEHOLDER_TOKEN
+        return [int(token) for token in tokens]
+
+    def write_tokens(self, llm: llama_cpp.Llama, *, keys: bool) -> None:
+        """Write the prompt's key tokens (`keys`) or its placeholder tokens into the Llama's
+        `input_ids`, as far as its context holds the prompt: key tokens for what the cache compares
+        and saves (the next prompt reuses an image only where it is the same), placeholders for the
+        generation, which compares its prompt with them and may detokenize them."""
+        n = min(int(llm.n_tokens), self.n_tokens)
+        tokens = self.key_tokens[:n] if keys else np.asarray(self.placeholder_tokens[:n], dtype=np.int32)
+        llm.input_ids[:n] = tokens
+
+    def piece_at(self, position: int) -> PromptPiece:
+        """The piece that holds `position` (the last piece for the prompt's end)."""
+        for piece in self.pieces:
+            if position < piece.end:
+                return piece
+        return self.pieces[-1]
+
     def at_most(self, n_tokens: int) -> int:
         """The longest prefix of at most `n_tokens` that does not end inside an image (where a
         restore point may fall)."""
@@ -128,6 +160,31 @@ class MediaPrompt:
             if piece.image_id is not None and piece.start < n_tokens < piece.end:
                 return piece.start
         return n_tokens
+
+    def read_piece(self, llm: llama_cpp.Llama, end: int) -> None:
+        """Read the prompt into the Llama's sequence 0 from where its context stops (`llm.n_tokens`,
+        which must not fall inside an image) to `end`, at most to the end of the piece there: text as
+        `Llama.eval` reads it, an image whole through mtmd. The Llama's `input_ids` get the key tokens
+        (what the store keys the state by)."""
+        start = int(llm.n_tokens)
+        piece = self.piece_at(start)
+        if piece.image_id is None:
+            llm.eval(self.key_tokens[start : min(end, piece.end)].tolist())
+            return
+        if start != piece.start or end < piece.end:
+            raise InvalidArgument(
+                f"a read from {start} to {end} would part an image ({piece.start} to {piece.end})"
+            )
+        index = self.pieces.index(piece)
+        chunk = mtmd_cpp.mtmd_input_chunks_get(self._chunks, index)
+        new_n_past = llama_cpp.llama_pos(start)
+        code = mtmd_cpp.mtmd_helper_eval_chunk_single(
+            self._projector.ctx, llm.ctx, chunk, start, 0, int(llm.n_batch), False, ctypes.byref(new_n_past)
+        )
+        if code != 0:
+            raise ModelError(f"mtmd could not read the image at {piece.start} (code {code})")
+        llm.input_ids[start : piece.end] = self.key_tokens[start : piece.end]
+        llm.n_tokens = piece.end
 
     def read_from(self, lctx: llama_cpp.llama_context_p, n_past: int, seq_id: int, n_batch: int) -> None:
         """Read the prompt past its first `n_past` positions (which `seq_id` holds) into `seq_id` of

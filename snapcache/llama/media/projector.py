@@ -2,16 +2,17 @@
 
 An image's identity is a hash of its decoded pixels and their dimensions, not of the bytes it came
 in: the same screenshot sent as PNG once and as BMP the next time is one image, and a re-encoded
-JPEG that decodes to other pixels is another. The projector file is part of the fingerprint of
-every state read with it (`fingerprint`), since its weights make the image's embeddings.
+JPEG that decodes to other pixels is another. The projector's file fingerprint (`fingerprint`) goes
+into every image's key tokens (`media_prompt`), since its weights make the image's embeddings; the
+text before a prompt's first image keys as without a projector.
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 import weakref
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import blake3
@@ -19,7 +20,6 @@ import llama_cpp
 from llama_cpp import mtmd_cpp
 
 from snapcache.errors import ModelError
-from snapcache.llama.exactness.fingerprint import fingerprint_of, fingerprint_parts
 from snapcache.llama.exactness.model_files import file_fingerprint
 from snapcache.llama.media.image_check import ImageError, check_image
 from snapcache.llama.setup.loader import check_gguf_file
@@ -48,7 +48,9 @@ class Projector:
     loads, has no vision encoder, or does not fit the model (another embedding width). Close it
     (or use it as a context manager) before the Llama."""
 
-    def __init__(self, llm: llama_cpp.Llama, path: str | Path, *, n_threads: int | None = None) -> None:
+    def __init__(
+        self, llm: llama_cpp.Llama, path: str | os.PathLike[str], *, n_threads: int | None = None
+    ) -> None:
         self.path = check_gguf_file(path)
         params = mtmd_cpp.mtmd_context_params_default()
         params.use_gpu = int(llm.model_params.n_gpu_layers) != 0
@@ -62,13 +64,14 @@ class Projector:
                 " (another embedding width, or not an mmproj file: see llama.cpp's log)"
             )
         if not mtmd_cpp.mtmd_support_vision(self._ctx):
-            self.close()
+            mtmd_cpp.mtmd_free(self._ctx)
             raise ModelError(f"{self.path} has no vision encoder")
         if mtmd_cpp.mtmd_decode_use_mrope(self._ctx):
             # Positions that are not one per token (Qwen2-VL's M-RoPE) are not cached yet.
-            self.close()
+            mtmd_cpp.mtmd_free(self._ctx)
             raise ModelError(f"{self.path} places image tokens with M-RoPE, which snapcache does not cache")
         self.fingerprint = file_fingerprint(self.path)
+        self._free = weakref.finalize(self, mtmd_cpp.mtmd_free, self._ctx)
 
     @property
     def ctx(self) -> Any:
@@ -76,14 +79,6 @@ class Projector:
         if not self._ctx:
             raise ModelError("the projector is closed")
         return self._ctx
-
-    def model_fingerprint(self, llm: llama_cpp.Llama, *, exact: bool = True) -> str:
-        """The fingerprint of states `llm` reads with this projector: the Llama's own
-        (`model_fingerprint`) with the projector's file in it, since its weights make the images'
-        embeddings. A prompt without images keeps the Llama's own."""
-        parts = fingerprint_parts(llm, exact=exact)
-        parts["projector"] = self.fingerprint
-        return fingerprint_of(parts)
 
     def decode(self, data: bytes) -> Image:
         """The image in `data` (PNG, JPEG, GIF or BMP), checked (`check_image`), then decoded by
@@ -105,9 +100,10 @@ class Projector:
         return image
 
     def close(self) -> None:
+        """Free the mtmd context (also done when the projector is collected)."""
         if self._ctx:
-            mtmd_cpp.mtmd_free(self._ctx)
             self._ctx = None
+            self._free()
 
     def __enter__(self) -> Projector:
         return self

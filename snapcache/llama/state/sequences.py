@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from snapcache.errors import InvalidArgument, ModelError
-from snapcache.key import TokenArray, Tokens, as_token_array
+from snapcache.key import IMAGE_KEY_BASE, TokenArray, Tokens, as_token_array
 from snapcache.llama.state._state_layout import (
     HEADER_BYTES,
     cells_are_positions,
@@ -296,7 +296,9 @@ def _rejection(llm: llama_cpp.Llama, snapshot: Snapshot, prompt_tokens: Tokens |
         prompt = as_token_array(prompt_tokens)
         if len(prompt) < n or not np.array_equal(prompt[:n], tokens):
             return "its tokens are not a prefix of the prompt"
-    if int(tokens.max()) >= int(llm.n_vocab()):
+    outside = tokens[tokens >= int(llm.n_vocab())]
+    # An image's key tokens (`IMAGE_KEY_BASE`) only for a prompt with that image at that place.
+    if outside.size and (prompt_tokens is None or int(outside.min()) < IMAGE_KEY_BASE):
         return "its tokens lie outside this model's vocabulary"
     return None
 

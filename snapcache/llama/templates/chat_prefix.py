@@ -27,7 +27,7 @@ import llama_cpp
 import llama_cpp.llama_tokenizer
 import numpy as np
 
-from snapcache.key import TokenArray, as_token_array
+from snapcache.key import IMAGE_KEY_BASE, TokenArray, as_token_array
 
 __all__ = [
     "SYSTEM_ROLES",
@@ -103,13 +103,16 @@ class SharedPrefix:
         llm = self._llm
         lead = len(RenderedText(b"", self.text.add_bos).tokens(llm))  # a BOS or CLS, not in the text
         restored = prompt[lead:n_tokens]
+        images = np.flatnonzero(restored >= IMAGE_KEY_BASE)
+        if len(images):
+            restored = restored[: images[0]]  # an image's key tokens are no text to decode
         text = self.text.text
         for decode in (_decode_at_once, _decode_by_token):
             decoded = decode(llm, restored)
             if decoded is None:
                 continue
             shared = _common_bytes(decoded, text)
-            if shared == len(decoded) or shared == len(text):
+            if shared == len(text) or (shared == len(decoded) and not len(images)):
                 break
         else:
             return False  # they part ways inside the text (or decoding does not give it back)
@@ -291,6 +294,8 @@ def _decode_at_once(llm: llama_cpp.Llama, tokens: TokenArray) -> bytes | None:
     a result that disagrees with the expected text is decoded again by `_decode_by_token`."""
     if type(llm.tokenizer_) is not llama_cpp.llama_tokenizer.LlamaTokenizer or not len(tokens):
         return None
+    if int(tokens.max()) >= int(llm.n_vocab()) or int(tokens.min()) < 0:
+        return None  # llama.cpp throws (and aborts) on a token outside the vocabulary
     ids = np.ascontiguousarray(tokens, dtype=np.int32)
     pointer = ids.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token))
     vocab = llm._model.vocab
@@ -306,6 +311,8 @@ def _decode_at_once(llm: llama_cpp.Llama, tokens: TokenArray) -> bytes | None:
 
 def _decode_by_token(llm: llama_cpp.Llama, tokens: TokenArray) -> bytes | None:
     """The text of `tokens` as `Llama.detokenize` gives it; None when it cannot."""
+    if len(tokens) and (int(tokens.max()) >= int(llm.n_vocab()) or int(tokens.min()) < 0):
+        return None
     try:
         return llm.detokenize(tokens.tolist(), special=True)
     except (RuntimeError, ValueError, UnicodeError):

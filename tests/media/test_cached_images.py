@@ -247,3 +247,20 @@ def test_a_warmed_system_prompt_restores_for_a_chat_with_a_screenshot(
     assert restored >= warmed.key.token_count - 16  # the system prompt (or the point a piece before it)
     assert explained is not None
     assert explained.restored_tokens == restored
+
+
+def test_a_chat_handler_that_tokenizes_on_its_own_is_refused_not_fed_markers(
+    new_llm: Any, vision_model: tuple[Path, Path]
+) -> None:
+    llm = new_llm()
+
+    def own_tokenizer(*, llama: Any, messages: list[dict[str, Any]], **kwargs: Any) -> Any:
+        text = "".join(str(message["content"]) for message in messages)
+        tokens = list(type(llama).tokenize(llama, text.encode(), True, True))  # past llama.tokenize
+        return llama.create_completion(prompt=tokens, **kwargs)
+
+    llm.chat_handler = own_tokenizer
+    with SnapshotStore(None) as store:
+        cached = CachedLlama(llm, store, mmproj=vision_model[1])
+        with pytest.raises(InvalidArgument, match="does not let snapcache read the chat's images"):
+            cached.create_chat_completion(chat(screenshot_turn("Open it.", png(picture(30)))), **OPTIONS)

@@ -9,6 +9,9 @@ The hook steps in at two places of the Llama, as instance attributes that `insta
 - `chat_handler`, which sees a chat's messages before they are rendered, so that the end of the
   system messages can become a checkpoint.
 
+Given a projector, a chat with images is rendered by the Llama's handler with a marker per image,
+and its prompt read with the images through mtmd (`media_chat`, `completion`).
+
 Its own `create_completion` and `create_chat_completion` install it for one call (unless it is
 installed already), with that call's scope and listener as arguments: `CachedLlama` and a server's
 engine call the Llama that way, leaving it as it was between calls.
@@ -19,7 +22,7 @@ after the completion (for a stream: when it is exhausted or closed) it saves wha
 leave behind (`completion_flow`, `completion`). Before each completion the Llama is checked again
 (`readiness`). It tells its listener what it did (`reports`). `warm` and `explain` are in their own
 modules; this one installs the hook and decides what each intercepted call is. It stays whole at
-about 500 lines: one job, `CacheHook`'s installing (for good or for one call) and dispatching, and
+about 540 lines: one job, `CacheHook`'s installing (for good or for one call) and dispatching, and
 most of its length is the public properties and methods with the docstrings callers read, each
 handing its work to those modules.
 
@@ -352,6 +355,12 @@ class CacheHook:
             elif "prompt" in kwargs:
                 kwargs["prompt"] = self._media.text_prompt(kwargs["prompt"])
             media = self._media.take()
+            if media is None and self._media.rendering_images:
+                # The handler tokenized the rendered chat some other way: its markers would be read
+                # as text, and the images not at all.
+                raise InvalidArgument(
+                    "this Llama's chat handler does not let snapcache read the chat's images"
+                )
         if media is not None and kwargs.get("echo"):
             raise InvalidArgument("echo is not available for a prompt with images")
         turn, self._chat_turn = self._chat_turn, None

@@ -69,6 +69,11 @@ class MediaChat:
             return self.prompt_of(prompt, add_bos=True).placeholder_tokens
         return prompt
 
+    @property
+    def rendering_images(self) -> bool:
+        """Whether a chat with images is being rendered (`rendering` runs)."""
+        return self._chat is not None
+
     def take(self) -> MediaPrompt | None:
         """The prompt with images the next completion reads (None: not one), once."""
         pending, self.pending = self.pending, None

@@ -146,15 +146,19 @@ def write_tiny_model(
     return shards[0]
 
 
-def write_tiny_vision_model(directory: str | Path, seed: int = 0) -> tuple[Path, Path]:
+def write_tiny_vision_model(
+    directory: str | Path, seed: int = 0, image_size: int = VISION_IMAGE_SIZE
+) -> tuple[Path, Path]:
     """Write the tiny llama and a projector for it into `directory`; return (model path, mmproj path).
 
     The projector is LLaVA 1.5's kind ("mlp"): patch embeddings, a 2-layer ViT, then a two-layer MLP
-    to the llama's 64-wide embeddings, random weights from `seed`.
+    to the llama's 64-wide embeddings, random weights from `seed`. An image is resized to
+    `image_size` pixels a side: (image_size / 8) ** 2 embeddings (128: 256, as Gemma 3's).
     """
     directory = Path(directory)
     model = write_tiny_llama(directory / f"tiny-vision-llama-{seed}.gguf", seed=seed)
-    mmproj = directory / f"tiny-vision-mmproj-{seed}.gguf"
+    mmproj = directory / f"tiny-vision-mmproj-{seed}-{image_size}.gguf"
+    n_positions = (image_size // VISION_PATCH) ** 2
     w = _Weights(seed + 1000)
     n_embd, n_ff, n_layers = VISION_EMBD, 2 * VISION_EMBD, 2
     writer = gguf.GGUFWriter(str(mmproj), "clip")
@@ -163,7 +167,7 @@ def write_tiny_vision_model(directory: str | Path, seed: int = 0) -> tuple[Path,
     writer.add_bool("clip.has_vision_encoder", True)
     writer.add_bool("clip.use_gelu", True)
     for key, value in (
-        ("image_size", VISION_IMAGE_SIZE),
+        ("image_size", image_size),
         ("patch_size", VISION_PATCH),
         ("embedding_length", n_embd),
         ("feed_forward_length", n_ff),
@@ -178,7 +182,7 @@ def write_tiny_vision_model(directory: str | Path, seed: int = 0) -> tuple[Path,
     patch = w.rng.standard_normal((n_embd, 3, VISION_PATCH, VISION_PATCH)) * 0.05
     writer.add_tensor("v.patch_embd.weight", patch.astype(np.float16))
     writer.add_tensor("v.patch_embd.bias", w.vector(n_embd))
-    writer.add_tensor("v.position_embd.weight", w.matrix(VISION_IMAGE_TOKENS, n_embd))
+    writer.add_tensor("v.position_embd.weight", w.matrix(n_positions, n_embd))
     writer.add_tensor("v.pre_ln.weight", np.ones(n_embd, dtype=np.float32))
     writer.add_tensor("v.pre_ln.bias", w.vector(n_embd))
     for layer in range(n_layers):

@@ -102,6 +102,15 @@ def test_no_restore_point_falls_inside_an_image(projector: Projector) -> None:
     assert prompt.at_most(image.start) == image.start
 
 
+def two_images(projector: Projector, texts: tuple[str, str, str], first: bytes, second: bytes) -> MediaPrompt:
+    """A prompt of text, the image `first`, text, the image `second`, then text."""
+    images = [projector.decode(first), projector.decode(second)]
+    return MediaPrompt(projector, [texts[0], images[0], texts[1], images[1], texts[2]])
+
+
+STORED_TEXTS = ("First: ", " then: ", " Why?")
+
+
 def _logits(ctx: llama_cpp.llama_context_p) -> npt.NDArray[np.float32]:
     return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, -1), shape=(N_VOCAB,)).copy()
 
@@ -130,16 +139,8 @@ def test_a_prompt_read_on_from_a_restored_prefix_reads_as_cold(
 ) -> None:
     """Two images; the prefix restored ends after the first image, inside the text between them, and
     where the second starts: the logits and the greedy reply are the cold read's, bit for bit."""
-    prompt = MediaPrompt(
-        projector,
-        [
-            "Two screenshots. The first: ",
-            projector.decode(png(picture(4))),
-            " and the second, a moment later: ",
-            projector.decode(png(picture(5))),
-            " What changed between them?",
-        ],
-    )
+    texts = ("Two screenshots. The first: ", " and the second, a moment later: ", " What changed?")
+    prompt = two_images(projector, texts, png(picture(4)), png(picture(5)))
     first, second = prompt.pieces[1], prompt.pieces[3]
     memory = llama_cpp.llama_get_memory(llm.ctx)
     llama_cpp.llama_memory_clear(memory, True)
@@ -244,9 +245,10 @@ import numpy as np
 import llama_cpp
 sys.path[:0] = sys.argv[4:]
 from image_files import bmp, picture, png
+from test_media_prompt import STORED_TEXTS, two_images
 from snapcache import SnapshotStore
 from snapcache.llama import load_llama, model_fingerprint
-from snapcache.llama.media import MediaPrompt, Projector
+from snapcache.llama.media import Projector
 
 model, mmproj, directory = sys.argv[1:4]
 llm = load_llama(model, n_ctx=1024, n_batch=32, n_ubatch=32, n_threads=2)
@@ -259,8 +261,7 @@ def logits():
 
 memory = llama_cpp.llama_get_memory(llm.ctx)
 def prompt(first, second):
-    images = [projector.decode(first), projector.decode(second)]
-    return MediaPrompt(projector, ["First: ", images[0], " then: ", images[1], " Why?"])
+    return two_images(projector, STORED_TEXTS, first, second)
 same = prompt(bmp(picture(10)), png(picture(12)))   # the stored first image, sent as BMP this time
 other = prompt(png(picture(13)), png(picture(11)))  # another first image, the stored second one
 result = {}
@@ -299,16 +300,7 @@ def test_an_image_restores_in_another_process_by_its_pixels(
     from snapcache.llama import model_fingerprint
     from snapcache.prompt_tokens import PromptTokens
 
-    stored = MediaPrompt(
-        projector,
-        [
-            "First: ",
-            projector.decode(png(picture(10))),
-            " then: ",
-            projector.decode(png(picture(11))),
-            " Why?",
-        ],
-    )
+    stored = two_images(projector, STORED_TEXTS, png(picture(10)), png(picture(11)))
     n = stored.pieces[3].start
     memory = llama_cpp.llama_get_memory(llm.ctx)
     llama_cpp.llama_memory_clear(memory, True)

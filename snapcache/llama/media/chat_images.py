@@ -17,8 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from snapcache.errors import InvalidArgument
-from snapcache.llama.media.image_check import MAX_IMAGE_BYTES, ImageError
+from snapcache.errors import ImageError, InvalidArgument
+from snapcache.llama.media.image_check import MAX_IMAGE_BYTES
 
 __all__ = ["ChatImages", "has_images", "split_images"]
 

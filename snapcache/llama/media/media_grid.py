@@ -63,10 +63,11 @@ class MediaGrid(ReadGrid):
         """The last point at or before `limit` where a read of the prompt's first `n_tokens` may stop
         (a piece's start, or a point of its text piece's grid)."""
         limit = max(0, min(limit, self.prompt.n_tokens if n_tokens is None else n_tokens))
+        outside = self.prompt.at_most(limit)
+        if outside != limit:
+            return outside  # inside an image: its start
         piece = self.prompt.piece_at(limit)
         if limit <= piece.start or (limit == piece.end and limit < self.prompt.n_tokens):
             return limit  # a piece's start: the cold read starts a batch there
-        if piece.image_id is not None:
-            return piece.start
         start, length = self._text_span(limit, n_tokens)
         return start + self.inner.at_most(limit - start, length)

@@ -120,22 +120,19 @@ class MediaPrompt:
             start += n
         self.pieces = tuple(pieces)
         self.key_tokens = as_token_array(np.concatenate(keys) if keys else np.zeros(0, np.int32))
+        placeholders = self.key_tokens.copy()
+        placeholders[placeholders >= IMAGE_KEY_BASE] = PLACEHOLDER_TOKEN
+        self._placeholders = as_token_array(placeholders)
 
     @property
     def n_tokens(self) -> int:
         return len(self.key_tokens)
 
     @property
-    def has_images(self) -> bool:
-        return any(piece.image_id is not None for piece in self.pieces)
-
-    @property
     def placeholder_tokens(self) -> list[int]:
         """The prompt as llama-cpp-python's generation sees it: its text tokens, and token 0 at each
         image position (a real id, which it may detokenize; never read: the image is read already)."""
-        tokens = self.key_tokens.copy()
-        tokens[tokens >= IMAGE_KEY_BASE] = PLACEHOLDER_TOKEN
-        return [int(token) for token in tokens]
+        return [int(token) for token in self._placeholders]
 
     def write_tokens(self, llm: llama_cpp.Llama, *, keys: bool) -> None:
         """Write the prompt's key tokens (`keys`) or its placeholder tokens into the Llama's
@@ -143,8 +140,7 @@ class MediaPrompt:
         and saves (the next prompt reuses an image only where it is the same), placeholders for the
         generation, which compares its prompt with them and may detokenize them."""
         n = min(int(llm.n_tokens), self.n_tokens)
-        tokens = self.key_tokens[:n] if keys else np.asarray(self.placeholder_tokens[:n], dtype=np.int32)
-        llm.input_ids[:n] = tokens
+        llm.input_ids[:n] = (self.key_tokens if keys else self._placeholders)[:n]
 
     def piece_at(self, position: int) -> PromptPiece:
         """The piece that holds `position` (the last piece for the prompt's end)."""
@@ -175,14 +171,7 @@ class MediaPrompt:
             raise InvalidArgument(
                 f"a read from {start} to {end} would part an image ({piece.start} to {piece.end})"
             )
-        index = self.pieces.index(piece)
-        chunk = mtmd_cpp.mtmd_input_chunks_get(self._chunks, index)
-        new_n_past = llama_cpp.llama_pos(start)
-        code = mtmd_cpp.mtmd_helper_eval_chunk_single(
-            self._projector.ctx, llm.ctx, chunk, start, 0, int(llm.n_batch), False, ctypes.byref(new_n_past)
-        )
-        if code != 0:
-            raise ModelError(f"mtmd could not read the image at {piece.start} (code {code})")
+        self._read_chunk(llm.ctx, self.pieces.index(piece), 0, int(llm.n_batch), logits_last=False)
         llm.input_ids[start : piece.end] = self.key_tokens[start : piece.end]
         llm.n_tokens = piece.end
 
@@ -201,21 +190,22 @@ class MediaPrompt:
                 tokens = self.key_tokens[n_past : piece.end]
                 _read_text(lctx, tokens, n_past, seq_id, n_batch, logits_last=i == last)
             else:
-                chunk = mtmd_cpp.mtmd_input_chunks_get(self._chunks, i)
-                new_n_past = llama_cpp.llama_pos(n_past)
-                code = mtmd_cpp.mtmd_helper_eval_chunk_single(
-                    self._projector.ctx,
-                    lctx,
-                    chunk,
-                    n_past,
-                    seq_id,
-                    n_batch,
-                    i == last,
-                    ctypes.byref(new_n_past),
-                )
-                if code != 0:
-                    raise ModelError(f"mtmd could not read the prompt's piece at {piece.start} (code {code})")
+                self._read_chunk(lctx, i, seq_id, n_batch, logits_last=i == last)
             n_past = piece.end
+
+    def _read_chunk(
+        self, lctx: llama_cpp.llama_context_p, index: int, seq_id: int, n_batch: int, *, logits_last: bool
+    ) -> None:
+        """Read the whole piece `index` (an image: encoded, then its embeddings) through mtmd, from
+        its start, into `seq_id` of `lctx`."""
+        start = self.pieces[index].start
+        chunk = mtmd_cpp.mtmd_input_chunks_get(self._chunks, index)
+        new_n_past = llama_cpp.llama_pos(start)
+        code = mtmd_cpp.mtmd_helper_eval_chunk_single(
+            self._projector.ctx, lctx, chunk, start, seq_id, n_batch, logits_last, ctypes.byref(new_n_past)
+        )
+        if code != 0:
+            raise ModelError(f"mtmd could not read the prompt's piece at {start} (code {code})")
 
 
 def _read_text(

@@ -294,8 +294,8 @@ def _decode_at_once(llm: llama_cpp.Llama, tokens: TokenArray) -> bytes | None:
     a result that disagrees with the expected text is decoded again by `_decode_by_token`."""
     if type(llm.tokenizer_) is not llama_cpp.llama_tokenizer.LlamaTokenizer or not len(tokens):
         return None
-    if int(tokens.max()) >= int(llm.n_vocab()) or int(tokens.min()) < 0:
-        return None  # llama.cpp throws (and aborts) on a token outside the vocabulary
+    if not _in_vocabulary(llm, tokens):
+        return None
     ids = np.ascontiguousarray(tokens, dtype=np.int32)
     pointer = ids.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token))
     vocab = llm._model.vocab
@@ -309,9 +309,15 @@ def _decode_at_once(llm: llama_cpp.Llama, tokens: TokenArray) -> bytes | None:
     return None
 
 
+def _in_vocabulary(llm: llama_cpp.Llama, tokens: TokenArray) -> bool:
+    """Whether every token is one of the model's: llama.cpp's detokenizer throws, and the process
+    aborts, on any other (an image's key tokens, see `IMAGE_KEY_BASE`)."""
+    return not len(tokens) or (int(tokens.min()) >= 0 and int(tokens.max()) < int(llm.n_vocab()))
+
+
 def _decode_by_token(llm: llama_cpp.Llama, tokens: TokenArray) -> bytes | None:
     """The text of `tokens` as `Llama.detokenize` gives it; None when it cannot."""
-    if len(tokens) and (int(tokens.max()) >= int(llm.n_vocab()) or int(tokens.min()) < 0):
+    if not _in_vocabulary(llm, tokens):
         return None
     try:
         return llm.detokenize(tokens.tolist(), special=True)

@@ -69,3 +69,13 @@ def test_bytes_over_the_limit_are_refused_before_they_are_read() -> None:
 def test_an_image_error_is_an_invalid_argument() -> None:
     assert issubclass(ImageError, InvalidArgument)
     assert issubclass(ImageError, ValueError)
+
+
+def test_messages_that_are_not_messages_hold_no_images() -> None:
+    from snapcache.llama.media.chat_images import has_images, split_images
+
+    assert not has_images(["not a message", None, {"content": "text"}])  # type: ignore[list-item]
+    image = {"content": [{"type": "image_url", "image_url": "data:image/png;base64,AA=="}]}
+    assert has_images([image])
+    with pytest.raises(InvalidArgument, match=r"messages\[1\] is not a message"):
+        split_images([image, "not a message"])  # type: ignore[list-item]

@@ -46,6 +46,8 @@ def split_images(messages: Sequence[Mapping[str, Any]]) -> ChatImages:
     images: list[bytes] = []
     rendered: list[dict[str, Any]] = []
     for i, message in enumerate(messages):
+        if not isinstance(message, Mapping):
+            raise InvalidArgument(f"messages[{i}] is not a message (an object with a role and content)")
         content = message.get("content")
         if not _image_parts(message):
             rendered.append(dict(message))
@@ -66,7 +68,9 @@ def split_images(messages: Sequence[Mapping[str, Any]]) -> ChatImages:
     return ChatImages(rendered, images, marker)
 
 
-def _image_parts(message: Mapping[str, Any]) -> bool:
+def _image_parts(message: object) -> bool:
+    if not isinstance(message, Mapping):
+        return False  # not a message: the chat handler says so, as without images
     content = message.get("content")
     return isinstance(content, list) and any(
         isinstance(part, Mapping) and part.get("type") == "image_url" for part in content

@@ -34,7 +34,6 @@ from typing import Any
 from _common import ROOT, Table, make_parser, report
 
 sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "tests" / "media"))
 
 from image_files import picture, png
 from tiny_model import write_tiny_vision_model

@@ -142,6 +142,17 @@ def serve(
             "default a call is sent once it is whole, and a call cut short comes back as text.",
         ),
     ] = False,
+    mmproj: Annotated[
+        str | None,
+        typer.Option(
+            "--mmproj",
+            metavar="FILE",
+            help="The model's projector (an mmproj GGUF): chats may then hold images, in every API, sent "
+            "as bytes (a data URL or base64). An image is cached by its pixels: the same screenshot in a "
+            "later request, or after a restart, is not read again.",
+            show_default=False,
+        ),
+    ] = None,
     max_tokens_default: Annotated[
         int,
         typer.Option(
@@ -168,6 +179,8 @@ def serve(
     if batch_mode not in BATCH_MODES:
         raise CliError(f"--batch-mode must be one of {', '.join(BATCH_MODES)}, got {batch_mode!r}")
     choice = choose_model(model)
+    if mmproj is not None and not os.path.isfile(mmproj):
+        raise CliError(f"--mmproj {mmproj}: no such file")
     ram_bytes = _size(ram, "--ram")
     disk_bytes = _size(disk, "--disk") if disk is not None else None
     _check_port_free(host, port)
@@ -200,6 +213,7 @@ def serve(
                 keep_billing_header=keep_billing_header,
                 normalize=tuple(normalize or ()),
                 live_tool_calls=live_tool_calls,
+                mmproj=mmproj,
             )
             app = create_app(llm, store, options)
             where = store.directory if store.directory is not None else "RAM only"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,7 @@ from snapcache.llama.batch import Mode
 from snapcache.llama.exactness.choice import AUTO, Exactness, choose_exactness
 from snapcache.llama.exactness.fingerprint import model_fingerprint
 from snapcache.llama.exactness.fingerprint_notes import FingerprintNotes
+from snapcache.llama.media.projector import Projector
 from snapcache.llama.state.capture_buffer import release_capture_buffer
 from snapcache.server.api_key import bearer_key_check
 from snapcache.server.chat import ChatEngine, PromptRules, install_dialects
@@ -62,8 +64,9 @@ class ServeOptions:
     context) and how their steps are batched (`batch_mode`: see `snapcache.llama.batch.Scheduler`);
     whether Claude Code's per-session billing line stays in prompts (`keep_billing_header`),
     patterns of other text to delete from them (`normalize`: see `snapcache.server.chat.PromptRules`),
-    and whether a streamed tool call goes out as it is written (`live_tool_calls`: see
-    `snapcache.server.chat.ChatEngine`)."""
+    whether a streamed tool call goes out as it is written (`live_tool_calls`: see
+    `snapcache.server.chat.ChatEngine`), and the model's projector (`mmproj`, an mmproj GGUF file),
+    with which chats read images (without one, a request with an image is a 400)."""
 
     api_key: str | None = None
     model_alias: str | None = None
@@ -77,6 +80,7 @@ class ServeOptions:
     keep_billing_header: bool = False
     normalize: Sequence[str] = field(default_factory=tuple)
     live_tool_calls: bool = False
+    mmproj: str | os.PathLike[str] | None = None
 
 
 def create_app(llm: llama_cpp.Llama, store: SnapshotStore, options: ServeOptions | None = None) -> FastAPI:
@@ -92,6 +96,7 @@ def create_app(llm: llama_cpp.Llama, store: SnapshotStore, options: ServeOptions
     fingerprint = model_fingerprint(llm, exact=exactness.exact)
     ledger = SavingsLedger(store.directory) if store.directory is not None else None
     monitor = ServeMonitor(store, fingerprint, ledger, exactness)
+    projector = Projector(llm, options.mmproj) if options.mmproj is not None else None
     engine = ModelEngine(
         llm,
         store,
@@ -103,6 +108,7 @@ def create_app(llm: llama_cpp.Llama, store: SnapshotStore, options: ServeOptions
         ),
         exactness=exactness,
         listener=monitor,
+        projector=projector,
     )
     alias = options.model_alias or Path(llm.model_path).name
     limits = ModelLimits.of(llm)
@@ -114,6 +120,8 @@ def create_app(llm: llama_cpp.Llama, store: SnapshotStore, options: ServeOptions
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         yield
         engine.close()
+        if projector is not None:
+            projector.close()
         release_capture_buffer(llm)
         if ledger is not None:
             ledger.close()
@@ -124,11 +132,11 @@ def create_app(llm: llama_cpp.Llama, store: SnapshotStore, options: ServeOptions
     install_dialects(
         app,
         ChatEngine(engine, rules, options.max_tokens_default, live_tool_calls=options.live_tool_calls),
-        ServedModel.of(llm, alias, fingerprint),
+        ServedModel.of(llm, alias, fingerprint, reads_images=projector is not None),
         options.api_key,
     )
     app.add_middleware(SnapcacheMiddleware, checks=checks)
-    describe_api(app, limits, api_key=options.api_key is not None)
+    describe_api(app, limits, api_key=options.api_key is not None, images=projector is not None)
     if options.cors_origins:
         app.add_middleware(
             CORSMiddleware,

@@ -16,6 +16,8 @@ Completions run on one of two paths, chosen once:
   stream holds the lock from its first chunk until it ends or its route closes it.
 
 Either way, warming and explaining a miss run on the Llama's own context in its turn (`in_turn`).
+Given the model's projector, chats with images run through the `CacheHook`'s chats with images, on
+the Llama's own context, one at a time (the batched path reads text only).
 See docs/how-it-works/architecture.md ("The server").
 """
 
@@ -35,6 +37,7 @@ from snapcache.llama.exactness.choice import AUTO, ExactnessChoice, choose_exact
 from snapcache.llama.exactness.fingerprint_notes import FingerprintNotes
 from snapcache.llama.hook.cache_hook import CacheHook
 from snapcache.llama.hook.miss import MissExplanation, explain_prompt
+from snapcache.llama.media.projector import Projector
 from snapcache.llama.stored.reports import CompletionListener, CompletionReport, RestoreInfo
 from snapcache.server.request_record import RequestRecord
 from snapcache.store import SnapshotStore
@@ -61,7 +64,8 @@ class EngineOptions:
 class ModelEngine:
     """The served Llama with its cache (see the module docstring). `exactness`: chosen once for both
     paths (None: this build's choice, "auto"); `listener` (the server's monitor) hears of every
-    completion, after the request's own record."""
+    completion, after the request's own record; `projector`: the model's, with which chats read
+    images."""
 
     def __init__(
         self,
@@ -71,6 +75,7 @@ class ModelEngine:
         *,
         exactness: ExactnessChoice | None = None,
         listener: CompletionListener | None = None,
+        projector: Projector | None = None,
     ) -> None:
         options = options or EngineOptions()
         self.llm = llm
@@ -79,7 +84,15 @@ class ModelEngine:
         self.exactness = exactness or choose_exactness(llm, AUTO, self._notes)
         self._listener = listener
         # Never installed for good: each call that runs on the Llama's own context installs it for itself.
-        self.hook = CacheHook(llm, store, priority=options.priority, listener=listener, exact=self.exactness)
+        self.hook = CacheHook(
+            llm,
+            store,
+            priority=options.priority,
+            listener=listener,
+            exact=self.exactness,
+            projector=projector,
+        )
+        self.projector = projector
         self.batched = _batched(llm, store, options, self.exactness, self.hook, listener)
         # The Llama's own context serves one call at a time: one-at-a-time completions, warms, explains.
         self._own_context = self.batched.own_context if self.batched is not None else threading.Lock()

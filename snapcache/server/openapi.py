@@ -7,9 +7,11 @@ server answers otherwise. The security schemes appear only when the server runs 
 a body the server refuses for a reason JSON Schema can state is invalid in the schema too (no
 messages, logprobs without the logits they need, two prompts, a logit_bias key that is no token
 id, min_tokens with a grammar, a scope or priority out of range, a warm request without exactly one
-text, an Ollama request with images or what would bypass the chat template); a grammar has the
-`gbnf` format. Every operation documents its 400 in its API's error shape,
-and none documents a 422 where the server answers 400 instead.
+text, an Ollama request that would bypass the chat template, an image where the model is served
+without its projector); a grammar has the `gbnf` format. With a projector, images are described
+where each API takes them (what the bytes must be is said in words: a schema cannot hold a PNG).
+Every operation documents its 400 in its API's error shape, and none documents a 422 where the
+server answers 400 instead.
 """
 
 from __future__ import annotations
@@ -132,9 +134,10 @@ _CHAT_EXAMPLES: Document = {
 }
 
 
-def describe_api(app: FastAPI, limits: ModelLimits, *, api_key: bool) -> None:
+def describe_api(app: FastAPI, limits: ModelLimits, *, api_key: bool, images: bool = False) -> None:
     """Make `app.openapi()` say what the server does for the model of `limits` (see the module
-    docstring); `api_key`: whether clients must send one."""
+    docstring); `api_key`: whether clients must send one; `images`: whether chats take images (the
+    model is served with its projector)."""
     generate = app.openapi
 
     def openapi() -> Document:
@@ -142,6 +145,7 @@ def describe_api(app: FastAPI, limits: ModelLimits, *, api_key: bool) -> None:
             return app.openapi_schema
         document = generate()
         _describe(document, limits, api_key=api_key)
+        _describe_images(document, images=images)
         app.openapi_schema = document
         return document
 
@@ -166,28 +170,69 @@ def _describe(document: Document, limits: ModelLimits, *, api_key: bool) -> None
             corrected.add(id(schema))
             correct(schema, limits)
     _chat_completions(document, limits)
-    _ollama_messages_are_text(document)
 
 
-def _ollama_messages_are_text(document: Document) -> None:
-    """`/api/chat`'s messages carry no images (each a 400: the server reads text only)."""
-    schema = _body_schema(document, "/api/chat")
-    items = (schema or {}).get("properties", {}).get("messages", {}).get("items", {})
-    ref = items.get("$ref")
-    if not isinstance(ref, str):
+def _describe_images(document: Document, *, images: bool) -> None:
+    """Where each API takes images: described where the server reads them, else refused (each a
+    400 that says to serve the model with --mmproj)."""
+    schemas: Document = document.get("components", {}).get("schemas", {})
+    messages = [schemas.get("Message")]  # Ollama's /api/chat messages
+    generate = _body_schema(document, "/api/generate")
+    if not images:
+        for schema in [*messages, generate]:
+            if isinstance(schema, dict):
+                refuse(schema, "images", _NOTHING, "null or none: the model is served without --mmproj")
+        _drop_refs(schemas, _IMAGE_BLOCK)
         return
-    message = document["components"]["schemas"].get(ref.rsplit("/", 1)[1])
-    if isinstance(message, dict):
-        refuse(message, "images", _NOTHING, "null or none: text only")
+    for schema in [*messages, generate]:
+        if isinstance(schema, dict) and "images" in schema.get("properties", {}):
+            schema["properties"]["images"] = _BASE64_IMAGES
+    chat_part = schemas.get(_CHAT + "ContentPart")
+    if isinstance(chat_part, dict):
+        chat_part["description"] = (
+            "Text parts, an assistant's refusal, and a user's images; audio and files are a 400."
+        )
+        chat_part.setdefault("anyOf", []).append(_CHAT_IMAGE_PART)
+    responses_part = schemas.get("ContentPart")
+    if isinstance(responses_part, dict):
+        responses_part["anyOf"] = [
+            {key: value for key, value in responses_part.items() if key in ("properties", "required")},
+            _RESPONSES_IMAGE_PART,
+        ]
+        responses_part.pop("properties", None)
+        responses_part.pop("required", None)
+
+
+def _drop_refs(node: Any, ref: str) -> None:
+    """Take every choice that is a reference to `ref` (and its discriminator's entry) out of `node`."""
+    if isinstance(node, list):
+        for item in node:
+            _drop_refs(item, ref)
+        return
+    if not isinstance(node, dict):
+        return
+    for key in ("oneOf", "anyOf"):
+        if isinstance(node.get(key), list):
+            node[key] = [
+                item for item in node[key] if not (isinstance(item, dict) and item.get("$ref") == ref)
+            ]
+    mapping = (
+        node.get("discriminator", {}).get("mapping") if isinstance(node.get("discriminator"), dict) else None
+    )
+    if isinstance(mapping, dict):
+        for name in [name for name, target in mapping.items() if target == ref]:
+            del mapping[name]
+    for value in node.values():
+        _drop_refs(value, ref)
 
 
 def _ollama_generate(schema: Document, _limits: ModelLimits) -> None:
-    """What `/api/generate` refuses: images, and what would bypass the model's chat template."""
+    """What `/api/generate` refuses: what would bypass the model's chat template (its images: see
+    `_describe_images`)."""
     refuse(schema, "raw", {"anyOf": [{"const": False}]}, "false: prompts are rendered by the chat template")
     for name in ("suffix", "template"):
         refuse(schema, name, {"anyOf": [{"const": ""}, {"type": "null"}]}, "empty: the chat template renders")
     refuse(schema, "context", _NOTHING, "null or none: send a conversation to /api/chat")
-    refuse(schema, "images", _NOTHING, "null or none: text only")
 
 
 def _chat_completions(document: Document, limits: ModelLimits) -> None:
@@ -362,6 +407,33 @@ def _detokenize(schema: Document, limits: ModelLimits) -> None:
 
 
 _NOTHING: Document = {"anyOf": [{"type": "null"}, {"type": "array", "maxItems": 0}]}
+_IMAGE_BLOCK = "#/components/schemas/ImageBlock"
+_IMAGE_BYTES = "a PNG, JPEG, GIF or BMP image of at most 20 MiB and 35 million pixels"
+_DATA_URL: Document = {
+    "type": "string",
+    "pattern": "^data:image/[a-z]+;base64,",
+    "description": f"A base64 data URL of {_IMAGE_BYTES} (the server fetches nothing).",
+}
+_BASE64_IMAGES: Document = {
+    "title": "Images",
+    "description": f"Base64 texts, each {_IMAGE_BYTES}; they go before the text.",
+    "anyOf": [{"type": "null"}, {"type": "array", "items": {"type": "string", "contentEncoding": "base64"}}],
+}
+_CHAT_IMAGE_PART: Document = {
+    "type": "object",
+    "required": ["type", "image_url"],
+    "properties": {
+        "type": {"const": "image_url"},
+        "image_url": {
+            "anyOf": [_DATA_URL, {"type": "object", "required": ["url"], "properties": {"url": _DATA_URL}}]
+        },
+    },
+}
+_RESPONSES_IMAGE_PART: Document = {
+    "type": "object",
+    "required": ["type", "image_url"],
+    "properties": {"type": {"const": "input_image"}, "image_url": _DATA_URL},
+}
 _BODIES: dict[str, Callable[[Document, ModelLimits], None]] = {
     "/api/generate": _ollama_generate,
     "/v1/completions": _completion,

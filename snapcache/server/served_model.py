@@ -30,7 +30,8 @@ _FILE_TYPES = {
 
 @dataclass(frozen=True, slots=True)
 class ServedModel:
-    """The served model, as the routes that describe it need it (`on_gpu`: its layers offloaded)."""
+    """The served model, as the routes that describe it need it (`on_gpu`: its layers offloaded;
+    `reads_images`: served with its projector)."""
 
     name: str
     path: Path
@@ -40,11 +41,15 @@ class ServedModel:
     n_ctx: int
     n_params: int
     on_gpu: bool = False
+    reads_images: bool = False
     metadata: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, llm: llama_cpp.Llama, name: str, fingerprint: str) -> ServedModel:
-        """What `llm` (served as `name`, its states under `fingerprint`) is."""
+    def of(
+        cls, llm: llama_cpp.Llama, name: str, fingerprint: str, *, reads_images: bool = False
+    ) -> ServedModel:
+        """What `llm` (served as `name`, its states under `fingerprint`, with its projector where
+        `reads_images`) is."""
         path = Path(llm.model_path)
         size, modified = 0, datetime.now(timezone.utc)
         with contextlib.suppress(OSError):
@@ -59,6 +64,7 @@ class ServedModel:
             n_ctx=int(llm.n_ctx()),
             n_params=int(llama_cpp.llama_model_n_params(llm.model)),
             on_gpu=bool(llama_cpp.llama_supports_gpu_offload()) and llm.model_params.n_gpu_layers != 0,
+            reads_images=reads_images,
             metadata={str(k): str(v) for k, v in llm.metadata.items()},
         )
 

@@ -32,6 +32,7 @@ from snapcache.llama.batch._scheduler import Scheduler
 from snapcache.llama.batch._text import Call, RequestText
 from snapcache.llama.hook.cache_hook import CacheHook
 from snapcache.llama.hook.request_streams import stop_with_request
+from snapcache.llama.media.chat_images import has_images
 from snapcache.llama.stored.reports import CompletionListener
 from snapcache.llama.templates.chat_prefix import (
     ChatPrefixFinder,
@@ -112,8 +113,20 @@ class BatchedLlama:
         limit = kwargs.pop("max_completion_tokens", None)
         if kwargs.get("max_tokens") is None and limit is not None:
             kwargs["max_tokens"] = limit
-        prefix = self._chat_prefix(messages, kwargs)
         call = Call(scope or self._current_scope(), listener or self._listener, special_text)
+        hook = self._hook
+        if hook is not None and hook.reads_images and has_images(messages):
+            # The scheduler's sequences read text only: mtmd reads images on the Llama's own context.
+            chat = functools.partial(
+                hook.create_chat_completion,
+                messages,
+                scope=call.scope,
+                listener=call.listener,
+                special_text=call.special_text,
+            )
+            reason = "chats with images (the batched sequences read text only)"
+            return self._on_own_context(chat, _free_grammar(kwargs), reason)
+        prefix = self._chat_prefix(messages, kwargs)
         stand_in = _StandIn(self, call, prefix)
         return type(self.llm).create_chat_completion(stand_in, messages=messages, **kwargs)  # type: ignore[arg-type]
 
@@ -187,11 +200,6 @@ class BatchedLlama:
         self, prompt: str | Sequence[int], kwargs: dict[str, Any], reason: str, call: Call
     ) -> Any:
         prompt = prompt if isinstance(prompt, str) else list(prompt)
-        if isinstance(kwargs.get("grammar"), LazyGrammar):
-            kwargs = {**kwargs, "grammar": None}  # the Llama's own sampler has no lazy grammar: free
-        if reason not in self._told:
-            self._told.add(reason)
-            _log.warning("%s; such calls run one at a time on the Llama's own context", reason)
         hook = self._hook
         complete: Callable[..., Any]
         if hook is not None:
@@ -203,12 +211,19 @@ class BatchedLlama:
             )
         else:  # the instance's own create_completion: a cache hook attached to the Llama serves it
             complete = self.llm.create_completion
+        return self._on_own_context(functools.partial(complete, prompt), _free_grammar(kwargs), reason)
+
+    def _on_own_context(self, run: Callable[..., Any], kwargs: dict[str, Any], reason: str) -> Any:
+        """`run(**kwargs)` on the Llama's own context, one call at a time (`reason` logged once)."""
+        if reason not in self._told:
+            self._told.add(reason)
+            _log.warning("%s; such calls run one at a time on the Llama's own context", reason)
         if not kwargs.get("stream"):
             with self.own_context:
-                return complete(prompt, **kwargs)
+                return run(**kwargs)
 
         def chunks() -> Iterator[Any]:
-            return iter(cast(Iterator[Any], complete(prompt, **kwargs)))
+            return iter(cast(Iterator[Any], run(**kwargs)))
 
         # Made in a thread of its own: a reader who stops reading cannot keep the context.
         stream = DetachedStream(chunks, self.own_context)
@@ -230,6 +245,13 @@ class BatchedLlama:
 
     def _render(self, messages: list[Any], options: dict[str, Any]) -> Any:
         return type(self.llm).create_chat_completion(self._renderer, messages=messages, **options)  # type: ignore[arg-type]
+
+
+def _free_grammar(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """`kwargs` for the Llama's own sampler, which has no lazy grammar: free where one was given."""
+    if isinstance(kwargs.get("grammar"), LazyGrammar):
+        return {**kwargs, "grammar": None}
+    return kwargs
 
 
 class _StandIn:

@@ -304,6 +304,11 @@ class CacheHook:
         call = _CallOptions.of(scope, listener)
         return self._run_call(lambda: llm.create_completion(text, **kwargs), call, special_text, kwargs)
 
+    @property
+    def reads_images(self) -> bool:
+        """Whether chats with images are read through the model's projector (one was given)."""
+        return self._media is not None
+
     def create_chat_completion(
         self,
         messages: list[Mapping[str, Any]],

@@ -20,7 +20,7 @@ from typing import Any
 from snapcache.errors import ImageError, InvalidArgument
 from snapcache.llama.media.image_check import MAX_IMAGE_BYTES
 
-__all__ = ["ChatImages", "has_images", "split_images"]
+__all__ = ["ChatImages", "base64_bytes", "data_url_bytes", "has_images", "split_images"]
 
 _DATA_URL = "data:"
 
@@ -60,7 +60,7 @@ def split_images(messages: Sequence[Mapping[str, Any]]) -> ChatImages:
             if kind == "text":
                 text.append(str(part.get("text", "")))
             elif kind == "image_url":
-                images.append(_data_url_bytes(part.get("image_url"), where))
+                images.append(data_url_bytes(part.get("image_url"), f"{where}.image_url"))
                 text.append(marker)
             else:
                 raise InvalidArgument(f"{where}: a content part is text or image_url, not {kind!r}")
@@ -77,21 +77,28 @@ def _image_parts(message: object) -> bool:
     )
 
 
-def _data_url_bytes(image_url: object, where: str) -> bytes:
+def data_url_bytes(image_url: object, where: str) -> bytes:
+    """The bytes of the image `image_url` holds (a data URL, or an object with one under `url`);
+    InvalidArgument or ImageError, naming `where`, for anything else."""
     url = image_url.get("url") if isinstance(image_url, Mapping) else image_url
     if not isinstance(url, str):
-        raise InvalidArgument(f"{where}.image_url: an image is a data URL, not {type(url).__name__}")
+        raise InvalidArgument(f"{where}: an image is a data URL, not {type(url).__name__}")
     if url.startswith(("http://", "https://")):
         raise InvalidArgument(
-            f"{where}.image_url: snapcache fetches nothing; send the image's bytes as a data URL"
+            f"{where}: snapcache fetches nothing; send the image's bytes as a data URL"
             " (data:image/png;base64,...)"
         )
     if not url.startswith(_DATA_URL) or ";base64," not in url[:100]:
-        raise InvalidArgument(f"{where}.image_url: an image is a base64 data URL (data:image/png;base64,...)")
-    encoded = url[url.index(";base64,") + len(";base64,") :]
+        raise InvalidArgument(f"{where}: an image is a base64 data URL (data:image/png;base64,...)")
+    return base64_bytes(url[url.index(";base64,") + len(";base64,") :], where)
+
+
+def base64_bytes(encoded: str, where: str) -> bytes:
+    """The bytes of an image sent as base64 text; ImageError, naming `where`, for text that is not
+    base64 or an image over `MAX_IMAGE_BYTES`."""
     if len(encoded) > (MAX_IMAGE_BYTES * 4) // 3 + 4:
-        raise ImageError(f"{where}.image_url: the image is over {MAX_IMAGE_BYTES:,} bytes")
+        raise ImageError(f"{where}: the image is over {MAX_IMAGE_BYTES:,} bytes")
     try:
         return base64.b64decode(encoded, validate=True)
     except (binascii.Error, ValueError):
-        raise ImageError(f"{where}.image_url: the data URL's base64 is damaged") from None
+        raise ImageError(f"{where}: the image's base64 is damaged") from None

@@ -3,7 +3,8 @@
 Every dialect (Anthropic Messages, OpenAI Responses, Chat Completions with tools, Ollama's) is
 translated into a `ChatRequest` (see its module); `ChatEngine` runs it. Its messages are OpenAI
 chat messages, normalized so that a template written for plain chats renders them: text only
-(content-part lists joined), one leading system message (`developer` messages and system messages
+(content-part lists joined; an image is a marker in the text, its bytes in the request's `images`,
+see `sent_images`), one leading system message (`developer` messages and system messages
 anywhere folded into it, in order), assistant tool calls as OpenAI `tool_calls` and their results
 as `tool` messages. Tools and calls are the values of
 `snapcache.server.tools` (`ToolSpec`, `ToolCall`).
@@ -15,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
+from snapcache.server.chat.sent_images import ImagePlaces, SentImage
 from snapcache.server.error_answers import BadRequest
 from snapcache.server.tools import ToolCall, ToolSpec, UnsupportedContent, content_text
 
@@ -124,6 +126,16 @@ class ChatRequest:
     min_tokens: int = 0
     stream: bool = False
     scope: str = "default"
+    # The images the messages' text holds `image_marker` in place of, in order (see `sent_images`).
+    images: tuple[SentImage, ...] = ()
+    image_marker: str = ""
+
+    @staticmethod
+    def images_of(places: ImagePlaces) -> dict[str, Any]:
+        """The keyword arguments that give a request the images a dialect placed (none: no images)."""
+        if not places.images:
+            return {}
+        return {"images": tuple(places.images), "image_marker": places.marker}
 
     @property
     def uses_tools(self) -> bool:

@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 import anyio
 from llama_cpp.llama_grammar import LlamaGrammar
 
+from snapcache.llama.media.projector import Projector
 from snapcache.server.chat.chat_request import ChatRequest
 from snapcache.server.chat.engine.generic_tools import GenericTools
 from snapcache.server.chat.engine.native_tools import NativeTools
@@ -43,6 +44,7 @@ from snapcache.server.chat.events import (
     ToolCalled,
     Usage,
 )
+from snapcache.server.chat.sent_images import as_image_parts, without_projector
 from snapcache.server.checks import ModelLimits, check_grammar, check_logit_bias
 from snapcache.server.error_answers import BadRequest, client_error
 from snapcache.server.model_engine import ModelEngine
@@ -104,6 +106,25 @@ class ChatEngine:
         the template places them itself): `create_chat_completion`'s keyword arguments."""
         return self.tool_channel(request).options(request)
 
+    @property
+    def projector(self) -> Projector | None:
+        """The model's projector, with which its chats read images (None: served without one)."""
+        return self.model.projector
+
+    def model_messages(self, request: ChatRequest) -> list[dict[str, Any]]:
+        """The messages `create_chat_completion` gets for `request`: as rendered for the template,
+        each image an OpenAI `image_url` part where its marker stands (see `sent_images`)."""
+        self.check_images(request)
+        messages = self.rendered_messages(request)
+        if not request.images:
+            return messages
+        return as_image_parts(messages, request.image_marker, request.images)
+
+    def check_images(self, request: ChatRequest) -> None:
+        """BadRequest, naming the field, for images sent to a model served without a projector."""
+        if request.images and self.model.projector is None:
+            raise without_projector(request.images[0])
+
     async def events(
         self, request: ChatRequest, record: RequestRecord | None = None
     ) -> AsyncIterator[ChatEvent]:
@@ -111,6 +132,7 @@ class ChatEngine:
         for a request the model cannot run. Iterate it in one task, to its end or `aclose`.
         `record`: where the request's reuse is written (by `Started`, what it restored)."""
         request = self.prepared(request)
+        self.check_images(request)
         tools = self.tool_channel(request)
         record = record if record is not None else RequestRecord(scope=request.scope)
         run = self._run(request, tools, record)
@@ -139,7 +161,7 @@ class ChatEngine:
         if tools.stop(request):
             kwargs["stop"] = list(tools.stop(request))
         special_text = tools.special_text(request)
-        chunks = self.model.chat(tools.messages(request), record, special_text=special_text, **kwargs)
+        chunks = self.model.chat(self.model_messages(request), record, special_text=special_text, **kwargs)
         stops = _StopMatcher(request.stop)
         reader = tools.reader(request)
         calls = _CallEvents(live=self._live_tool_calls)

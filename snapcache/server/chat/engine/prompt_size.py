@@ -6,6 +6,9 @@ import threading
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from snapcache.llama.hook.media_chat import MediaChat
+from snapcache.llama.media.chat_images import has_images
+from snapcache.llama.media.projector import Projector
 from snapcache.llama.templates.chat_prefix import ChatPrefixFinder
 from snapcache.server.chat.chat_request import ChatRequest
 from snapcache.server.error_answers import BadRequest
@@ -35,7 +38,10 @@ class _Renders(Protocol):
 
     def prepared(self, request: ChatRequest, *, remember: bool = True) -> ChatRequest: ...
 
-    def rendered_messages(self, request: ChatRequest) -> list[dict[str, Any]]: ...
+    def model_messages(self, request: ChatRequest) -> list[dict[str, Any]]: ...
+
+    @property
+    def projector(self) -> Projector | None: ...
 
     def template_options(self, request: ChatRequest) -> dict[str, Any]: ...
 
@@ -51,15 +57,22 @@ class PromptCounter:
         def render(messages: list[Mapping[str, Any]], options: dict[str, Any]) -> Any:
             return type(llm).create_chat_completion(renderer, messages=messages, **options)
 
+        self._renderer = renderer
         self._finder = ChatPrefixFinder(renderer, render)  # type: ignore[arg-type]
         self._lock = threading.Lock()  # the finder shadows the renderer's attributes while it renders
 
     def count(self, request: ChatRequest) -> int:
         """The prompt tokens of `request` (prompt rules applied, tools rendered)."""
         request = self._engine.prepared(request, remember=False)
+        messages: list[Mapping[str, Any]] = list(self._engine.model_messages(request))
+        options = self._engine.template_options(request)
+        projector = self._engine.projector
         with self._lock:
-            messages: list[Mapping[str, Any]] = list(self._engine.rendered_messages(request))
-            tokens = self._finder.render(messages, self._engine.template_options(request))
+            if projector is None or not has_images(messages):
+                tokens = self._finder.render(messages, options)
+            else:  # the images' tokens counted as mtmd reads them, their pixels decoded
+                with MediaChat(self._renderer, projector).rendering(messages) as plain:  # type: ignore[arg-type]
+                    tokens = self._finder.render(list[Mapping[str, Any]](plain), options)
         if tokens is None:
             raise BadRequest("the model's chat template cannot render these messages", param="messages")
         return len(tokens)

@@ -19,10 +19,10 @@ from snapcache.server.chat.chat_request import (
     Sampling,
     ToolChoice,
     normalized_messages,
-    text_of,
 )
 from snapcache.server.chat.dialects.anthropic.anthropic_protocol import (
     ConversationRequest,
+    ImageBlock,
     MessageParam,
     MessagesRequest,
     NamedChoice,
@@ -42,6 +42,7 @@ from snapcache.server.chat.events import (
     ToolCalled,
     Usage,
 )
+from snapcache.server.chat.sent_images import ImagePlaces
 from snapcache.server.checks import schema_problem
 from snapcache.server.error_answers import BadRequest
 from snapcache.server.tools import ToolCall, ToolSpec, arguments_json
@@ -78,8 +79,9 @@ def chat_request(body: ConversationRequest, scope: str) -> ChatRequest:
     """The chat request a Messages request (or a count_tokens request) is."""
     system = body.system
     messages = [ChatMessage("system", system if isinstance(system, str) else _system_text(system or []))]
+    places = ImagePlaces()
     for i, message in enumerate(body.messages):
-        messages.extend(_messages_of(message, f"messages.{i}.content"))
+        messages.extend(_messages_of(message, f"messages.{i}.content", places))
     tools = tuple(
         ToolSpec(tool.name, tool.description or "", _checked(tool.input_schema, f"tools.{i}.input_schema"))
         for i, tool in enumerate(body.tools or ())
@@ -112,6 +114,7 @@ def chat_request(body: ConversationRequest, scope: str) -> ChatRequest:
         parallel_tool_calls=parallel,
         scope=scope,
         **extra,
+        **ChatRequest.images_of(places),
     )
 
 
@@ -133,7 +136,7 @@ def _named_tool(name: str, tools: tuple[ToolSpec, ...]) -> NamedTool:
     return NamedTool(name)
 
 
-def _messages_of(message: MessageParam, where: str) -> list[ChatMessage]:
+def _messages_of(message: MessageParam, where: str, places: ImagePlaces) -> list[ChatMessage]:
     """One Messages message as chat messages: tool results become `tool` messages before the rest."""
     if isinstance(message.content, str):
         return [ChatMessage(message.role, message.content)]
@@ -143,14 +146,12 @@ def _messages_of(message: MessageParam, where: str) -> list[ChatMessage]:
     for j, block in enumerate(message.content):
         if isinstance(block, TextBlock):
             texts.append(block.text)
+        elif isinstance(block, ImageBlock):
+            texts.append(_image(block, f"{where}.{j}", places))
         elif isinstance(block, ToolUseBlock):
             calls.append(ToolCall(block.id, block.name, arguments_json(block.input)))
         elif isinstance(block, ToolResultBlock):
-            content = (
-                block.content
-                if isinstance(block.content, str)
-                else text_of([part.text for part in block.content or ()], f"{where}.{j}.content")
-            )
+            content = _result_text(block.content, f"{where}.{j}.content", places)
             if block.is_error:
                 content = f"Error: {content}"
             results.append(ChatMessage("tool", content, tool_call_id=block.tool_use_id))
@@ -158,6 +159,28 @@ def _messages_of(message: MessageParam, where: str) -> list[ChatMessage]:
     if texts or calls or not results:
         chat.append(ChatMessage(message.role, "\n".join(texts), tuple(calls)))
     return chat
+
+
+def _result_text(content: str | list[TextBlock | ImageBlock] | None, where: str, places: ImagePlaces) -> str:
+    """A tool result's text, its blocks joined by newlines, an image's place its marker."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    return "\n".join(
+        block.text if isinstance(block, TextBlock) else _image(block, f"{where}.{j}", places)
+        for j, block in enumerate(content)
+    )
+
+
+def _image(block: ImageBlock, where: str, places: ImagePlaces) -> str:
+    """The marker of an image block's image (BadRequest for one not sent as base64 bytes)."""
+    source = block.source
+    if source.type != "base64" or source.data is None:
+        raise BadRequest(
+            f"{where}.source: the server fetches nothing; send the image as base64 "
+            f'(source.type "base64", not {source.type!r})',
+            param=f"{where}.source",
+        )
+    return places.place_base64(source.data, f"{where}.source.data")
 
 
 def message_of(events: list[ChatEvent], model: str) -> dict[str, Any]:

@@ -17,6 +17,8 @@ __all__ = [
     "AssistantMessage",
     "ConversationRequest",
     "CountTokensRequest",
+    "ImageBlock",
+    "ImageSource",
     "MessageParam",
     "MessagesRequest",
     "ModeChoice",
@@ -47,10 +49,27 @@ class ToolUseBlock(_Lenient):
     input: dict[str, Any] = Field(default_factory=dict)
 
 
+class ImageSource(_Lenient):
+    """Where an image is: `base64` (its `media_type` and `data`) is read; `url` and `file` are a
+    400 that says to send the bytes (the server fetches nothing)."""
+
+    type: str
+    media_type: str | None = None
+    data: str | None = None
+
+
+class ImageBlock(_Lenient):
+    type: Literal["image"]
+    source: ImageSource
+
+
+ResultBlock = Annotated[TextBlock | ImageBlock, Field(discriminator="type")]
+
+
 class ToolResultBlock(_Lenient):
     type: Literal["tool_result"]
     tool_use_id: str
-    content: str | list[TextBlock] | None = None
+    content: str | list[ResultBlock] | None = None
     is_error: StrictBool | None = None
 
 
@@ -60,7 +79,7 @@ class IgnoredBlock(_Lenient):
     type: Literal["thinking", "redacted_thinking"]
 
 
-UserBlock = Annotated[TextBlock | ToolResultBlock | IgnoredBlock, Field(discriminator="type")]
+UserBlock = Annotated[TextBlock | ImageBlock | ToolResultBlock | IgnoredBlock, Field(discriminator="type")]
 AssistantBlock = Annotated[TextBlock | ToolUseBlock | IgnoredBlock, Field(discriminator="type")]
 
 

@@ -49,6 +49,7 @@ from snapcache.server.chat.events import (
     ToolCalled,
     Usage,
 )
+from snapcache.server.chat.sent_images import ImagePlaces
 from snapcache.server.checks import schema_problem
 from snapcache.server.error_answers import BadRequest
 from snapcache.server.tools import ToolCall, ToolSpec, arguments_json
@@ -76,7 +77,8 @@ def chat_request(body: ChatCompletionRequest, scope: str) -> ChatRequest:
     """The chat request a Chat Completions request is; BadRequest for one the engine cannot serve."""
     _refuse_unserved(body)
     _refuse_two_grammars(body)
-    messages = [_message_of(message, f"messages.{i}") for i, message in enumerate(body.messages)]
+    places = ImagePlaces()
+    messages = [_message_of(message, f"messages.{i}", places) for i, message in enumerate(body.messages)]
     tools, choice = _offered(body)
     stop = body.stop if isinstance(body.stop, list) else [body.stop] if body.stop else []
     limit = body.max_completion_tokens or body.max_tokens
@@ -94,6 +96,7 @@ def chat_request(body: ChatCompletionRequest, scope: str) -> ChatRequest:
         min_tokens=body.min_tokens,
         stream=body.stream,
         scope=scope,
+        **ChatRequest.images_of(places),
     )
 
 
@@ -190,8 +193,8 @@ def _refuse_two_grammars(body: ChatCompletionRequest) -> None:
         )
 
 
-def _message_of(message: Message, where: str) -> ChatMessage:
-    text = _text(message.content, f"{where}.content")
+def _message_of(message: Message, where: str, places: ImagePlaces) -> ChatMessage:
+    text = _text(message.content, f"{where}.content", places if message.role == "user" else None)
     if message.role in ("system", "developer"):
         return ChatMessage("system", text)
     if message.role == "user":
@@ -207,18 +210,24 @@ def _message_of(message: Message, where: str) -> ChatMessage:
     return ChatMessage("tool", text, tool_call_id=message.tool_call_id, name=message.name)
 
 
-def _text(content: str | list[ContentPart] | None, where: str) -> str:
+def _text(content: str | list[ContentPart] | None, where: str, places: ImagePlaces | None) -> str:
+    """The text of a message's content, its parts joined by newlines, an image's place its marker
+    (`places`: None where the role sends no images)."""
     if content is None or isinstance(content, str):
         return content or ""
-    texts = []
+    pieces: list[str] = []
     for j, part in enumerate(content):
+        if part.type == "image_url" and places is not None:
+            pieces.append(places.place_data_url(part.image_url, f"{where}.{j}.image_url"))
+            continue
         text = part.text if part.type == "text" else part.refusal if part.type == "refusal" else None
         if text is None:
+            supported = "text or image_url" if places is not None else "text only"
             raise BadRequest(
-                f"{where}.{j}: content of type {part.type!r} is not supported (text only)", param=where
+                f"{where}.{j}: content of type {part.type!r} is not supported ({supported})", param=where
             )
-        texts.append(text)
-    return "\n".join(texts)
+        pieces.append(text)
+    return "\n".join(pieces)
 
 
 def _specs(functions: list[tuple[str, FunctionDefinition]], param: str) -> tuple[ToolSpec, ...]:

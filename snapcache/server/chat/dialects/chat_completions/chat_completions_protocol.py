@@ -39,11 +39,13 @@ class _Lenient(BaseModel):
 
 
 class ContentPart(_Lenient):
-    """`text` parts are read (and an assistant's `refusal`); images, audio and files are a 400."""
+    """`text` parts are read (and an assistant's `refusal`), and a user's `image_url` (a data URL:
+    the server fetches nothing); audio and files are a 400."""
 
     type: str
     text: str | None = None
     refusal: str | None = None
+    image_url: str | dict[str, Any] | None = None
 
 
 class FunctionCall(_Lenient):

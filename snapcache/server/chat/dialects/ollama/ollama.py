@@ -42,6 +42,7 @@ from snapcache.server.chat.events import (
     ToolCallDropped,
     ToolCalled,
 )
+from snapcache.server.chat.sent_images import ImagePlaces
 from snapcache.server.checks import schema_problem
 from snapcache.server.error_answers import BadRequest
 from snapcache.server.tools import ToolCall, ToolSpec, arguments_json, arguments_object
@@ -74,16 +75,19 @@ def error_line(failure: BadRequest) -> bytes:
 
 def chat_request(body: ChatBody, scope: str) -> ChatRequest:
     """The chat request of an `/api/chat` body; BadRequest for one that cannot be served."""
-    messages = _messages_of(body.messages)
+    places = ImagePlaces()
+    messages = _messages_of(body.messages, places)
     tools = _tools_of(body.tools or ())
-    return _request(body, normalized_messages(messages), tools, scope)
+    return _request(body, normalized_messages(messages), tools, scope, places)
 
 
 def generate_request(body: GenerateBody, scope: str) -> ChatRequest:
     """The chat request of an `/api/generate` body: its system text, then its prompt as the user's."""
     check_generate(body)
     system = (ChatMessage("system", body.system),) if body.system else ()
-    return _request(body, (*system, ChatMessage("user", body.prompt)), (), scope)
+    places = ImagePlaces()
+    prompt = _with_images(body.prompt, body.images, "images", places)
+    return _request(body, (*system, ChatMessage("user", prompt)), (), scope, places)
 
 
 def check_generate(body: GenerateBody) -> None:
@@ -100,8 +104,6 @@ def check_generate(body: GenerateBody) -> None:
         raise BadRequest(
             "context is not supported: send the conversation as messages to /api/chat", param="context"
         )
-    if body.images:
-        raise BadRequest("images are not supported (text only)", param="images")
 
 
 def loaded(body: ChatBody | GenerateBody) -> dict[str, Any]:
@@ -127,6 +129,7 @@ def _request(
     messages: tuple[ChatMessage, ...],
     tools: tuple[ToolSpec, ...],
     scope: str,
+    places: ImagePlaces,
 ) -> ChatRequest:
     options = body.options or Options()
     stop = [options.stop] if isinstance(options.stop, str) else options.stop or []
@@ -140,6 +143,7 @@ def _request(
         response_format=_response_format(body.format, bool(tools)),
         stream=body.stream,
         scope=scope,
+        **ChatRequest.images_of(places),
     )
 
 
@@ -160,15 +164,18 @@ def _response_format(given: str | dict[str, Any] | None, tools: bool) -> dict[st
     return {"type": "json_object", "schema": given}
 
 
-def _messages_of(messages: Sequence[Message]) -> list[ChatMessage]:
+def _messages_of(messages: Sequence[Message], places: ImagePlaces) -> list[ChatMessage]:
     chat: list[ChatMessage] = []
     made: list[ToolCall] = []  # every call so far
     unanswered: list[ToolCall] = []  # the latest assistant turn's calls without a result yet
     for i, message in enumerate(messages):
         where = f"messages.{i}"
-        if message.images:
-            raise BadRequest(f"{where}.images: images are not supported (text only)", param=where)
-        text = message.content or ""
+        if message.images and message.role not in ("user", "tool"):
+            raise BadRequest(
+                f"{where}.images: images are read in user and tool messages, not in a {message.role}'s",
+                param=f"{where}.images",
+            )
+        text = _with_images(message.content or "", message.images, f"{where}.images", places)
         if message.role == "assistant":
             calls = tuple(
                 ToolCall(
@@ -185,6 +192,17 @@ def _messages_of(messages: Sequence[Message]) -> list[ChatMessage]:
         else:
             chat.append(ChatMessage(message.role, text))
     return chat
+
+
+def _with_images(text: str, images: Sequence[Any] | None, where: str, places: ImagePlaces) -> str:
+    """`text` after the markers of `images` (base64 texts), each on a line of its own, as Ollama
+    places a message's images before its text."""
+    markers = []
+    for k, image in enumerate(images or ()):
+        if not isinstance(image, str):
+            raise BadRequest(f"{where}.{k}: an image is base64 text, not {type(image).__name__}", param=where)
+        markers.append(places.place_base64(image, f"{where}.{k}"))
+    return "\n".join([*markers, text]) if markers else text
 
 
 def _answered(

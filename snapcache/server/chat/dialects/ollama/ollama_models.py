@@ -4,7 +4,8 @@ The model is listed under its served name (`--model-alias`, else its file's name
 `/api/ps` answer for any name asked, as the chat routes serve any name with the one model. `digest`
 is the model's snapcache fingerprint (an id, as clients use it: not a SHA-256 of the file), and
 `capabilities` says `tools` for every model, since tool calls work with any chat template (see
-`ChatEngine`). `/api/version` gives the Ollama API version these routes follow.
+`ChatEngine`), and `vision` for a model served with its projector (`--mmproj`). `/api/version`
+gives the Ollama API version these routes follow.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def shown(model: ServedModel, name: str) -> dict[str, Any]:
         "template": model.chat_template,
         "details": model_details(model),
         "model_info": model.typed_metadata(),
-        "capabilities": ["completion", "tools"],
+        "capabilities": ["completion", "tools", *(["vision"] if model.reads_images else [])],
         "modified_at": _time(model.modified_at),
         "model": name or model.name,
     }

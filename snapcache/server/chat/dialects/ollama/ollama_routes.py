@@ -13,11 +13,13 @@ from typing import Any, TypeVar
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
+from snapcache.key import DEFAULT_SCOPE
 from snapcache.server.chat.chat_request import ChatRequest
 from snapcache.server.chat.dialects.dialect import Dialect
 from snapcache.server.chat.dialects.ollama import ollama, ollama_models
 from snapcache.server.chat.dialects.ollama.ollama_protocol import ChatBody, GenerateBody, ShowBody
 from snapcache.server.chat.dialects.serving import ChatRunner, check_text, error_answers, failure, serve
+from snapcache.server.chat.sent_images import without_projector
 from snapcache.server.error_answers import BadRequest
 from snapcache.server.served_model import ServedModel
 
@@ -61,13 +63,13 @@ def ollama_router(engine: ChatRunner, model: ServedModel) -> APIRouter:
     @router.post(OLLAMA_CHAT_PATH, summary="Ollama chat", responses={200: _LINES, **_ERRORS})
     async def chat(body: ChatBody, request: Request) -> Response:
         if not body.messages:
-            return _loaded(OLLAMA_CHAT, body)
+            return _loaded(OLLAMA_CHAT, body, model)
         return await serve(OLLAMA_CHAT, body, request, engine)
 
     @router.post(OLLAMA_GENERATE_PATH, summary="Ollama generate", responses={200: _LINES, **_ERRORS})
     async def generate(body: GenerateBody, request: Request) -> Response:
         if not body.prompt:
-            return _loaded(OLLAMA_GENERATE, body)
+            return _loaded(OLLAMA_GENERATE, body, model)
         return await serve(OLLAMA_GENERATE, body, request, engine)
 
     @router.get("/api/tags", summary="Ollama: the models")
@@ -99,12 +101,16 @@ def ollama_router(engine: ChatRunner, model: ServedModel) -> APIRouter:
     return router
 
 
-def _loaded(dialect: Dialect[Any], body: ChatBody | GenerateBody) -> Response:
-    """The answer to a request that only loads the model, once its body is checked."""
+def _loaded(dialect: Dialect[Any], body: ChatBody | GenerateBody, model: ServedModel) -> Response:
+    """The answer to a request that only loads the model, once its body is checked (its images
+    too, which a model served without its projector refuses)."""
     try:
         check_text(body)
         if isinstance(body, GenerateBody):
             ollama.check_generate(body)
+            images = ollama.generate_request(body, DEFAULT_SCOPE).images if body.images else ()
+            if images and not model.reads_images:
+                raise without_projector(images[0])
     except BadRequest as exc:
         return failure(dialect, exc)
     document = ollama.loaded(body)

@@ -28,6 +28,7 @@ from snapcache.server.chat.dialects.responses.responses_protocol import (
     InputMessage,
     ResponsesRequest,
 )
+from snapcache.server.chat.sent_images import ImagePlaces
 from snapcache.server.checks import schema_problem
 from snapcache.server.error_answers import BadRequest
 from snapcache.server.tools import ToolCall, ToolSpec
@@ -52,11 +53,12 @@ def chat_request(body: ResponsesRequest, scope: str) -> ChatRequest:
             param="previous_response_id",
         )
     messages = [ChatMessage("system", body.instructions or "")]
+    places = ImagePlaces()
     if isinstance(body.input, str):
         messages.append(ChatMessage("user", body.input))
     else:
         for i, item in enumerate(body.input):
-            messages.extend(_messages_of(item, f"input.{i}"))
+            messages.extend(_messages_of(item, f"input.{i}", places))
     tools = tuple(
         ToolSpec(tool.name, tool.description or "", _checked(tool.parameters, f"tools.{i}.parameters"))
         for i, tool in enumerate(body.tools or ())
@@ -82,6 +84,7 @@ def chat_request(body: ResponsesRequest, scope: str) -> ChatRequest:
         sampling=Sampling.of(body),
         stream=body.stream,
         scope=scope,
+        **ChatRequest.images_of(places),
     )
 
 
@@ -94,28 +97,41 @@ def _checked(schema: dict[str, Any] | None, where: str) -> dict[str, Any]:
     return schema
 
 
-def _messages_of(item: Any, where: str) -> list[ChatMessage]:
+def _messages_of(item: Any, where: str, places: ImagePlaces) -> list[ChatMessage]:
     if isinstance(item, InputMessage):
         role = "system" if item.role == "developer" else item.role
-        return [ChatMessage(role, _text(item.content, f"{where}.content"))]
+        images = places if role == "user" else None
+        return [ChatMessage(role, _text(item.content, f"{where}.content", images))]
     if isinstance(item, FunctionCallItem):
         return [ChatMessage("assistant", "", (ToolCall(item.call_id, item.name, item.arguments),))]
     if isinstance(item, FunctionCallOutputItem):
-        return [ChatMessage("tool", _text(item.output, f"{where}.output"), tool_call_id=item.call_id)]
+        output = _text(item.output, f"{where}.output", places)
+        return [ChatMessage("tool", output, tool_call_id=item.call_id)]
     return []
 
 
-def _text(content: str | list[ContentPart], where: str) -> str:
+def _text(content: str | list[ContentPart], where: str, places: ImagePlaces | None) -> str:
+    """The text of an item's content, its parts joined by newlines, an image's place its marker
+    (`places`: None where the role sends no images)."""
     if isinstance(content, str):
         return content
-    texts = []
+    pieces = []
     for j, part in enumerate(content):
+        if part.type == "input_image" and places is not None:
+            if part.image_url is None:
+                raise BadRequest(
+                    f"{where}.{j}: an input_image needs its image_url, a data URL (file_id is not served)",
+                    param=f"{where}.{j}",
+                )
+            pieces.append(places.place_data_url(part.image_url, f"{where}.{j}.image_url"))
+            continue
         if part.type not in TEXT_PARTS or part.text is None:
+            supported = "text or input_image" if places is not None else "text only"
             raise BadRequest(
-                f"{where}.{j}: content of type {part.type!r} is not supported (text only)", param=where
+                f"{where}.{j}: content of type {part.type!r} is not supported ({supported})", param=where
             )
-        texts.append(part.text)
-    return "\n".join(texts)
+        pieces.append(part.text)
+    return "\n".join(pieces)
 
 
 def _merged_calls(messages: list[ChatMessage]) -> list[ChatMessage]:

@@ -34,8 +34,10 @@ TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
 
 
 class ContentPart(_Lenient):
-    """`input_text`, `output_text` (text is read); `input_image`, `input_file` and others (a 400
-    that names the part: the model takes any type, and the schema documents the text parts only)."""
+    """`input_text`, `output_text` (text is read); `input_image` with its `image_url` a data URL (the
+    server fetches nothing), in a user message or a function's output, where the model is served
+    with its projector; `input_file` and others (a 400 that names the part: the model takes any
+    type, and the schema documents the text parts, and images where the server reads them)."""
 
     model_config = ConfigDict(
         json_schema_extra={
@@ -46,6 +48,7 @@ class ContentPart(_Lenient):
 
     type: str
     text: str | None = None
+    image_url: str | None = None
 
 
 class InputMessage(_Lenient):

@@ -6,11 +6,13 @@ from the sixth turn on the oldest image leaves the prompt and everything after i
 any prefix cache. Both sides get the same chats, greedy, with fixed answers in the history:
 
 - snapcache: `CachedLlama(llm, store, mmproj=...)` in this process, on a disk store;
-- llama-server: `--mmproj`, `--cache-ram`, over its Chat Completions API (the tokens it read: the
-  prompt's less its `cached_tokens`).
+- snapcache serve: `--mmproj` (its defaults otherwise: `--parallel 4`, a disk cache), over its Chat
+  Completions API;
+- llama-server: `--mmproj`, `--cache-ram`, over its Chat Completions API (for both servers, the
+  tokens read are the prompt's less its `cached_tokens`).
 
-After the last turn both restart (snapcache: a new Llama and store over the same directory, what a
-new process has; llama-server: a new process) and answer one more turn. The model is the suite's tiny
+After the last turn all restart (snapcache: a new Llama and store over the same directory, what a
+new process has; the servers: a new process) and answer one more turn. The model is the suite's tiny
 vision model (random weights; an image is `--image-tokens` embeddings, 256 by default, as Gemma 3's):
 what is measured is which tokens each side reads, not how fast. No vision model that both load is
 available to the runs here.
@@ -104,67 +106,53 @@ class Snapcache:
         self._llm.close()
 
 
-class LlamaServer:
-    """The loop's turns through llama-server with `--mmproj` and `--cache-ram`."""
+class _ChatServer:
+    """A server process whose Chat Completions API answers the loop's turns: started, restarted
+    (a new process), asked, stopped."""
 
-    def __init__(self, binary: Path, model: Path, mmproj: Path, workdir: Path, port: int) -> None:
-        self.command = [
-            str(binary),
-            "-m",
-            str(model),
-            "--mmproj",
-            str(mmproj),
-            "-c",
-            str(N_CTX),
-            "-np",
-            "1",
-            "-t",
-            str(THREADS),
-            "-tb",
-            str(THREADS),
-            "--cache-ram",
-            "2048",
-            "--jinja",
-            "--no-webui",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-        ]
-        self._log = workdir / "llama-server.log"
+    name = ""
+
+    def __init__(self, command: list[str], workdir: Path, port: int, ready: str) -> None:
+        self.command = command
+        self._log = workdir / f"{self.name}.log"
         self._base = f"http://127.0.0.1:{port}"
+        self._ready = ready
         self._process: subprocess.Popen[bytes] | None = None
         self._start()
 
     def _start(self) -> None:
         with self._log.open("ab") as log:
             self._process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             try:
-                with urllib.request.urlopen(self._base + "/health", timeout=2) as response:
+                with urllib.request.urlopen(self._base + self._ready, timeout=2) as response:
                     if response.status == 200:
                         return
             except OSError:
                 time.sleep(0.2)
-        raise RuntimeError(f"llama-server did not start: see {self._log}")
+        raise RuntimeError(f"{self.name} did not start: see {self._log}")
 
     def restart(self) -> None:
         self.close()
         self._start()
 
+    def _bias(self) -> Any:
+        return {str(token): bias for token, bias in BIAS.items()}
+
     def turn(self, messages: list[dict[str, Any]]) -> tuple[int, int]:
-        body = {"messages": messages, "logit_bias": [[k, v] for k, v in BIAS.items()], **OPTIONS}
+        """(prompt tokens, tokens read afresh: the prompt's less its `cached_tokens`)."""
+        body = {"model": "m", "messages": messages, "logit_bias": self._bias(), **OPTIONS}
         request = urllib.request.Request(
             self._base + "/v1/chat/completions",
             json.dumps(body).encode(),
-            {"Content-Type": "application/json"},
+            {"Content-Type": "application/json", "X-Snapcache-Scope": "computer-use"},
         )
         try:
             with urllib.request.urlopen(request, timeout=300) as response:
                 result = json.loads(response.read())
         except urllib.error.HTTPError as exc:
-            raise RuntimeError(f"llama-server answered {exc.code}: {exc.read()[:500]!r}") from None
+            raise RuntimeError(f"{self.name} answered {exc.code}: {exc.read()[:500]!r}") from None
         usage = result["usage"]
         prompt = int(usage["prompt_tokens"])
         return prompt, prompt - int(usage.get("prompt_tokens_details", {}).get("cached_tokens", 0))
@@ -174,6 +162,31 @@ class LlamaServer:
             self._process.terminate()
             self._process.wait(30)
             self._process = None
+
+
+class SnapcacheServe(_ChatServer):
+    """The loop's turns through `snapcache serve --mmproj`, its cache on disk under `directory`."""
+
+    name = "snapcache serve"
+
+    def __init__(self, model: Path, mmproj: Path, directory: Path, workdir: Path, port: int) -> None:
+        command = [sys.executable, "-m", "snapcache", "--cache-dir", str(directory), "serve", str(model)]
+        command += ["--mmproj", str(mmproj), "--n-ctx", str(N_CTX), "--threads", str(THREADS)]
+        super().__init__([*command, "--port", str(port)], workdir, port, "/v1/models")
+
+
+class LlamaServer(_ChatServer):
+    """The loop's turns through llama-server with `--mmproj` and `--cache-ram`."""
+
+    name = "llama-server"
+
+    def __init__(self, binary: Path, model: Path, mmproj: Path, workdir: Path, port: int) -> None:
+        command = [str(binary), "-m", str(model), "--mmproj", str(mmproj), "-c", str(N_CTX), "-np", "1"]
+        command += ["-t", str(THREADS), "-tb", str(THREADS), "--cache-ram", "2048", "--jinja", "--no-webui"]
+        super().__init__([*command, "--host", "127.0.0.1", "--port", str(port)], workdir, port, "/health")
+
+    def _bias(self) -> Any:
+        return [[token, bias] for token, bias in BIAS.items()]
 
 
 def _free_port() -> int:
@@ -207,6 +220,7 @@ def main() -> None:
         size = int(args.image_tokens**0.5) * 8
         model, mmproj = write_tiny_vision_model(workdir, image_size=size)
         sides["snapcache"] = Snapcache(model, mmproj, workdir / "store")
+        sides["snapcache serve"] = SnapcacheServe(model, mmproj, workdir / "served", workdir, _free_port())
         if args.llama_server.exists():
             sides["llama-server"] = LlamaServer(args.llama_server, model, mmproj, workdir, _free_port())
         table = Table(
@@ -233,8 +247,12 @@ def main() -> None:
             )
         table.notes.append(
             "prompt: the prompt's tokens as each side renders and counts them (templates differ); read: "
-            "the tokens llama.cpp read for it (snapcache: evaluated_tokens; llama-server: prompt_tokens less "
+            "the tokens llama.cpp read for it (snapcache: evaluated_tokens; the servers: prompt_tokens less "
             "usage.prompt_tokens_details.cached_tokens)"
+        )
+        served = sides["snapcache serve"].command
+        table.notes.append(
+            f"snapcache serve: {' '.join(served[served.index('--mmproj') : -2])}".replace(str(workdir), "…")
         )
         if "llama-server" in sides:
             command = " ".join(sides["llama-server"].command[1:-4]).replace(str(workdir), "…")

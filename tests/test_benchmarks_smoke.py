@@ -499,17 +499,21 @@ def test_agent_loop_quick(tmp_path: Path) -> None:
 
 
 def test_computer_use_loop_quick(tmp_path: Path) -> None:
-    """Four turns with a screenshot each on the tiny vision model, then one after a restart, snapcache
-    alone (no llama-server binary given): the restart restores from disk all but the new turn."""
+    """Four turns with a screenshot each on the tiny vision model, then one after a restart, through
+    CachedLlama and `snapcache serve --mmproj` (no llama-server binary given): the restart restores
+    from disk all but the new turn, on both."""
     out = tmp_path / "computer_use.json"
     no_server = str(tmp_path / "none")
     proc = _run("computer_use_loop.py", "--quick", "--llama-server", no_server, "--json", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
     _assert_header(proc.stdout, "Prompt tokens read afresh per turn", "turn")
-    rows = _load_json(out, "computer_use_loop")["tables"][0]["rows"]
-    by_turn = {row[0]: row for row in rows}
-    assert int(by_turn["1"][2]) == int(by_turn["1"][1])  # the first turn reads everything
-    for turn in ("2", "3", "4"):
-        assert int(by_turn[turn][2]) < int(by_turn[turn][1]) // 2
-    prompt, read = int(by_turn["5 after a restart"][1]), int(by_turn["5 after a restart"][2])
-    assert read < prompt // 4  # the earlier turns and their screenshots came back from disk
+    [table] = _load_json(out, "computer_use_loop")["tables"]
+    by_turn = {row[0]: dict(zip(table["columns"], row, strict=True)) for row in table["rows"]}
+    for side in ("snapcache", "snapcache serve"):
+        prompt, read = f"{side} prompt", f"{side} read"
+        assert int(by_turn["1"][read]) == int(by_turn["1"][prompt])  # the first turn reads everything
+        for turn in ("2", "3", "4"):
+            assert int(by_turn[turn][read]) < int(by_turn[turn][prompt]) // 2, (side, turn)
+        after = by_turn["5 after a restart"]
+        # The earlier turns and their screenshots came back from disk.
+        assert int(after[read]) < int(after[prompt]) // 4, side

@@ -25,10 +25,12 @@ from pydantic.json_schema import models_json_schema
 from snapcache.key import MAX_SCOPE_LENGTH
 from snapcache.server.chat.dialects.chat_completions.chat_completions_protocol import ChatCompletionRequest
 from snapcache.server.checks import ModelLimits
+from snapcache.server.schema_images import describe_images
 from snapcache.server.schema_rules import (
     END,
     GBNF,
     GRAMMAR_FORMAT,
+    NOTHING,
     gbnf_grammar,
     given,
     no_min_tokens_with_a_grammar,
@@ -145,7 +147,7 @@ def describe_api(app: FastAPI, limits: ModelLimits, *, api_key: bool, images: bo
             return app.openapi_schema
         document = generate()
         _describe(document, limits, api_key=api_key)
-        _describe_images(document, images=images)
+        describe_images(document, _body_schema, images=images)
         app.openapi_schema = document
         return document
 
@@ -172,67 +174,13 @@ def _describe(document: Document, limits: ModelLimits, *, api_key: bool) -> None
     _chat_completions(document, limits)
 
 
-def _describe_images(document: Document, *, images: bool) -> None:
-    """Where each API takes images: described where the server reads them, else refused (each a
-    400 that says to serve the model with --mmproj)."""
-    schemas: Document = document.get("components", {}).get("schemas", {})
-    messages = [schemas.get("Message")]  # Ollama's /api/chat messages
-    generate = _body_schema(document, "/api/generate")
-    if not images:
-        for schema in [*messages, generate]:
-            if isinstance(schema, dict):
-                refuse(schema, "images", _NOTHING, "null or none: the model is served without --mmproj")
-        _drop_refs(schemas, _IMAGE_BLOCK)
-        return
-    for schema in [*messages, generate]:
-        if isinstance(schema, dict) and "images" in schema.get("properties", {}):
-            schema["properties"]["images"] = _BASE64_IMAGES
-    chat_part = schemas.get(_CHAT + "ContentPart")
-    if isinstance(chat_part, dict):
-        chat_part["description"] = (
-            "Text parts, an assistant's refusal, and a user's images; audio and files are a 400."
-        )
-        chat_part.setdefault("anyOf", []).append(_CHAT_IMAGE_PART)
-    responses_part = schemas.get("ContentPart")
-    if isinstance(responses_part, dict):
-        responses_part["anyOf"] = [
-            {key: value for key, value in responses_part.items() if key in ("properties", "required")},
-            _RESPONSES_IMAGE_PART,
-        ]
-        responses_part.pop("properties", None)
-        responses_part.pop("required", None)
-
-
-def _drop_refs(node: Any, ref: str) -> None:
-    """Take every choice that is a reference to `ref` (and its discriminator's entry) out of `node`."""
-    if isinstance(node, list):
-        for item in node:
-            _drop_refs(item, ref)
-        return
-    if not isinstance(node, dict):
-        return
-    for key in ("oneOf", "anyOf"):
-        if isinstance(node.get(key), list):
-            node[key] = [
-                item for item in node[key] if not (isinstance(item, dict) and item.get("$ref") == ref)
-            ]
-    mapping = (
-        node.get("discriminator", {}).get("mapping") if isinstance(node.get("discriminator"), dict) else None
-    )
-    if isinstance(mapping, dict):
-        for name in [name for name, target in mapping.items() if target == ref]:
-            del mapping[name]
-    for value in node.values():
-        _drop_refs(value, ref)
-
-
 def _ollama_generate(schema: Document, _limits: ModelLimits) -> None:
     """What `/api/generate` refuses: what would bypass the model's chat template (its images: see
     `_describe_images`)."""
     refuse(schema, "raw", {"anyOf": [{"const": False}]}, "false: prompts are rendered by the chat template")
     for name in ("suffix", "template"):
         refuse(schema, name, {"anyOf": [{"const": ""}, {"type": "null"}]}, "empty: the chat template renders")
-    refuse(schema, "context", _NOTHING, "null or none: send a conversation to /api/chat")
+    refuse(schema, "context", NOTHING, "null or none: send a conversation to /api/chat")
 
 
 def _chat_completions(document: Document, limits: ModelLimits) -> None:
@@ -406,34 +354,6 @@ def _detokenize(schema: Document, limits: ModelLimits) -> None:
         tokens.update(minimum=0, maximum=limits.n_vocab - 1)
 
 
-_NOTHING: Document = {"anyOf": [{"type": "null"}, {"type": "array", "maxItems": 0}]}
-_IMAGE_BLOCK = "#/components/schemas/ImageBlock"
-_IMAGE_BYTES = "a PNG, JPEG, GIF or BMP image of at most 20 MiB and 35 million pixels"
-_DATA_URL: Document = {
-    "type": "string",
-    "pattern": "^data:image/[a-z]+;base64,",
-    "description": f"A base64 data URL of {_IMAGE_BYTES} (the server fetches nothing).",
-}
-_BASE64_IMAGES: Document = {
-    "title": "Images",
-    "description": f"Base64 texts, each {_IMAGE_BYTES}; they go before the text.",
-    "anyOf": [{"type": "null"}, {"type": "array", "items": {"type": "string", "contentEncoding": "base64"}}],
-}
-_CHAT_IMAGE_PART: Document = {
-    "type": "object",
-    "required": ["type", "image_url"],
-    "properties": {
-        "type": {"const": "image_url"},
-        "image_url": {
-            "anyOf": [_DATA_URL, {"type": "object", "required": ["url"], "properties": {"url": _DATA_URL}}]
-        },
-    },
-}
-_RESPONSES_IMAGE_PART: Document = {
-    "type": "object",
-    "required": ["type", "image_url"],
-    "properties": {"type": {"const": "input_image"}, "image_url": _DATA_URL},
-}
 _BODIES: dict[str, Callable[[Document, ModelLimits], None]] = {
     "/api/generate": _ollama_generate,
     "/v1/completions": _completion,

@@ -12,6 +12,7 @@ __all__ = [
     "END",
     "GBNF",
     "GRAMMAR_FORMAT",
+    "NOTHING",
     "decimal_below",
     "gbnf_grammar",
     "given",
@@ -27,6 +28,8 @@ END = "(?!\\n)$"
 # The string format of a grammar: llama.cpp's GBNF, with a `root` rule, that llama.cpp can parse.
 GRAMMAR_FORMAT = "gbnf"
 GBNF: Document = {"type": "string", "format": GRAMMAR_FORMAT}
+# A list property that must be left out, null or empty.
+NOTHING: Document = {"anyOf": [{"type": "null"}, {"type": "array", "maxItems": 0}]}
 
 
 def refuse(schema: Document, name: str, allowed: Document, why: str) -> None:

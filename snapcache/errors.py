@@ -12,7 +12,12 @@ class InvalidArgument(SnapcacheError, ValueError):
 
 
 class ImageError(InvalidArgument):
-    """Bytes that are not an image mtmd may decode: another format, damaged, or too large."""
+    """Bytes that are not an image mtmd may decode: another format, damaged, or too large. `image`:
+    which of a chat's images it is (from 0, in the order the messages hold them), where known."""
+
+    def __init__(self, message: str, *, image: int | None = None) -> None:
+        super().__init__(message)
+        self.image = image
 
 
 class KeyMismatch(InvalidArgument):

@@ -276,6 +276,8 @@ def test_screenshots_restore_after_a_restart_in_every_dialect(
 
 PNG_URL = "https://example.com/screen.png"
 NOT_AN_IMAGE = b64(b"%PDF-1.7 not a picture")
+# Its header whole (a 64 x 48 PNG), its pixels damaged: only decoding finds it out.
+DAMAGED = b64(screenshot(6)[:60] + b"\x00" * 40)
 
 BAD_BODIES = [
     pytest.param(
@@ -307,6 +309,82 @@ BAD_BODIES = [
         "messages.0.content",
         "text only",
         id="chat-completions-system-image",
+    ),
+    pytest.param(
+        "/v1/chat/completions",
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "Click OK."},
+                        {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{DAMAGED}"}},
+                    ],
+                }
+            ]
+        },
+        "messages.0.content.1.image_url",
+        "could not be decoded",
+        id="chat-completions-damaged",
+    ),
+    pytest.param(
+        "/v1/messages",
+        {
+            "max_tokens": 4,
+            "messages": [
+                {"role": "user", "content": "Look."},
+                {
+                    "role": "assistant",
+                    "content": [{"type": "tool_use", "id": "t", "name": "shot", "input": {}}],
+                },
+                {
+                    "role": "user",
+                    "content": [
+                        # The tool result goes before the text (a message of its own), its image with it.
+                        {
+                            "type": "image",
+                            "source": {
+                                "type": "base64",
+                                "media_type": "image/png",
+                                "data": b64(screenshot(7)),
+                            },
+                        },
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": "t",
+                            "content": [
+                                {
+                                    "type": "image",
+                                    "source": {"type": "base64", "media_type": "image/png", "data": DAMAGED},
+                                }
+                            ],
+                        },
+                    ],
+                },
+            ],
+        },
+        "messages.2.content.1.content.0.source.data",
+        "could not be decoded",
+        id="anthropic-damaged-in-a-tool-result",
+    ),
+    pytest.param(
+        "/v1/messages/count_tokens",
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "image",
+                            "source": {"type": "base64", "media_type": "image/png", "data": DAMAGED},
+                        }
+                    ],
+                }
+            ],
+        },
+        "messages.0.content.0.source.data",
+        "could not be decoded",
+        id="anthropic-count-damaged",
     ),
     pytest.param(
         "/v1/responses",

@@ -18,7 +18,7 @@ from typing import Any
 
 import llama_cpp
 
-from snapcache.errors import InvalidArgument
+from snapcache.errors import ImageError, InvalidArgument
 from snapcache.llama.media.chat_images import ChatImages, split_images
 from snapcache.llama.media.media_prompt import MediaPrompt
 from snapcache.llama.media.projector import Image, Projector
@@ -43,7 +43,7 @@ class MediaChat:
         markers), its tokenizing of the rendered prompt makes `pending`. ImageError or
         InvalidArgument, naming the part, for an image that is not one."""
         chat = split_images(messages)
-        self._images = [self._projector.decode(data) for data in chat.images]
+        self._images = [self._decoded(data, k) for k, data in enumerate(chat.images)]
         self._chat = chat
         self.pending = None
         llm = self._llm
@@ -68,6 +68,12 @@ class MediaChat:
         if chat is not None and isinstance(prompt, str) and chat.marker in prompt:
             return self.prompt_of(prompt, add_bos=True).placeholder_tokens
         return prompt
+
+    def _decoded(self, data: bytes, image: int) -> Image:
+        try:
+            return self._projector.decode(data)
+        except ImageError as exc:
+            raise ImageError(f"the chat's image {image + 1}: {exc}", image=image) from None
 
     @property
     def rendering_images(self) -> bool:

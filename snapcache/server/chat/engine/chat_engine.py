@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import AsyncIterator, Generator, Iterator
+from collections.abc import AsyncIterator, Generator, Iterable, Iterator
 from dataclasses import replace
 from typing import Any, TypeVar
 
 import anyio
 from llama_cpp.llama_grammar import LlamaGrammar
 
+from snapcache.errors import ImageError, InvalidArgument
 from snapcache.llama.media.projector import Projector
 from snapcache.server.chat.chat_request import ChatRequest
 from snapcache.server.chat.engine.generic_tools import GenericTools
@@ -44,7 +45,13 @@ from snapcache.server.chat.events import (
     ToolCalled,
     Usage,
 )
-from snapcache.server.chat.sent_images import as_image_parts, without_projector
+from snapcache.server.chat.sent_images import (
+    ImageParts,
+    SentImage,
+    as_image_parts,
+    named_image_problem,
+    without_projector,
+)
 from snapcache.server.checks import ModelLimits, check_grammar, check_logit_bias
 from snapcache.server.error_answers import BadRequest, client_error
 from snapcache.server.model_engine import ModelEngine
@@ -111,13 +118,14 @@ class ChatEngine:
         """The model's projector, with which its chats read images (None: served without one)."""
         return self.model.projector
 
-    def model_messages(self, request: ChatRequest) -> list[dict[str, Any]]:
+    def model_messages(self, request: ChatRequest) -> ImageParts:
         """The messages `create_chat_completion` gets for `request`: as rendered for the template,
-        each image an OpenAI `image_url` part where its marker stands (see `sent_images`)."""
+        each image an OpenAI `image_url` part where its marker stands (see `sent_images`), and the
+        images in the order they hold them."""
         self.check_images(request)
         messages = self.rendered_messages(request)
         if not request.images:
-            return messages
+            return ImageParts(messages, ())
         return as_image_parts(messages, request.image_marker, request.images)
 
     def check_images(self, request: ChatRequest) -> None:
@@ -161,13 +169,17 @@ class ChatEngine:
         if tools.stop(request):
             kwargs["stop"] = list(tools.stop(request))
         special_text = tools.special_text(request)
-        chunks = self.model.chat(self.model_messages(request), record, special_text=special_text, **kwargs)
+        with_images = self.model_messages(request)
+        try:
+            chunks = self.model.chat(with_images.messages, record, special_text=special_text, **kwargs)
+        except ImageError as exc:
+            raise named_image_problem(exc, with_images.order) from None
         stops = _StopMatcher(request.stop)
         reader = tools.reader(request)
         calls = _CallEvents(live=self._live_tool_calls)
         started, reason, generated, called = False, "end", 0, False
         try:
-            for chunk in chunks:
+            for chunk in _naming_images(chunks, with_images.order):
                 if not started:
                     started = True
                     yield Started(_usage(record, generated), time.monotonic_ns() - began)
@@ -209,6 +221,8 @@ class ChatEngine:
         """The BadRequest a failure of the model's is, or the failure itself."""
         if isinstance(exc, BadRequest):
             return exc
+        if isinstance(exc, InvalidArgument):  # what the request asked of the cache or the model
+            return BadRequest(str(exc), param="messages")
         document = client_error(exc)
         if document is None:
             return exc
@@ -250,6 +264,14 @@ def _constraints(
     if request.min_tokens > 0:
         kwargs["logits_processor"] = model.min_tokens_processor(request.min_tokens)
     return kwargs
+
+
+def _naming_images(chunks: Iterable[Any], order: tuple[SentImage, ...]) -> Iterator[Any]:
+    """The chunks, an image the hook could not decode named by its field (see `_image_problem`)."""
+    try:
+        yield from chunks
+    except ImageError as exc:
+        raise named_image_problem(exc, order) from None
 
 
 def _cut(dropped: ToolCallDropped) -> ToolCallDropped:

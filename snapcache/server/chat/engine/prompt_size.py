@@ -6,11 +6,12 @@ import threading
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from snapcache.errors import ImageError
 from snapcache.llama.hook.media_chat import MediaChat
-from snapcache.llama.media.chat_images import has_images
 from snapcache.llama.media.projector import Projector
 from snapcache.llama.templates.chat_prefix import ChatPrefixFinder
 from snapcache.server.chat.chat_request import ChatRequest
+from snapcache.server.chat.sent_images import ImageParts, named_image_problem
 from snapcache.server.error_answers import BadRequest
 
 __all__ = ["PromptCounter"]
@@ -38,7 +39,7 @@ class _Renders(Protocol):
 
     def prepared(self, request: ChatRequest, *, remember: bool = True) -> ChatRequest: ...
 
-    def model_messages(self, request: ChatRequest) -> list[dict[str, Any]]: ...
+    def model_messages(self, request: ChatRequest) -> ImageParts: ...
 
     @property
     def projector(self) -> Projector | None: ...
@@ -64,15 +65,19 @@ class PromptCounter:
     def count(self, request: ChatRequest) -> int:
         """The prompt tokens of `request` (prompt rules applied, tools rendered)."""
         request = self._engine.prepared(request, remember=False)
-        messages: list[Mapping[str, Any]] = list(self._engine.model_messages(request))
+        with_images = self._engine.model_messages(request)
+        messages: list[Mapping[str, Any]] = list(with_images.messages)
         options = self._engine.template_options(request)
         projector = self._engine.projector
         with self._lock:
-            if projector is None or not has_images(messages):
+            if projector is None or not with_images.order:
                 tokens = self._finder.render(messages, options)
             else:  # the images' tokens counted as mtmd reads them, their pixels decoded
-                with MediaChat(self._renderer, projector).rendering(messages) as plain:  # type: ignore[arg-type]
-                    tokens = self._finder.render(list[Mapping[str, Any]](plain), options)
+                try:
+                    with MediaChat(self._renderer, projector).rendering(messages) as plain:  # type: ignore[arg-type]
+                        tokens = self._finder.render(list[Mapping[str, Any]](plain), options)
+                except ImageError as exc:
+                    raise named_image_problem(exc, with_images.order) from None
         if tokens is None:
             raise BadRequest("the model's chat template cannot render these messages", param="messages")
         return len(tokens)

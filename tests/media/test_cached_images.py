@@ -114,9 +114,17 @@ def test_other_pixels_restore_only_what_comes_before_them(
         cached = CachedLlama(new_llm(), store, mmproj=vision_model[1])
         reply, restored = answer(cached, changed)
         prompt_tokens = cached.last_restore.prompt_tokens if cached.last_restore else 0
+        # The miss is explained where the other image starts (its key tokens never reach llama.cpp's
+        # detokenizer, which would abort the process).
+        why = cached.explain()
     assert reply == expected
     # At most the text before the image: the image and the text after it (some 30 tokens) are read.
     assert 0 < restored <= prompt_tokens - VISION_IMAGE_TOKENS - 8
+    assert why is not None
+    assert why.diverged_at is not None
+    assert restored <= why.diverged_at  # the image starts there: a restore stops at or before it
+    assert why.prompt_text.startswith("[image]")
+    assert why.stored_text.startswith("[image]")
 
 
 def test_the_same_pixels_in_another_format_and_an_earlier_turn_restore(

@@ -201,6 +201,9 @@ def test_other_pixels_are_read_from_their_image_on(server: ServerProcess) -> Non
     other = chat_completions(server, [Turn("user", question, screenshot(2))], "other-pixels")
     # The system text before the image is restored; the other screenshot and what follows are read.
     assert VISION_IMAGE_TOKENS <= other.read < first.read
+    status, why, _ = http_json("GET", server.base_url + "/snapcache/why?scope=other-pixels")
+    assert status == 200
+    assert why["prompt_text"].startswith("[image]"), why
 
 
 def test_a_screenshot_in_a_tool_result_restores_in_the_next_turn(server: ServerProcess) -> None:

@@ -9,6 +9,7 @@ llama.cpp; the explanation names the fingerprint parts that differ (see `fingerp
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -194,7 +195,16 @@ def _reason(
 
 
 def _decode(llm: llama_cpp.Llama, tokens: Any) -> str:
-    try:
-        return bytes(llm.detokenize([int(t) for t in tokens])).decode("utf-8", "replace")
-    except Exception:  # an id outside the vocabulary: show nothing rather than fail the explanation
-        return ""
+    """The text of `tokens`, each run of ids outside the vocabulary (an image's key tokens) shown as
+    `[image]`: llama.cpp's detokenizer aborts the process on such an id."""
+    n_vocab = int(llm.n_vocab())
+    pieces: list[str] = []
+    for in_vocabulary, run in itertools.groupby((int(t) for t in tokens), lambda t: 0 <= t < n_vocab):
+        if not in_vocabulary:
+            pieces.append("[image]")
+            continue
+        try:
+            pieces.append(bytes(llm.detokenize(list(run))).decode("utf-8", "replace"))
+        except Exception:  # show nothing rather than fail the explanation
+            pieces.append("")
+    return "".join(pieces)

@@ -160,7 +160,7 @@ def test_function_calls_and_their_outputs_are_taken_as_input(server: ServerProce
                 "model": "m",
                 "input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}],
             },
-            "input_image",
+            "input.0.content.0.image_url",
         ),
         ({"model": "m", "input": "hi", "tool_choice": {"type": "function", "name": "nope"}}, "nope"),
         ({"model": "m", "input": "hi", "max_output_tokens": 0}, "max_output_tokens"),

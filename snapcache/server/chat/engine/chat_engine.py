@@ -221,9 +221,9 @@ class ChatEngine:
         """The BadRequest a failure of the model's is, or the failure itself."""
         if isinstance(exc, BadRequest):
             return exc
-        if isinstance(exc, InvalidArgument):  # what the request asked of the cache or the model
-            return BadRequest(str(exc), param="messages")
         document = client_error(exc)
+        if document is None and isinstance(exc, InvalidArgument):  # what the request asked of the model
+            return BadRequest(str(exc), param="messages")
         if document is None:
             return exc
         error = document["error"]

@@ -111,11 +111,11 @@ def as_image_parts(
             continue
         pieces = place.split(content)  # text, number, text, number, ..., text
         parts: list[dict[str, Any]] = [{"type": "text", "text": pieces[0]}] if pieces[0] else []
-        for number, text in zip(pieces[1::2], pieces[2::2], strict=True):
-            if int(number) >= len(images) or int(number) in order:
+        for number, text in zip(map(int, pieces[1::2]), pieces[2::2], strict=True):
+            if number >= len(images) or number in order:
                 raise _lost_places()
-            order.append(int(number))
-            parts.append({"type": "image_url", "image_url": {"url": _data_url(images[int(number)])}})
+            order.append(number)
+            parts.append({"type": "image_url", "image_url": {"url": _data_url(images[number])}})
             if text:
                 parts.append({"type": "text", "text": text})
         parted.append({**message, "content": parts})

@@ -122,16 +122,16 @@ class ChatEngine:
         """The messages `create_chat_completion` gets for `request`: as rendered for the template,
         each image an OpenAI `image_url` part where its marker stands (see `sent_images`), and the
         images in the order they hold them."""
-        self.check_images(request)
-        messages = self.rendered_messages(request)
+        return self._with_image_parts(request, self.rendered_messages(request))
+
+    def _with_image_parts(self, request: ChatRequest, messages: list[dict[str, Any]]) -> ImageParts:
+        """`messages`, rendered for `request`, with its images as parts (see `model_messages`);
+        BadRequest, naming the field, for images sent to a model served without a projector."""
+        if request.images and self.model.projector is None:
+            raise without_projector(request.images[0])
         if not request.images:
             return ImageParts(messages, ())
         return as_image_parts(messages, request.image_marker, request.images)
-
-    def check_images(self, request: ChatRequest) -> None:
-        """BadRequest, naming the field, for images sent to a model served without a projector."""
-        if request.images and self.model.projector is None:
-            raise without_projector(request.images[0])
 
     async def events(
         self, request: ChatRequest, record: RequestRecord | None = None
@@ -140,7 +140,6 @@ class ChatEngine:
         for a request the model cannot run. Iterate it in one task, to its end or `aclose`.
         `record`: where the request's reuse is written (by `Started`, what it restored)."""
         request = self.prepared(request)
-        self.check_images(request)
         tools = self.tool_channel(request)
         record = record if record is not None else RequestRecord(scope=request.scope)
         run = self._run(request, tools, record)
@@ -169,7 +168,7 @@ class ChatEngine:
         if tools.stop(request):
             kwargs["stop"] = list(tools.stop(request))
         special_text = tools.special_text(request)
-        with_images = self.model_messages(request)
+        with_images = self._with_image_parts(request, tools.messages(request))
         try:
             chunks = self.model.chat(with_images.messages, record, special_text=special_text, **kwargs)
         except ImageError as exc:
@@ -267,7 +266,7 @@ def _constraints(
 
 
 def _naming_images(chunks: Iterable[Any], order: tuple[SentImage, ...]) -> Iterator[Any]:
-    """The chunks, an image the hook could not decode named by its field (see `_image_problem`)."""
+    """The chunks, an image the hook could not decode named by its field (see `named_image_problem`)."""
     try:
         yield from chunks
     except ImageError as exc:

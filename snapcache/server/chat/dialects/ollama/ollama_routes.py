@@ -107,8 +107,7 @@ def _loaded(dialect: Dialect[Any], body: ChatBody | GenerateBody, model: ServedM
     try:
         check_text(body)
         if isinstance(body, GenerateBody):
-            ollama.check_generate(body)
-            images = ollama.generate_request(body, DEFAULT_SCOPE).images if body.images else ()
+            images = ollama.generate_request(body, DEFAULT_SCOPE).images  # the body checked, images too
             if images and not model.reads_images:
                 raise without_projector(images[0])
     except BadRequest as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
@@ -52,6 +53,24 @@ def test_a_completion_is_the_llamas(batched: BatchedLlama, reference: llama_cpp.
     assert got["usage"]["completion_tokens"] == expected["usage"]["completion_tokens"]
     assert got["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
     assert got["object"] == "text_completion"
+
+
+@pytest.mark.parametrize("special", [False, True], ids=["text", "special tokens kept"])
+def test_a_long_drawn_completion_is_the_llamas_text(
+    batched: BatchedLlama, reference: llama_cpp.Llama, special: bool
+) -> None:
+    """Drawn tokens of the tiny model's byte vocabulary: characters split over tokens, bytes that are
+    no UTF-8, special tokens; the text made a piece a token is the text of all tokens at once."""
+    kwargs: dict[str, Any] = {"temperature": 1.5, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": 11}
+    kwargs["max_tokens"] = 120
+    # The Llama's completion text keeps special tokens where its detokenize is told to.
+    reference.detokenize = functools.partial(type(reference).detokenize, reference, special=special)  # type: ignore[method-assign]
+    got = batched.create_completion(PROMPT, special_text=special, **kwargs)
+    expected = reference.create_completion(PROMPT, **kwargs)
+    assert got["usage"]["completion_tokens"] == expected["usage"]["completion_tokens"] > 60
+    assert text(got) == text(expected)
+    streamed = list(batched.create_completion(PROMPT, stream=True, special_text=special, **kwargs))
+    assert "".join(c["choices"][0]["text"] for c in streamed) == text(expected)
 
 
 def test_a_stop_string_cuts_the_text_as_the_llama_does(

@@ -22,6 +22,7 @@ from typing import Any
 import llama_cpp
 import numpy as np
 import numpy.typing as npt
+from llama_cpp.llama_tokenizer import LlamaTokenizer
 
 from snapcache.llama.batch._request import Request, SchedulerError
 from snapcache.llama.stored.reports import CompletionListener, CompletionReport
@@ -62,6 +63,7 @@ class RequestText:
         self._created = int(time.time())
         self._model = llm.model_path
         self._told = False
+        self._bos = int(llm.token_bos())
         self.tokens: list[int] = []
         self.text = b""
         self.finish_reason = "length"
@@ -80,11 +82,7 @@ class RequestText:
                     self.finish_reason = "stop"
                     return
                 self.tokens.append(token)
-                # The class's own detokenize: a call on the Llama's own context may shadow the
-                # instance's for its special tokens (see `snapcache.llama.hook.special_text`).
-                self.text = text = llama_cpp.Llama.detokenize(
-                    self._llm, self.tokens, prev_tokens=self._prompt, special=self._special
-                )
+                self.text = text = self._detokenized(self.text)
                 for k, char in enumerate(text[-3:]):
                     k = 3 - k
                     for num, pattern in ((2, 192), (3, 224), (4, 240)):
@@ -110,6 +108,22 @@ class RequestText:
             self.finish_reason = "stop"
         elif request.finish_reason == "error":
             raise SchedulerError(str(request.error))
+
+    def _detokenized(self, before: bytes) -> bytes:
+        """The text of all tokens so far, `before` being that of all but the last. llama-cpp-python's
+        own tokenizer joins each token's piece, but for a space it takes off the front where the
+        first token is BOS: the new token's piece is added to `before` where neither is BOS, so a
+        completion's text costs a piece a token rather than all its tokens again each token. Any
+        other tokenizer (a Hugging Face one, whose pieces depend on the tokens before) reads all."""
+        tokens = self.tokens
+        tokenizer = self._llm.tokenizer_
+        if type(tokenizer) is LlamaTokenizer and len(tokens) > 1:
+            bos = self._bos
+            if tokens[0] != bos and tokens[-1] != bos:
+                return before + tokenizer.detokenize(tokens[-1:], special=self._special)
+        # The class's own detokenize: a call on the Llama's own context may shadow the instance's
+        # for its special tokens (see `snapcache.llama.hook.special_text`).
+        return llama_cpp.Llama.detokenize(self._llm, tokens, prev_tokens=self._prompt, special=self._special)
 
     def _restored(self) -> None:
         """Tell the listener what the request restored, once: before its first token goes out."""

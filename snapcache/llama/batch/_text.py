@@ -63,6 +63,8 @@ class RequestText:
         self._created = int(time.time())
         self._model = llm.model_path
         self._told = False
+        # llama-cpp-python's own tokenizer: the text grows a piece a token (`_detokenized`).
+        self._joins_pieces = type(llm.tokenizer_) is LlamaTokenizer
         self._bos = int(llm.token_bos())
         self.tokens: list[int] = []
         self.text = b""
@@ -116,11 +118,8 @@ class RequestText:
         completion's text costs a piece a token rather than all its tokens again each token. Any
         other tokenizer (a Hugging Face one, whose pieces depend on the tokens before) reads all."""
         tokens = self.tokens
-        tokenizer = self._llm.tokenizer_
-        if type(tokenizer) is LlamaTokenizer and len(tokens) > 1:
-            bos = self._bos
-            if tokens[0] != bos and tokens[-1] != bos:
-                return before + tokenizer.detokenize(tokens[-1:], special=self._special)
+        if self._joins_pieces and len(tokens) > 1 and self._bos not in (tokens[0], tokens[-1]):
+            return before + self._llm.tokenizer_.detokenize(tokens[-1:], special=self._special)
         # The class's own detokenize: a call on the Llama's own context may shadow the instance's
         # for its special tokens (see `snapcache.llama.hook.special_text`).
         return llama_cpp.Llama.detokenize(self._llm, tokens, prev_tokens=self._prompt, special=self._special)

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from snapcache.llama.batch._detached import DetachedStream
+from snapcache.llama.hook.detached_stream import DetachedStream
 from snapcache.llama.hook.request_streams import RequestStreams, current_streams, stop_with_request
 
 _LABEL: contextvars.ContextVar[str] = contextvars.ContextVar("label", default="none")
@@ -60,11 +60,43 @@ def test_closing_a_stream_ends_it_and_gives_the_lock_back() -> None:
     assert closed.is_set()
 
 
+def test_closing_waits_for_the_stream_to_end_and_cancelling_never_does() -> None:
+    lock, closed, entered = threading.Lock(), threading.Event(), threading.Event()
+
+    def slow() -> Iterator[int]:
+        try:
+            yield 0
+            entered.set()
+            time.sleep(0.5)  # a token being decoded
+            yield 1
+        finally:
+            time.sleep(0.2)  # what the stream does when it ends: a state saved, say
+            closed.set()
+
+    cancelled = DetachedStream(slow, lock)
+    assert next(cancelled) == 0
+    assert entered.wait(5)
+    started = time.monotonic()
+    cancelled.cancel()  # on an event loop, when a client goes
+    assert time.monotonic() - started < 0.1
+    assert not closed.is_set()
+    assert closed.wait(5)
+    assert wait_free(lock)
+    closed.clear()
+    entered.clear()
+    stream = DetachedStream(slow, lock)
+    assert next(stream) == 0
+    assert entered.wait(5)
+    stream.close()  # on a worker thread, when the request is done with it
+    assert closed.is_set()
+    assert not lock.locked()
+
+
 def test_a_request_that_ends_stops_the_streams_it_started() -> None:
     lock, closed = threading.Lock(), threading.Event()
     with RequestStreams.opened() as streams:
         stream = DetachedStream(lambda: endless(closed), lock)
-        stop_with_request(stream.close)
+        stop_with_request(stream.cancel)
         next(stream)
     assert current_streams() is None
     streams.cancel_all()  # the client went: the reader is still blocked, or gone

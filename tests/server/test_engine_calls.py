@@ -1,10 +1,12 @@
 """The server calls its model engine and leaves the rest alone: after text completions (whole and
 streamed), chats, tokenizing and a warm, the served Llama has the methods it was loaded with,
 llama-cpp-python's server module its own globals, and two apps serve two models side by side in
-one process, each answering with its own."""
+one process, each answering with its own. What decodes on the Llama's own context does so on
+threads that end (`openmp_teams`)."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -96,3 +98,37 @@ def test_two_apps_in_one_process_serve_their_own_models(
             for client in (first, second)
         ]
     assert texts[0] != texts[1]  # two models with other weights
+
+
+@pytest.mark.parametrize("parallel", [ServeOptions().parallel, 1], ids=["default", "parallel-1"])
+def test_the_llamas_own_context_decodes_only_on_threads_that_end(
+    make_llama: MakeLlama,
+    tiny_model_path: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    parallel: int,
+) -> None:
+    # The Llama's own decodes (llama-cpp-python's `_internals`; the scheduler calls llama.cpp itself):
+    # a thread that decoded and stays keeps an OpenMP team, which slows every decode.
+    decoding: list[threading.Thread] = []
+    real_decode = llama_cpp.llama_cpp.llama_decode
+
+    def watched(ctx: Any, batch: Any) -> int:
+        decoding.append(threading.current_thread())
+        return int(real_decode(ctx, batch))
+
+    monkeypatch.setattr(llama_cpp.llama_cpp, "llama_decode", watched)
+    llm = make_llama(tiny_model_path, n_ctx=1024)
+    app = create_app(llm, SnapshotStore(directory=tmp_path / "cache"), ServeOptions(parallel=parallel))
+    with TestClient(app) as client:
+        _exercise(client)
+        # mirostat: a call the batched path hands to the Llama's own context, whole and streamed
+        prompt = {"prompt": SYSTEM + "Which one?", "max_tokens": 2, "mirostat_mode": 2}
+        assert client.post("/v1/completions", json=prompt).status_code == 200
+        assert client.post("/v1/completions", json={**prompt, "stream": True}).status_code == 200
+        threads = set(decoding)
+        assert threads  # the warm at least
+        assert threading.main_thread() not in threads
+        for thread in threads:
+            thread.join(timeout=10)  # a stream's thread ends with its stream
+        assert [thread.name for thread in threads if thread.is_alive()] == []

@@ -27,6 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from snapcache.llama.exactness.fingerprint_notes import FingerprintNotes
+from snapcache.llama.setup.openmp_teams import on_passing_thread
 from snapcache.llama.templates.chat_prefix import text_prompt_tokens
 
 __all__ = ["COARSEST_ALIGNMENT", "PROBE_TOKENS", "known", "measure_alignment", "remember", "remembered"]
@@ -83,6 +84,11 @@ def measure_alignment(llm: llama_cpp.Llama) -> int | None:
     tokens = _probe_tokens(llm)
     if len(tokens) < PROBE_TOKENS or int(llm.n_ctx()) <= PROBE_TOKENS + 1:
         return COARSEST_ALIGNMENT
+    # Its decodes leave no OpenMP team behind on the caller's thread (see `openmp_teams`).
+    return on_passing_thread(lambda: _probed_alignment(llm, tokens))
+
+
+def _probed_alignment(llm: llama_cpp.Llama, tokens: list[int]) -> int | None:
     try:
         whole = _last_logits(llm, [tokens])
         exact = {

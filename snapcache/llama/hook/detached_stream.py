@@ -5,8 +5,11 @@ that publisher stops reading and never closes the iterator, which lives on until
 collection finds it. A generator that held the Llama's own context across its `yield`s kept the
 context for as long, and every call that needed it (a warm, the next one-at-a-time completion)
 waited. Here the stream runs in its own thread, under the lock, to its end whatever the reader does
-(its length is bounded by `max_tokens` or the context), and stops at its next token once the reader
-closes it, is collected, or the request it belongs to is cancelled (see `request_streams`).
+(its length is bounded by `max_tokens` or the context), and stops at its next token once it is
+cancelled, its reader closes it or is collected, or the request it belongs to is cancelled (see
+`request_streams`). `close` waits for that, as closing a generator does: once it returns, the lock
+is given back and what the stream does when it ends (a state saved, special text put away) is done.
+The thread ends with the stream, and llama.cpp's OpenMP team with it (see `setup.openmp_teams`).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ class DetachedStream(Generic[T]):
         self._ended = False
         # The thread holds the queue and the event, never this object, so that a reader who drops it
         # lets it be collected, which stops the thread.
-        # The completion's own streams answer to this one: `close` cancels them at their next token.
+        # The completion's own streams answer to this one: `cancel` stops them at their next token.
         self._inner = RequestStreams()
         context = contextvars.copy_context()
         self._inner.current_in(context)
@@ -47,6 +50,7 @@ class DetachedStream(Generic[T]):
             daemon=True,
         )
         thread.start()
+        self._thread = thread
 
     def __iter__(self) -> DetachedStream[T]:
         return self
@@ -62,11 +66,17 @@ class DetachedStream(Generic[T]):
             raise value
         raise StopIteration
 
-    def close(self) -> None:
-        """End the stream at its next token (the lock is given back then); thread-safe."""
+    def cancel(self) -> None:
+        """End the stream at its next token (the lock is given back then); thread-safe, never blocks."""
         self._ended = True
         self._stop.set()
         self._inner.cancel_all()
+
+    def close(self) -> None:
+        """End the stream and wait for its thread to end (at its next token, or when it has the lock
+        and sees it is cancelled); call it where blocking is fine, never on an event loop."""
+        self.cancel()
+        self._thread.join()
 
     def __del__(self) -> None:
         self._stop.set()
@@ -81,6 +91,9 @@ def _produce(
 ) -> None:
     try:
         with lock:
+            if stop.is_set():  # cancelled while it waited for the lock
+                chunks.put((_END, None))
+                return
             stream = make()
             try:
                 for chunk in stream:

@@ -19,7 +19,6 @@ from fastapi.testclient import TestClient
 
 import snapcache
 from snapcache.llama.batch import Scheduler
-from snapcache.llama.hook.detached_stream import DetachedStream
 from snapcache.server.app import ServeOptions, create_app
 from snapcache.store import SnapshotStore
 from snapcache.store.snapshot_store import SnapshotStore as StoreClass
@@ -89,16 +88,13 @@ def test_a_messages_request_reaches_the_store_through_each_layer_once(
 ) -> None:
     """The request's worker thread starts in the chat engine and reaches the llama adapter through the
     model engine: at the default `--parallel` it hands its prompt to the scheduler, whose thread
-    reads the store; at `--parallel 1` it hands its completion to a stream's thread of its own (a
-    thread that ends with the stream, see `openmp_teams`), which reads the store through the hook."""
+    reads the store; at `--parallel 1` it reads the store itself, through the hook."""
     first_read = FirstCall(READS)
     submitted = FirstCall(("submit",), owner=Scheduler)
-    detached = FirstCall(("__init__",), owner=DetachedStream)
     app = create_app(tiny_llama, SnapshotStore(directory=tmp_path / "cache"), ServeOptions(parallel=parallel))
     with TestClient(app) as client:
         first_read.watching(monkeypatch)
         submitted.watching(monkeypatch)
-        detached.watching(monkeypatch)
         body = {
             "model": "m",
             "max_tokens": 2,
@@ -112,22 +108,26 @@ def test_a_messages_request_reaches_the_store_through_each_layer_once(
     assert "snapcache.llama.stored.prefix_cache" in path  # the one prefix cache both paths use
     if parallel == 1:
         assert submitted.path is None  # no scheduler
-        request, thread = detached.path, "the stream's thread"
-        handed_to = "snapcache.llama.hook.detached_stream"
-    else:
-        request, thread = submitted.path, "the scheduler's thread"
-        handed_to = "snapcache.llama.batch._scheduler"
+        print("\nAnthropic Messages at --parallel 1, route to the store's first read:", " > ".join(path))
+        assert (
+            path[0] == "snapcache.server.chat.engine.chat_engine"
+        )  # where the request's worker thread begins
+        assert "snapcache.server.model_engine" in path
+        assert "snapcache.llama.hook.completion_flow" in path  # the hook, installed for the call
+        assert layers_in_order(path) == list(LAYERS)
+        return
+    request = submitted.path
     assert request is not None
-    print(f"\nAnthropic Messages at --parallel {parallel}, route to {thread}:", " > ".join(request))
-    print(f"  then {thread}, to the store's first read:", " > ".join(path))
-    assert request[0] == ENGINE  # where the request's worker thread begins
+    print(f"\nAnthropic Messages at --parallel {parallel}, route to the scheduler:", " > ".join(request))
+    print("  then the scheduler's thread, to the store's first read:", " > ".join(path))
+    assert (
+        request[0] == "snapcache.server.chat.engine.chat_engine"
+    )  # where the request's worker thread begins
     assert "snapcache.server.model_engine" in request
     assert layers_in_order(request) == ["snapcache.server", "snapcache.llama"]
     assert len(request) == len(set(request)), request
-    assert path[0] == request[-1] == handed_to
+    assert path[0] == request[-1] == "snapcache.llama.batch._scheduler"
     assert layers_in_order(path) == ["snapcache.llama", "snapcache.store"]
-    if parallel == 1:
-        assert "snapcache.llama.hook.completion_flow" in path  # the hook, installed for the call
 
 
 def test_a_warmed_prompt_reaches_the_store_through_each_layer_once(

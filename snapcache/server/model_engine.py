@@ -12,13 +12,15 @@ Completions run on one of two paths, chosen once:
   prompts longer than a sequence) runs on the Llama's own context, one at a time, through the
   `CacheHook` installed for that call;
 - one at a time (`--parallel 1`, or a model the scheduler cannot run): every completion runs through
-  that `CacheHook` on the Llama's own context, under its lock; a stream is made in a thread of its
-  own (`DetachedStream`) from its first chunk until it ends or its route closes it.
+  that `CacheHook` on the Llama's own context, under its lock, a whole one on a thread of its own; a
+  stream holds the lock from its first chunk until it ends or its route closes it, in the request's
+  worker threads.
 
 Either way, warming and explaining a miss run on the Llama's own context in its turn (`in_turn`).
 Whatever decodes on the Llama's own context runs on a thread that ends with the call, never on a
-worker thread that stays: llama.cpp's OpenMP keeps a team of threads for each thread that decoded,
-and more teams than cores slow every decode, the scheduler's too (`openmp_teams`).
+worker thread that stays, but for the streams of the one-at-a-time path: llama.cpp's OpenMP keeps a
+team of threads for each thread that decoded, and more teams than cores slow every decode, the
+scheduler's too (`openmp_teams`).
 Given the model's projector, chats with images run through the `CacheHook`'s chats with images, on
 the Llama's own context, one at a time (the batched path reads text only).
 See docs/how-it-works/architecture.md ("The server").
@@ -28,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -39,9 +41,8 @@ from snapcache.llama.batch import BatchedLlama, Mode, Scheduler, unbatched_reaso
 from snapcache.llama.exactness.choice import AUTO, ExactnessChoice, choose_exactness
 from snapcache.llama.exactness.fingerprint_notes import FingerprintNotes
 from snapcache.llama.hook.cache_hook import CacheHook
-from snapcache.llama.hook.detached_stream import DetachedStream
+from snapcache.llama.hook.detached_stream import on_own_context
 from snapcache.llama.hook.miss import MissExplanation, explain_prompt
-from snapcache.llama.hook.request_streams import stop_with_request
 from snapcache.llama.media.projector import Projector
 from snapcache.llama.setup.openmp_teams import on_passing_thread
 from snapcache.llama.stored.reports import CompletionListener, CompletionReport, RestoreInfo
@@ -151,16 +152,13 @@ class ModelEngine:
         )
 
     def _one_at_a_time(self, run: Callable[[], Any], *, stream: bool) -> Any:
-        """`run()` on the Llama's own context, on a thread that ends with it (its OpenMP team goes
-        with it, see `openmp_teams`); a stream is made in a thread of its own under the context's
-        lock, from its first chunk until it ends or is closed (the routes close every stream they
-        start, also when their client goes)."""
-        if not stream:
-            with self._own_context:
-                return on_passing_thread(run)
-        detached = DetachedStream(lambda: iter(run()), self._own_context)
-        stop_with_request(detached.cancel)
-        return detached
+        """`run()` on the Llama's own context: a whole call on a thread that ends with it (its OpenMP
+        team goes with it, see `openmp_teams`); a stream under the context's lock from its first
+        chunk until it ends or is closed, in the request's worker threads (made in a thread of its
+        own, a stream whose client went saved an empty state: not done)."""
+        if stream:
+            return _holding(self._own_context, run)
+        return on_own_context(run, self._own_context, stream=False)
 
     # -- the model's vocabulary (thread-safe) -------------------------------------------------------
 
@@ -241,6 +239,19 @@ class ModelEngine:
         """Stop the scheduler (the Llama stays loaded, as it was given)."""
         if self.batched is not None:
             self.batched.scheduler.close()
+
+
+def _holding(lock: threading.Lock, run: Callable[[], Any]) -> Generator[Any, None, None]:
+    """The chunks of `run()`, made under `lock` from the first chunk asked for until the stream ends
+    or is closed (the routes close every stream they start, also when their client goes)."""
+    with lock:
+        chunks = iter(run())
+        try:
+            yield from chunks
+        finally:
+            close = getattr(chunks, "close", None)
+            if close is not None:
+                close()
 
 
 class _RecordListener:

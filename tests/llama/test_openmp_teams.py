@@ -35,8 +35,8 @@ def threads_python_did_not_start() -> int:
 
 def counted_while_the_caller_lives(call: Callable[[], Any]) -> int:
     """The threads Python did not start, more than before `call()`, counted once `call()` returned
-    on a thread that is still alive then (a team's threads leave at once when their thread ends,
-    but not at once: the count settles for up to 2 s)."""
+    on a thread that is still alive then (a passing thread's team leaves soon after that thread
+    ends, not at the same instant: the count may take up to 2 s to settle)."""
     before = threads_python_did_not_start()
     done, counted = threading.Event(), threading.Event()
 

@@ -100,14 +100,13 @@ def test_two_apps_in_one_process_serve_their_own_models(
     assert texts[0] != texts[1]  # two models with other weights
 
 
-@pytest.mark.parametrize("parallel", [ServeOptions().parallel, 1], ids=["default", "parallel-1"])
 def test_the_llamas_own_context_decodes_only_on_threads_that_end(
     make_llama: MakeLlama,
     tiny_model_path: Path,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-    parallel: int,
 ) -> None:
+    # At the default --parallel (the one-at-a-time path streams in the request's worker threads).
     # The Llama's own decodes (llama-cpp-python's `_internals`; the scheduler calls llama.cpp itself):
     # a thread that decoded and stays keeps an OpenMP team, which slows every decode.
     decoding: list[threading.Thread] = []
@@ -119,7 +118,7 @@ def test_the_llamas_own_context_decodes_only_on_threads_that_end(
 
     monkeypatch.setattr(llama_cpp.llama_cpp, "llama_decode", watched)
     llm = make_llama(tiny_model_path, n_ctx=1024)
-    app = create_app(llm, SnapshotStore(directory=tmp_path / "cache"), ServeOptions(parallel=parallel))
+    app = create_app(llm, SnapshotStore(directory=tmp_path / "cache"), ServeOptions())
     with TestClient(app) as client:
         _exercise(client)
         # mirostat: a call the batched path hands to the Llama's own context, whole and streamed

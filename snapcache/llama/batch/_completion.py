@@ -20,9 +20,9 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any, cast
+from typing import Any
 
 from snapcache.key import DEFAULT_SCOPE, TokenArray
 from snapcache.llama.batch._request import Request
@@ -30,10 +30,9 @@ from snapcache.llama.batch._sampling import LazyGrammar, SamplingParams, batched
 from snapcache.llama.batch._scheduler import Scheduler
 from snapcache.llama.batch._text import Call, RequestText
 from snapcache.llama.hook.cache_hook import CacheHook
-from snapcache.llama.hook.detached_stream import DetachedStream
+from snapcache.llama.hook.detached_stream import on_own_context
 from snapcache.llama.hook.request_streams import stop_with_request
 from snapcache.llama.media.chat_images import has_images
-from snapcache.llama.setup.openmp_teams import on_passing_thread
 from snapcache.llama.stored.reports import CompletionListener
 from snapcache.llama.templates.chat_prefix import (
     ChatPrefixFinder,
@@ -219,17 +218,8 @@ class BatchedLlama:
         if reason not in self._told:
             self._told.add(reason)
             _log.warning("%s; such calls run one at a time on the Llama's own context", reason)
-        if not kwargs.get("stream"):
-            with self.own_context:  # on a thread that ends: its OpenMP team goes with it (`openmp_teams`)
-                return on_passing_thread(lambda: run(**kwargs))
-
-        def chunks() -> Iterator[Any]:
-            return iter(cast(Iterator[Any], run(**kwargs)))
-
-        # Made in a thread of its own: a reader who stops reading cannot keep the context.
-        stream = DetachedStream(chunks, self.own_context)
-        stop_with_request(stream.cancel)
-        return stream
+        # A stream is made in a thread of its own: a reader who stops reading cannot keep the context.
+        return on_own_context(lambda: run(**kwargs), self.own_context, stream=bool(kwargs.get("stream")))
 
     # -- chats --------------------------------------------------------------------------------------
 

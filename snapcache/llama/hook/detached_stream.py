@@ -20,13 +20,26 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
-from snapcache.llama.hook.request_streams import RequestStreams
+from snapcache.llama.hook.request_streams import RequestStreams, stop_with_request
+from snapcache.llama.setup.openmp_teams import on_passing_thread
 
-__all__ = ["DetachedStream"]
+__all__ = ["DetachedStream", "on_own_context"]
 
 T = TypeVar("T")
 
 _CHUNK, _END, _FAILED = range(3)
+
+
+def on_own_context(run: Callable[[], Any], lock: threading.Lock, *, stream: bool) -> Any:
+    """`run()` on the Llama's own context, under `lock`, on a thread that ends with it (its OpenMP
+    team goes with it, see `setup.openmp_teams`): its result, or with `stream` its chunks as a
+    `DetachedStream`, which the current request cancels when its client goes."""
+    if not stream:
+        with lock:
+            return on_passing_thread(run)
+    detached: DetachedStream[Any] = DetachedStream(lambda: iter(run()), lock)
+    stop_with_request(detached.cancel)
+    return detached
 
 
 class DetachedStream(Generic[T]):
@@ -91,9 +104,6 @@ def _produce(
 ) -> None:
     try:
         with lock:
-            if stop.is_set():  # cancelled while it waited for the lock
-                chunks.put((_END, None))
-                return
             stream = make()
             try:
                 for chunk in stream:
